@@ -1,0 +1,176 @@
+"""处理一张工单的图:load(读工单)→ draft(模型起草)→ review(interrupt,进收件箱等人)→ send | draft | 结束。
+
+这个文件不单独运行;worker.py 启动一张工单,inbox.py 把人的决定交回来。
+状态存在 CHECKPOINTS_DB(默认 checkpoints.db),thread_id 用工单号:ticket-T1012。
+
+收件箱条目照 Agent Inbox 的 HumanInterrupt:action_request{action,args}、config{allow_*}、description;
+人的回复照 HumanResponse:type 是 accept / edit / response / ignore 之一。
+review 在 interrupt() 之前什么都不写:恢复时这个节点会从头重跑。
+send 靠 outbox 的 UNIQUE 幂等:重跑一次只会得到 already_sent。
+"""
+import sqlite3
+from typing import Literal
+
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.sqlite import SqliteSaver
+from langgraph.graph import END, START, StateGraph
+from langgraph.types import interrupt
+from pydantic import BaseModel, Field
+from typing_extensions import TypedDict
+
+import config as settings
+import store
+from llm import OFFLINE_MODEL, classify, get_llm, mask_pii
+
+MAX_REDRAFTS = 3  # 轮;一张工单最多让 Agent 按意见重写几次(每次都要再调一次模型,花钱也耗人的耐心)
+NOTIFY_WORDS = ("律师", "起诉", "投诉到")  # 练习 5:出现这些词不起草,只通知主管
+FINISHED = ("sent", "already_sent", "ignored")
+DECISIONS = ("accept", "edit", "response", "ignore")
+
+
+class PermanentError(Exception):
+    """重试多少次都不会好的错误(工单不存在、payload 格式不对):worker 直接判死信。"""
+
+
+class Draft(BaseModel):
+    category: Literal["refund", "billing", "invoice", "bug", "account", "other"]
+    summary: str = Field(description="一句话概括客户的问题")
+    reply: str = Field(description="给客户的回复草稿,中文,不超过 150 字,不承诺具体退款金额")
+
+
+class TicketState(TypedDict, total=False):
+    ticket_id: str
+    kind: str              # 触发它的事件类型:ticket.created / ticket.stale
+    ticket_text: str       # 已脱敏
+    draft: dict            # 当前草稿:category / summary / reply(通知类还有 action)
+    first_draft: dict      # 模型第一版,写 review_log 用
+    feedback: list[str]    # 每一轮 respond 的意见;条数就是重写次数,跨进程重启也还在
+    decision: str          # accept / edit:最后是怎么发出去的
+    outcome: str           # send / redraft / ignored / sent / already_sent
+
+
+# ---------------------------------------------------------------- 节点
+def load(state: TicketState) -> dict:
+    t = store.ticket(state["ticket_id"])
+    if t is None:
+        raise PermanentError(f"工单不存在:{state['ticket_id']}")
+    return {"ticket_text": mask_pii(f"{t['subject']}:{t['body']}"), "feedback": []}
+
+
+def needs_supervisor(text: str) -> str | None:
+    return next((w for w in NOTIFY_WORDS if w in text), None)
+
+
+def build_prompt(state: TicketState) -> str:
+    prompt = ("你是云簿 CloudLedger 的客服。请给下面的工单分类,并起草一封给客户的回复。\n\n"
+              f"工单 {state['ticket_id']}:{state['ticket_text']}\n")
+    if state.get("kind") == "ticket.stale":
+        prompt += "\n这张工单已经等了很久没人回复:回复开头先为久等道歉,再说明进展。\n"
+    if notes := state.get("feedback"):
+        prompt += "\n客服主管对上一版草稿的意见,必须照改:\n" + "\n".join(f"- {n}" for n in notes) + "\n"
+    return prompt
+
+
+def draft(state: TicketState, config: RunnableConfig) -> dict:
+    text = state["ticket_text"]
+    if word := needs_supervisor(text):
+        # 练习 5:不调模型,产生一条只能「看过即可」的通知
+        d = {"category": classify(text), "summary": f"工单提到「{word}」,Agent 没有起草回复,请主管看一下",
+             "reply": "", "action": "notify_supervisor"}
+        return {"draft": d, "first_draft": d}
+    structured = get_llm().with_structured_output(Draft, method="function_calling", include_raw=True)
+    out = structured.invoke(build_prompt(state))
+    raw = out["raw"]
+    if usage := getattr(raw, "usage_metadata", None):
+        # 记账在 interrupt 之前也没关系:它在 draft 节点里,每一行对应一次真实发生的模型调用
+        store.record_usage(config["configurable"].get("event_id"), state["ticket_id"],
+                           raw.response_metadata.get("model_name") or OFFLINE_MODEL,
+                           usage.get("input_tokens", 0), usage.get("output_tokens", 0))
+    if out["parsed"] is None:
+        raise ValueError(f"模型没有按 Draft 格式回答:{out.get('parsing_error')}")
+    d = out["parsed"].model_dump()
+    return {"draft": d, "first_draft": state.get("first_draft") or d}
+
+
+def inbox_item(state: TicketState) -> dict:
+    """收件箱条目(HumanInterrupt)。纯函数:由状态算出来,不读写任何东西。"""
+    d = state["draft"]
+    if d.get("action") == "notify_supervisor":
+        return {
+            "action_request": {"action": "notify_supervisor",
+                               "args": {"ticket_id": state["ticket_id"], "ticket_text": state["ticket_text"][:200]}},
+            "config": {"allow_accept": False, "allow_edit": False, "allow_respond": False, "allow_ignore": True},
+            "description": f"【通知】[{d['category']}] {d['summary']}",
+        }
+    return {
+        "action_request": {"action": "send_reply", "args": {"ticket_id": state["ticket_id"], "reply": d["reply"]}},
+        "config": {"allow_accept": True, "allow_edit": True,
+                   "allow_respond": len(state.get("feedback", [])) < settings.integer("MAX_REDRAFTS", MAX_REDRAFTS),
+                   "allow_ignore": True},
+        "description": f"[{d['category']}] {d['summary']}",
+    }
+
+
+def allowed(item: dict) -> list[str]:
+    """这条待办允许的处理(HumanResponse 的 type)。"""
+    flags = {"accept": "allow_accept", "edit": "allow_edit", "response": "allow_respond", "ignore": "allow_ignore"}
+    return [kind for kind, flag in flags.items() if item["config"].get(flag)]
+
+
+def review(state: TicketState) -> dict:
+    item = inbox_item(state)
+    answer = interrupt(item)  # 这之前不能有副作用:恢复时整个节点从头再跑一遍
+    kind = answer.get("type") if isinstance(answer, dict) else None
+    if kind not in allowed(item):
+        raise ValueError(f"这条待办不接受 {kind!r},允许的是 {allowed(item)}")
+    d = state["draft"]
+    if kind == "accept":
+        return {"outcome": "send", "decision": "accept"}
+    if kind == "edit":
+        return {"outcome": "send", "decision": "edit", "draft": {**d, "reply": answer["args"]["args"]["reply"]}}
+    if kind == "response":
+        return {"outcome": "redraft", "feedback": state.get("feedback", []) + [answer["args"]]}
+    # ignore 也记一笔(按工单号去重,重跑不会多),日报按类别统计 ignore 用
+    store.record_ignore(state["ticket_id"], review_row(state))
+    return {"outcome": "ignored"}
+
+
+def after_review(state: TicketState) -> Literal["send", "draft", "__end__"]:
+    return {"send": "send", "redraft": "draft"}.get(state["outcome"], END)
+
+
+def review_row(state: TicketState) -> dict:
+    first = state.get("first_draft") or state["draft"]
+    return {"category": state["draft"]["category"], "draft": first["reply"], "final": state["draft"]["reply"],
+            "action": state.get("decision", "ignore"), "feedback": state.get("feedback", [])}
+
+
+def send(state: TicketState) -> dict:
+    sent = store.record_reply(state["ticket_id"], state["draft"]["reply"], "agent+reviewer", review_row(state))
+    return {"outcome": "sent" if sent else "already_sent"}
+
+
+builder = StateGraph(TicketState)
+builder.add_node("load", load)
+builder.add_node("draft", draft)
+builder.add_node("review", review)
+builder.add_node("send", send)
+builder.add_edge(START, "load")
+builder.add_edge("load", "draft")
+builder.add_edge("draft", "review")
+builder.add_conditional_edges("review", after_review, ["send", "draft", END])
+builder.add_edge("send", END)
+
+
+def open_graph():
+    """返回 (graph, conn)。调用方用完要 conn.close()。"""
+    conn = sqlite3.connect(store.checkpoints_db(), check_same_thread=False, timeout=store.BUSY_TIMEOUT_S)
+    conn.execute("PRAGMA journal_mode = WAL")  # worker 和收件箱是不同进程,同时写 checkpoint
+    saver = SqliteSaver(conn)
+    saver.setup()
+    return builder.compile(checkpointer=saver), conn
+
+
+def thread_of(ticket_id: str, event_id: str | None = None) -> dict:
+    """一张工单一个 thread。event_id 只是带给 draft 记账用,不影响 thread。"""
+    return {"configurable": {"thread_id": f"ticket-{ticket_id}", "event_id": event_id}}

@@ -1,0 +1,53 @@
+"""配置只从这里读:环境变量优先,其次是当前目录的 .env(有就读,没有也行),最后是各模块顶部常量给的默认值。
+
+这个文件不单独运行。每个设置项都列在 .env.example 里,带说明。
+读取发生在调用时而不是 import 时,所以测试可以在子进程或 monkeypatch 里随时换设置。
+设置 AMBIENT_NO_DOTENV=1 可以完全不读 .env(测试里就是这么做的,免得你本机的 .env 混进来)。
+"""
+import os
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+_dotenv_loaded = False
+
+
+def _load_dotenv_once() -> None:
+    global _dotenv_loaded
+    if _dotenv_loaded:
+        return
+    _dotenv_loaded = True
+    if os.environ.get("AMBIENT_NO_DOTENV") == "1":
+        return
+    from dotenv import load_dotenv
+
+    load_dotenv(Path.cwd() / ".env", override=False)  # 已经设置的环境变量不会被 .env 覆盖
+
+
+def get(name: str, default: str = "") -> str:
+    """读一个字符串设置;空字符串等同于没设置。"""
+    _load_dotenv_once()
+    value = os.environ.get(name, "").strip()
+    return value if value else default
+
+
+def number(name: str, default: float) -> float:
+    raw = get(name)
+    if not raw:
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        raise SystemExit(f"配置错误:{name}={raw!r} 不是数字") from None
+
+
+def integer(name: str, default: int) -> int:
+    value = number(name, default)
+    if value != int(value):
+        raise SystemExit(f"配置错误:{name}={get(name)!r} 应该是整数")
+    return int(value)
+
+
+def path(name: str, default_filename: str) -> Path:
+    """文件路径设置;相对路径按当前目录解释,默认放在脚本旁边。"""
+    raw = get(name)
+    return Path(raw).expanduser().resolve() if raw else HERE / default_filename

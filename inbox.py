@@ -1,0 +1,156 @@
+"""命令行收件箱:列出等人处理的工单,对其中一条给出处理结果。
+
+运行:
+    uv run python inbox.py list
+    uv run python inbox.py accept  T1012                      # 原样发出(别名 approve)
+    uv run python inbox.py edit    T1012 "改过的回复全文"        # 改完再发
+    uv run python inbox.py respond T1012 "语气再软一点,先道歉"   # 提意见,让 Agent 重写(会再调一次模型)
+    uv run python inbox.py ignore  T1012                      # 不回(别名 reject)
+
+你会看到:list 每条待办两行(工单号 + [类别] 概括,下一行是草稿);处理后一行结果,例如 T1012 → sent。
+出错时:工单不在收件箱里、或者这条待办不允许这种处理 → 说明原因,退出码 1;命令写错 → 用法,退出码 2。
+"""
+import sys
+
+from langgraph.types import Command
+
+import store
+from agent import FINISHED, allowed, open_graph, thread_of
+
+USAGE = __doc__.split("运行:")[1].split("你会看到")[0].rstrip()
+ALIASES = {"approve": "accept", "reject": "ignore"}  # LangChain 1.x HumanInTheLoopMiddleware 的叫法
+ANSWER_TYPE = {"accept": "accept", "edit": "edit", "respond": "response", "ignore": "ignore"}
+COMMAND_OF = {v: k for k, v in ANSWER_TYPE.items()}
+NEEDS_TEXT = ("edit", "respond")
+
+
+class Refused(Exception):
+    """这次处理做不了,原因说给人听;退出码 1。"""
+
+
+def usage(problem: str) -> int:
+    print(f"{problem}\n用法:{USAGE}", file=sys.stderr)
+    return 2
+
+
+def reconcile(graph, ev: dict) -> str | None:
+    """事件状态和 checkpoint 对不上时(上次收件箱命令做到一半崩了),按 checkpoint 改正事件状态。
+    返回改成的状态;对得上就返回 None。"""
+    snap = graph.get_state(thread_of(ev["ticket_id"]))
+    if snap.interrupts:
+        status = "waiting_human"
+    elif snap.values.get("outcome") in FINISHED:
+        status = "ignored" if snap.values["outcome"] == "ignored" else "done"
+    else:
+        status = "pending"  # 跑到一半停了:交回 worker 从停下的节点续跑
+    if status == ev["status"]:
+        return None
+    guard = {"owner": ev["claimed_by"]} if ev["status"] == "processing" else {"expect": ev["status"]}
+    return status if store.set_status(ev["event_id"], status, **guard) else None
+
+
+def tidy(graph) -> None:
+    """list 和各个动作之前先做:把上次崩掉留下的不一致改正过来,并告诉人。"""
+    broken = [{**e, "status": "processing"} for e in store.orphans()]
+    broken += [{**e, "status": "waiting_human"} for e in store.events_by_status("waiting_human")]
+    for ev in broken:
+        if (status := reconcile(graph, ev)) is not None:
+            print(f"(更正:{ev['ticket_id']} 上次处理中途中断,事件 {ev['event_id']} 改为 {status})", file=sys.stderr)
+
+
+def show_list(graph) -> None:
+    waiting = store.events_by_status("waiting_human")
+    if not waiting:
+        print("收件箱是空的")
+    for ev in waiting:
+        snap = graph.get_state(thread_of(ev["ticket_id"]))
+        item = snap.interrupts[0].value
+        args = item["action_request"]["args"]
+        print(f"{ev['ticket_id']}  {item['description']}")
+        if item["action_request"]["action"] == "notify_supervisor":
+            print(f"        工单:{args['ticket_text']}")
+            print("        只能 ignore(看过即可)")
+            continue
+        print(f"        草稿:{args['reply']}")
+        if not item["config"]["allow_respond"]:
+            rounds = len(snap.values.get("feedback", []))
+            print(f"        已按意见重写 {rounds} 次,到上限了:只能 {' / '.join(COMMAND_OF[k] for k in allowed(item))}")
+
+
+def answer_for(command: str, ticket_id: str, text: str) -> dict:
+    """HumanResponse。"""
+    if command == "edit":
+        return {"type": "edit", "args": {"action": "send_reply", "args": {"ticket_id": ticket_id, "reply": text}}}
+    if command == "respond":
+        return {"type": "response", "args": text}
+    return {"type": ANSWER_TYPE[command], "args": None}
+
+
+def act(graph, command: str, ticket_id: str, text: str) -> None:
+    ev = next((e for e in store.events_by_status("waiting_human") if e["ticket_id"] == ticket_id), None)
+    if ev is None:
+        if any(e["ticket_id"] == ticket_id for e in store.events_by_status("processing")):
+            raise Refused(f"{ticket_id} 正在被处理(另一个收件箱命令或 worker),稍后再 list 看看")
+        raise Refused(f"{ticket_id} 不在收件箱里(已经处理过,或者还没轮到 worker)")
+    cfg = thread_of(ticket_id, ev["event_id"])
+    snap = graph.get_state(cfg)
+    item = snap.interrupts[0].value
+    kinds = allowed(item)
+    if ANSWER_TYPE[command] not in kinds:
+        ok = " / ".join(COMMAND_OF[k] for k in kinds)
+        if item["action_request"]["action"] == "notify_supervisor":
+            raise Refused(f"{ticket_id} 是通知类待办,Agent 没有起草回复,不能 {command};只能 {ok}(看过即可)")
+        rounds = len(snap.values.get("feedback", []))
+        raise Refused(f"{ticket_id} 已经按意见重写了 {rounds} 次,到上限了,不能再 respond;现在可以:{ok}")
+    if not store.take_for_review(ev["event_id"]):
+        raise Refused(f"{ticket_id} 刚被另一个收件箱命令拿走处理了,稍后再 list 看看")
+    try:
+        result = graph.invoke(Command(resume=answer_for(command, ticket_id, text)), cfg)
+    except Exception as e:
+        status = "waiting_human" if graph.get_state(cfg).interrupts else "pending"
+        store.set_status(ev["event_id"], status, f"{type(e).__name__}: {e}", owner=store.worker_id())
+        where = "仍在收件箱里" if status == "waiting_human" else "已交回 worker 续跑"
+        raise Refused(f"{ticket_id} 处理失败({type(e).__name__}: {e}),{where}") from e
+    if "__interrupt__" in result:
+        store.set_status(ev["event_id"], "waiting_human", owner=store.worker_id())
+        print("已按意见重写,新草稿:", result["__interrupt__"][0].value["action_request"]["args"]["reply"])
+        return
+    store.set_status(ev["event_id"], "ignored" if result["outcome"] == "ignored" else "done", owner=store.worker_id())
+    print(ticket_id, "→", result["outcome"])
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if not args:
+        return usage("缺少子命令")
+    command = ALIASES.get(args[0], args[0])
+    if command != "list" and command not in ANSWER_TYPE:
+        return usage(f"不认识的子命令:{args[0]}")
+    if command == "list":
+        if len(args) > 1:
+            return usage("list 不带参数")
+    elif len(args) < 2 or not args[1].strip():
+        return usage(f"{args[0]} 需要工单号")
+    elif command in NEEDS_TEXT and (len(args) < 3 or not args[2].strip()):
+        return usage(f"{args[0]} 需要第三个参数:{'改好的回复全文' if command == 'edit' else '给 Agent 的意见'}(不能为空)")
+    elif len(args) > (3 if command in NEEDS_TEXT else 2):
+        return usage(f"{args[0]} 的参数太多了;文字里有空格时请用引号括起来")
+
+    store.init()
+    graph, conn = open_graph()
+    try:
+        tidy(graph)
+        if command == "list":
+            show_list(graph)
+        else:
+            act(graph, command, args[1].strip(), args[2].strip() if command in NEEDS_TEXT else "")
+    except Refused as e:
+        print(e, file=sys.stderr)
+        return 1
+    finally:
+        conn.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,193 @@
+"""get_llm():有 LLM_API_KEY 就用真模型(ChatOpenAI,任何 OpenAI 兼容服务),没有就用离线模型。
+
+这个文件不单独运行;agent.py 的 draft 节点调用 get_llm()。
+离线模型是一个真正的 LangChain 聊天模型(BaseChatModel 的子类):它支持
+with_structured_output(Draft, method="function_calling"),用一次工具调用回答,
+所以 agent.py 离线和在线走的是同一条代码路径。它按关键词分类、用模板起草,
+重写时能看得出照着主管意见改了。第一次用时在 stderr 上说一声。
+
+这里还有两样「进模型之前」的东西:PII 脱敏 mask_pii(),和区分错误种类用的 TRANSIENT_ERRORS。
+"""
+import json
+import math
+import re
+import sys
+from functools import lru_cache
+from typing import Any
+
+import openai
+from langchain_core.language_models.chat_models import BaseChatModel
+from langchain_core.messages import AIMessage, BaseMessage
+from langchain_core.outputs import ChatGeneration, ChatResult
+from langchain_core.utils.function_calling import convert_to_openai_tool
+
+import config
+
+DEFAULT_MODEL = "deepseek-flash"          # 课文用的模型;换服务时改 LLM_MODEL
+DEFAULT_BASE_URL = "https://api.deepseek.com"
+LLM_TIMEOUT_S = 60                        # 秒;一次模型调用最长等多久,超时算暂时性错误
+LLM_MAX_RETRIES = 2                       # 次;客户端自己对 429/超时/连接错误/5xx 做的快速重试(带退避)
+OFFLINE_MODEL = "offline-cloudledger"
+
+# 暂时性错误:限流、超时、连不上、服务端 5xx。只有这些值得快速重试、值得切备用模型。
+# 400/401/403/404/422 不在里面:换个时间、换个模型也不会变好。
+TRANSIENT_ERRORS = (openai.RateLimitError, openai.APITimeoutError, openai.APIConnectionError,
+                    openai.InternalServerError)
+
+
+def get_llm(temperature: float = 0):
+    """按当前环境变量返回模型;同样的设置只建一次(ChatOpenAI 里有连接池,没必要每张工单新建)。"""
+    return _build(
+        temperature,
+        config.get("LLM_API_KEY"),
+        config.get("LLM_MODEL", DEFAULT_MODEL),
+        config.get("LLM_BASE_URL", DEFAULT_BASE_URL),
+        config.get("LLM_EXTRA_BODY", "{}"),
+        config.get("LLM_FALLBACK_MODEL"),
+        config.get("LLM_FALLBACK_BASE_URL"),
+        config.number("LLM_TIMEOUT_S", LLM_TIMEOUT_S),
+        config.integer("LLM_MAX_RETRIES", LLM_MAX_RETRIES),
+    )
+
+
+@lru_cache(maxsize=8)
+def _build(temperature, api_key, model, base_url, extra_body, fallback_model, fallback_base_url, timeout, retries):
+    if not api_key:
+        _announce_offline()
+        return OfflineChatModel()
+    try:
+        extra = json.loads(extra_body)
+    except ValueError:
+        raise SystemExit(f"配置错误:LLM_EXTRA_BODY 不是合法 JSON:{extra_body}") from None
+    from langchain_openai import ChatOpenAI
+
+    def chat(name: str, url: str):
+        return ChatOpenAI(model=name, base_url=url, api_key=api_key, temperature=temperature,
+                          extra_body=extra, timeout=timeout, max_retries=retries)
+
+    primary = chat(model, base_url)
+    if not fallback_model:
+        return primary
+    # 主模型遇到暂时性错误(重试也没救回来)时切备用模型;参数错误、鉴权错误不切,切了也一样错
+    return primary.with_fallbacks([chat(fallback_model, fallback_base_url or base_url)],
+                                  exceptions_to_handle=TRANSIENT_ERRORS)
+
+
+@lru_cache(maxsize=1)
+def _announce_offline() -> None:
+    print(f"[llm] 没有设置 LLM_API_KEY,使用离线模型 {OFFLINE_MODEL}:按关键词分类、按模板起草,"
+          "不联网、不花钱。设置 LLM_API_KEY 后自动换成真模型。", file=sys.stderr)
+
+
+# ---------------------------------------------------------------- PII 脱敏:进模型之前、写日志之前
+_EMAIL = re.compile(r"[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+\.[A-Za-z]{2,}")
+_ID_CARD = re.compile(r"(?<!\d)(\d{6})(?:19|20)\d{2}(?:0[1-9]|1[0-2])(?:0[1-9]|[12]\d|3[01])\d{3}([\dXx])(?![\dXx])")
+_BANK_CARD = re.compile(r"(?<!\d)(?:\d[ -]?){12,18}(\d{4})(?!\d)")
+_MOBILE = re.compile(r"(?<!\d)(1[3-9]\d)\d{4}(\d{4})(?!\d)")
+
+
+def mask_pii(text: str) -> str:
+    """手机号、18 位身份证号、银行卡号、邮箱地址打码。业务库里的原文不动,只改进模型和日志的副本。"""
+    text = _EMAIL.sub(lambda m: m.group(0)[0] + "***@" + m.group(0).split("@", 1)[1], text)
+    text = _ID_CARD.sub(lambda m: m.group(1) + "*" * 11 + m.group(2), text)
+    text = _BANK_CARD.sub(lambda m: "**** **** **** " + m.group(1), text)
+    return _MOBILE.sub(lambda m: m.group(1) + "****" + m.group(2), text)
+
+
+# ---------------------------------------------------------------- 离线模型
+CATEGORY_WORDS = {  # 按顺序匹配,先命中的算
+    "refund": ("退款", "退费", "重复扣款", "多扣"),
+    "invoice": ("发票", "开票", "抬头", "税号"),
+    "billing": ("扣费", "扣款", "续费", "套餐", "账单", "价格", "收费"),
+    "bug": ("报错", "失败", "打不开", "闪退", "bug", "BUG", "异常", "卡死"),
+    "account": ("登录", "密码", "账号", "权限", "验证码", "换绑"),
+}
+REPLIES = {
+    "refund": "关于您提到的扣款和退款问题,我们已转交财务核实扣款记录,核实后会按原支付渠道处理,进度会在 1–3 个工作日内通过工单告知您。",
+    "invoice": "关于发票的问题,我们已记录您的开票信息,财务同事核对后会为您重新处理,处理完成后电子发票会发送到您的预留邮箱。",
+    "billing": "关于扣费和套餐的疑问,我们已调取您账户的账单明细,核对后会把每一笔费用的说明整理给您。",
+    "bug": "您遇到的问题我们已经记录并转给技术同事排查,排查期间可以先刷新页面或换用网页版试试,有进展会第一时间告诉您。",
+    "account": "关于账号的问题,为了您的账户安全,我们会先核实身份,再协助您处理,请留意预留手机收到的验证信息。",
+    "other": "我们已经收到您的消息,相关同事会尽快查看并回复您。",
+}
+_AMOUNT = re.compile(r"[¥¥]\s*\d+(?:\.\d+)?|\d+(?:\.\d+)?\s*(?:元|块钱|块|RMB)")  # 草稿里不许出现退款金额
+_DIRECTIVE = ("别", "不要", "不用", "语气")  # 以这些开头的意见是给起草人的指令,不写进回复
+
+
+def classify(text: str) -> str:
+    for category, words in CATEGORY_WORDS.items():
+        if any(w in text for w in words):
+            return category
+    return "other"
+
+
+def offline_draft(prompt: str) -> dict:
+    """从 agent.py 拼的提示词里读出工单和意见,写一份符合 Draft 规则的草稿(≤150 字,不写金额)。"""
+    lines = prompt.splitlines()
+    ticket = next((ln.split(":", 1)[1] for ln in lines if ln.startswith("工单 ") and ":" in ln), prompt)
+    subject = ticket.split(":", 1)[0].strip()
+    notes = [ln[2:].strip() for ln in lines if ln.startswith("- ")]
+    category = classify(ticket)
+    opening = "您好,"
+    if any(w in prompt for w in ("等了", "久等")):
+        opening += "让您久等了,非常抱歉。"
+    if notes:
+        body = "".join(_statement(n) for n in notes) or REPLIES[category]
+        if any(w in "".join(notes) for w in ("道歉", "软", "抱歉")):
+            opening += "非常抱歉给您添了麻烦。"
+        reply = opening + body + "到账或处理时间以实际渠道为准,给您添麻烦了。"
+    else:
+        reply = opening + REPLIES[category] + "感谢您的耐心。"
+    reply = _AMOUNT.sub("", reply)
+    return {"category": category, "summary": f"客户反映:{subject}"[:40], "reply": _fit(reply, 150)}
+
+
+def _statement(note: str) -> str:
+    """把一条主管意见改写成回复里的陈述句:去掉「别写金额」这类指令,把「告诉客户」后面的内容留下。"""
+    kept = []
+    for clause in re.split(r"[,,;;。]", note):
+        clause = clause.strip()
+        if not clause or clause.startswith(_DIRECTIVE) or "语气" in clause:
+            continue
+        clause = re.sub(r"^(直接)?(告诉|跟|和)客户(说)?", "", clause).replace("这张", "您这笔扣款")
+        kept.append(_AMOUNT.sub("", clause))
+    return (",".join(k for k in kept if k) + "。") if kept else ""
+
+
+def _fit(text: str, limit: int) -> str:
+    if len(text) <= limit:
+        return text
+    cut = text[:limit]
+    end = max(cut.rfind("。"), cut.rfind("!"))
+    return cut[: end + 1] if end > limit // 2 else cut[: limit - 1] + "。"
+
+
+def estimate_tokens(text: str) -> int:
+    return max(1, math.ceil(len(text) * 0.7))  # 中文大约 1.4 字一个 token,离线模型只能估
+
+
+class OfflineChatModel(BaseChatModel):
+    """不联网的聊天模型。绑了工具时用工具调用回答(with_structured_output 走的就是这条),否则回纯文本。"""
+
+    model_name: str = OFFLINE_MODEL
+
+    @property
+    def _llm_type(self) -> str:
+        return OFFLINE_MODEL
+
+    def bind_tools(self, tools: list, *, tool_choice: Any = None, **kwargs: Any):
+        return self.bind(tools=[convert_to_openai_tool(t) for t in tools], tool_choice=tool_choice, **kwargs)
+
+    def _generate(self, messages: list[BaseMessage], stop=None, run_manager=None, **kwargs: Any) -> ChatResult:
+        prompt = "\n".join(m.text for m in messages)
+        draft = offline_draft(prompt)
+        usage = {"input_tokens": estimate_tokens(prompt), "output_tokens": estimate_tokens(json.dumps(draft, ensure_ascii=False))}
+        usage["total_tokens"] = usage["input_tokens"] + usage["output_tokens"]
+        tools = kwargs.get("tools") or []
+        if tools:
+            call = {"name": tools[0]["function"]["name"], "args": draft, "id": "call_offline", "type": "tool_call"}
+            message = AIMessage(content="", tool_calls=[call], usage_metadata=usage,
+                                response_metadata={"model_name": OFFLINE_MODEL})
+        else:
+            message = AIMessage(content=draft["reply"], usage_metadata=usage, response_metadata={"model_name": OFFLINE_MODEL})
+        return ChatResult(generations=[ChatGeneration(message=message)])

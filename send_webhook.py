@@ -1,0 +1,63 @@
+"""模拟上游系统发 webhook:按课文的签名格式签好,POST 给 webhook.py。
+
+运行:uv run python send_webhook.py T1012 [重复次数]
+你会看到每次投递一行「状态码 响应 JSON」,例如
+    202 {'accepted': True, 'duplicate': False}
+    202 {'accepted': True, 'duplicate': True}      ← 同一个事件第二次到,被认出是重复投递
+
+发到 WEBHOOK_URL(默认 http://127.0.0.1:8139/hooks/cloudledger),密钥是 WEBHOOK_SECRET。
+服务没起来时说明原因,退出码 1;对方回了非 2xx 时照样打印,退出码 1;参数不对时打印用法,退出码 2。
+"""
+import hashlib
+import hmac
+import json
+import sys
+import time
+
+import httpx
+
+import config
+from webhook import DEFAULT_SECRET
+
+DEFAULT_URL = "http://127.0.0.1:8139/hooks/cloudledger"
+TIMEOUT_S = 10  # 秒;上游一般也就等这么久
+
+
+def sign(body: bytes, secret: str, ts: int | None = None) -> str:
+    """X-CloudLedger-Signature 的值:t=<unix 秒>,v1=<hex>。"""
+    ts = int(time.time()) if ts is None else ts
+    digest = hmac.new(secret.encode(), f"{ts}.".encode() + body, hashlib.sha256).hexdigest()
+    return f"t={ts},v1={digest}"
+
+
+def event_body(ticket_id: str) -> bytes:
+    return json.dumps({"id": f"evt_{ticket_id}_created", "type": "ticket.created",
+                       "data": {"ticket_id": ticket_id}}).encode()
+
+
+def main(argv: list[str]) -> int:
+    if not 1 <= len(argv) <= 2 or (len(argv) == 2 and not (argv[1].isdigit() and int(argv[1]) >= 1)):
+        print("用法:uv run python send_webhook.py 工单号 [重复次数,正整数]", file=sys.stderr)
+        return 2
+    ticket_id, times = argv[0], int(argv[1]) if len(argv) == 2 else 1
+    url, secret, body = config.get("WEBHOOK_URL", DEFAULT_URL), config.get("WEBHOOK_SECRET", DEFAULT_SECRET), event_body(ticket_id)
+    failed = False
+    for _ in range(times):  # 上游超时重试时,同一个事件会原样再发一次
+        headers = {"content-type": "application/json", "x-cloudledger-signature": sign(body, secret)}
+        try:
+            r = httpx.post(url, content=body, headers=headers, timeout=TIMEOUT_S)
+        except httpx.HTTPError as e:
+            print(f"发不出去:{url} 连不上({type(e).__name__}: {e})。webhook 服务起来了吗?"
+                  "先在另一个终端运行 uv run uvicorn webhook:app --port 8139", file=sys.stderr)
+            return 1
+        try:
+            shown = r.json()
+        except ValueError:
+            shown = r.text
+        print(r.status_code, shown)
+        failed |= not r.is_success
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,441 @@
+"""事件表、发件箱和业务库:表结构和所有 SQL 都在这个文件里。
+
+运行:uv run python store.py
+你会看到:缺的数据库被建好,然后每个库的路径和各表行数,例如
+    事件库 /…/ambient.db:events 0 行,outbox 0 行,review_log 0 行,llm_usage 0 行
+    业务库 /…/cloudledger.db:customers 30 行,tickets 41 行
+
+三种触发源(webhook、邮件、定时任务)只往 events 里写一行;worker 领事件、跑图;
+发给客户的回复写进 outbox(今天不真的发邮件,写进这张表就算发出去了)。
+"""
+import json
+import os
+import socket
+import sqlite3
+from contextlib import contextmanager
+from datetime import date, datetime, timedelta, timezone
+from pathlib import Path
+
+import config
+
+HERE = config.HERE
+SEED_FILE = HERE / "cloudledger_seed.json"  # 业务库的种子数据:30 个客户、41 张工单
+BUSY_TIMEOUT_S = 30  # 秒;webhook、几个 worker、收件箱同时写库时,等锁而不是报 database is locked
+
+STATUSES = ("pending", "processing", "waiting_human", "done", "ignored", "dead")
+FINAL_STATUSES = ("done", "ignored", "dead")
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS events (
+    event_id     TEXT PRIMARY KEY,          -- 上游给的唯一 id,去重全靠它
+    source       TEXT NOT NULL,             -- webhook / email / cron
+    kind         TEXT NOT NULL,             -- ticket.created / ticket.stale
+    payload      TEXT NOT NULL,             -- 原始 JSON
+    status       TEXT NOT NULL DEFAULT 'pending',  -- pending / processing / waiting_human / done / ignored / dead
+    attempts     INTEGER NOT NULL DEFAULT 0,
+    last_error   TEXT,
+    received_at  TEXT NOT NULL,
+    updated_at   TEXT NOT NULL,
+    not_before   TEXT,                      -- 练习 3:失败后退避,这个时间之前不领
+    ticket_id    TEXT,                      -- 从 payload 里取出来,同一张工单不会被两个 worker 同时处理
+    claimed_by   TEXT                       -- 谁在处理:主机名:进程号,用来判断「卡住」还是「还在跑」
+);
+CREATE INDEX IF NOT EXISTS events_status ON events (status, received_at);
+CREATE TABLE IF NOT EXISTS outbox (
+    id          INTEGER PRIMARY KEY AUTOINCREMENT,
+    ticket_id   TEXT NOT NULL UNIQUE,       -- 一张工单只发一次回复,UNIQUE 挡住重复发送
+    body        TEXT NOT NULL,
+    sent_by     TEXT NOT NULL,
+    sent_at     TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS review_log (      -- 练习 4:人改了什么,反馈闭环的原料
+    ticket_id   TEXT PRIMARY KEY,           -- 每张工单一行,send 重跑也不会多
+    category    TEXT NOT NULL,
+    draft       TEXT NOT NULL,              -- 模型第一版草稿
+    final       TEXT,                       -- 最终发出的文本(ignore 时为空)
+    action      TEXT NOT NULL,              -- accept / edit / ignore
+    feedback    TEXT NOT NULL,              -- JSON 数组:每一轮 respond 的意见
+    created_at  TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS llm_usage (       -- 每次模型调用一行:算单事件成本
+    id          INTEGER PRIMARY KEY AUTOINCREMENT,
+    event_id    TEXT,
+    ticket_id   TEXT,
+    model       TEXT NOT NULL,
+    input_tokens  INTEGER NOT NULL,
+    output_tokens INTEGER NOT NULL,
+    created_at  TEXT NOT NULL
+);
+"""
+# 旧版 ambient.db(照课文建的)缺这些列:init() 会补上,已有数据不动
+ADDED_COLUMNS = {"not_before": "TEXT", "ticket_id": "TEXT", "claimed_by": "TEXT"}
+
+BIZ_SCHEMA = """
+CREATE TABLE IF NOT EXISTS customers (
+    id       TEXT PRIMARY KEY,
+    name     TEXT NOT NULL,
+    email    TEXT NOT NULL UNIQUE,
+    company  TEXT,
+    plan     TEXT
+);
+CREATE TABLE IF NOT EXISTS tickets (         -- 列顺序固定:邮件轮询按位置插入
+    id           TEXT PRIMARY KEY,
+    customer_id  TEXT NOT NULL REFERENCES customers(id),
+    subject      TEXT NOT NULL,
+    body         TEXT NOT NULL,
+    status       TEXT NOT NULL DEFAULT 'open',   -- open / closed
+    created_at   TEXT NOT NULL                   -- YYYY-MM-DD
+);
+"""
+
+
+# ---------------------------------------------------------------- 时间:全库只有一种格式
+def now() -> str:
+    """UTC、微秒、固定宽度:2026-11-30T05:03:25.123456+00:00。字符串比较和时间先后一致。"""
+    return stamp(datetime.now(timezone.utc))
+
+
+def stamp(moment: datetime) -> str:
+    return moment.astimezone(timezone.utc).isoformat(timespec="microseconds")
+
+
+def minutes_from_now(minutes: float) -> str:
+    return stamp(datetime.now(timezone.utc) + timedelta(minutes=minutes))
+
+
+def parse_time(value) -> datetime:
+    return value if isinstance(value, datetime) else datetime.fromisoformat(value)
+
+
+# ---------------------------------------------------------------- 连接
+def events_db() -> Path:
+    return config.path("EVENTS_DB", "ambient.db")
+
+
+def biz_db() -> Path:
+    return config.path("BIZ_DB", "cloudledger.db")
+
+
+def checkpoints_db() -> Path:
+    return config.path("CHECKPOINTS_DB", "checkpoints.db")
+
+
+def connect(path: Path | str | None = None) -> sqlite3.Connection:
+    """打开一个连接(默认事件库)。autocommit 模式:单条语句自己就是一个事务,多条用 transaction()。"""
+    conn = sqlite3.connect(path or events_db(), timeout=BUSY_TIMEOUT_S, isolation_level=None)
+    conn.row_factory = sqlite3.Row
+    # WAL:读写不互相挡;synchronous=FULL:每次提交都落盘,回了 202 的事件断电也在(不用 OFF/NORMAL)
+    conn.execute("PRAGMA synchronous = FULL")
+    return conn
+
+
+@contextmanager
+def transaction(path: Path | str | None = None):
+    """唯一的事务写法:BEGIN IMMEDIATE 一开始就拿写锁,避免两个写者读完再抢锁时死锁。"""
+    conn = connect(path)
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield conn
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+    finally:
+        conn.close()
+
+
+def init() -> None:
+    """建事件库的表(已存在就不动),并把旧版库缺的列补上。几个进程同时 init 也没关系。"""
+    conn = connect()
+    try:
+        conn.execute("PRAGMA journal_mode = WAL")  # 写进库文件,之后每个连接都是 WAL;不能放在事务里
+        conn.executescript(SCHEMA)
+    finally:
+        conn.close()
+    with transaction() as conn:
+        have = {r["name"] for r in conn.execute("PRAGMA table_info(events)")}
+        for column, kind in ADDED_COLUMNS.items():
+            if column not in have:
+                conn.execute(f"ALTER TABLE events ADD COLUMN {column} {kind}")
+
+
+# ---------------------------------------------------------------- 事件:入队
+def ticket_of(payload: str) -> str | None:
+    """payload 里的 data.ticket_id;格式不对就是 None(worker 会把这种事件直接判死信)。"""
+    try:
+        value = json.loads(payload)["data"]["ticket_id"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    return value if isinstance(value, str) else None
+
+
+ADD_EVENT_SQL = (
+    "INSERT INTO events (event_id, source, kind, payload, ticket_id, received_at, updated_at) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (event_id) DO NOTHING"  # 即 SQLite 的 INSERT OR IGNORE
+)
+
+
+def add_event(event_id: str, source: str, kind: str, payload: str) -> bool:
+    """返回 True 表示新事件,False 表示重复投递(已经收过)。"""
+    return add_events([(event_id, source, kind, payload)])[0]
+
+
+def add_events(events: list[tuple[str, str, str, str]]) -> list[bool]:
+    """一个事务写一批事件(webhook 的组提交用它):一次落盘,逐条告诉你是不是新的。"""
+    stamp_ = now()
+    with transaction() as conn:
+        return [
+            conn.execute(ADD_EVENT_SQL, (eid, source, kind, payload, ticket_of(payload), stamp_, stamp_)).rowcount == 1
+            for eid, source, kind, payload in events
+        ]
+
+
+# ---------------------------------------------------------------- 事件:领取、改状态
+def worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+CLAIM_SQL = """
+UPDATE events SET status = 'processing', attempts = attempts + 1, claimed_by = ?, updated_at = ?
+WHERE event_id = (
+    SELECT event_id FROM events
+    WHERE status = 'pending'
+      AND (not_before IS NULL OR not_before <= ?)
+      AND (ticket_id IS NULL OR ticket_id NOT IN
+           (SELECT ticket_id FROM events WHERE status = 'processing' AND ticket_id IS NOT NULL))
+    ORDER BY received_at, event_id
+    LIMIT 1
+)
+RETURNING event_id, kind, payload, attempts, ticket_id
+"""
+
+
+def claim(owner: str | None = None) -> dict | None:
+    """原子地领一个到点的 pending 事件:挑选和标记在同一条语句里,两个 worker 不会领到同一个。
+    同一张工单已经有事件在处理时先不领它,免得两个 worker 同时往一个 thread 里写。"""
+    stamp_ = now()
+    conn = connect()
+    try:
+        row = conn.execute(CLAIM_SQL, (owner or worker_id(), stamp_, stamp_)).fetchone()
+    finally:
+        conn.close()
+    return dict(row) if row else None
+
+
+def take_for_review(event_id: str, owner: str | None = None) -> bool:
+    """收件箱处理一条待办前先把它从 waiting_human 拿走。两个人同时点同一条,只有一个拿得到。"""
+    conn = connect()
+    try:
+        cur = conn.execute(
+            "UPDATE events SET status = 'processing', claimed_by = ?, updated_at = ? "
+            "WHERE event_id = ? AND status = 'waiting_human'",
+            (owner or worker_id(), now(), event_id),
+        )
+    finally:
+        conn.close()
+    return cur.rowcount == 1
+
+
+def set_status(event_id: str, status: str, error: str | None = None, *,
+               not_before: str | None = None, owner: str | None = None, expect: str | None = None) -> bool:
+    """改状态。给了 owner 时只改「还在这个进程手里」的事件:卡住被放回队列、又被别人领走的,不去覆盖;
+    给了 expect 时只在当前状态是它的时候才改。返回改没改成。"""
+    assert status in STATUSES, status
+    sql = "UPDATE events SET status = ?, last_error = ?, not_before = ?, updated_at = ?"
+    sql += ", claimed_by = NULL" if status != "processing" else ""
+    sql += " WHERE event_id = ?"
+    args = [status, error, not_before, now(), event_id]
+    if owner is not None:
+        sql += " AND status = 'processing' AND claimed_by = ?"
+        args.append(owner)
+    if expect is not None:
+        sql += " AND status = ?"
+        args.append(expect)
+    conn = connect()
+    try:
+        return conn.execute(sql, args).rowcount == 1
+    finally:
+        conn.close()
+
+
+def hand_back(event_id: str, owner: str) -> bool:
+    """worker 被打断时交回手上的事件:回到 pending,这次尝试不算数。"""
+    conn = connect()
+    try:
+        return conn.execute(
+            "UPDATE events SET status = 'pending', attempts = attempts - 1, claimed_by = NULL, updated_at = ? "
+            "WHERE event_id = ? AND status = 'processing' AND claimed_by = ?",
+            (now(), event_id, owner),
+        ).rowcount == 1
+    finally:
+        conn.close()
+
+
+def _owner_state(owner: str | None) -> str:
+    """alive:本机上还活着(不算僵尸);dead:本机上已经不在了;unknown:别的机器上的,看不到,只能靠时间判断。"""
+    host, _, pid = (owner or "").rpartition(":")
+    if host != socket.gethostname() or not pid.isdigit():
+        return "unknown"
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return "dead"
+    except PermissionError:
+        return "alive"
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return "alive"
+    return "dead" if stat.rpartition(")")[2].split()[0] in ("Z", "X") else "alive"
+
+
+def requeue_stale(minutes: float) -> int:
+    """把卡在 processing 的事件放回 pending。
+    本机的进程:已经死了的马上放回,还活着的不动(STALE_MINUTES=0 重启时也不会抢别人正在做的);
+    别的机器上的进程看不到死活,只能按时间:超过 minutes 分钟没动静才放回。"""
+    cutoff = minutes_from_now(-minutes)
+    with transaction() as conn:
+        rows = conn.execute(
+            "SELECT event_id, claimed_by, updated_at FROM events WHERE status = 'processing'"
+        ).fetchall()
+        stale = [r for r in rows
+                 if (state := _owner_state(r["claimed_by"])) == "dead"
+                 or (state == "unknown" and r["updated_at"] <= cutoff)]
+        for r in stale:
+            conn.execute(
+                "UPDATE events SET status = 'pending', claimed_by = NULL, updated_at = ? "
+                "WHERE event_id = ? AND status = 'processing'",
+                (now(), r["event_id"]),
+            )
+    return len(stale)
+
+
+def orphans() -> list[dict]:
+    """processing 状态、但处理它的本机进程已经不在了的事件(比如收件箱命令做到一半被杀)。"""
+    return [e for e in events_by_status("processing") if _owner_state(e["claimed_by"]) == "dead"]
+
+
+def requeue_dead(event_ids: list[str] | None = None) -> int:
+    """死信放回队列(修好 API key 之后用):attempts 清零,重新按 MAX_ATTEMPTS 计。"""
+    sql = "UPDATE events SET status = 'pending', attempts = 0, not_before = NULL, updated_at = ? WHERE status = 'dead'"
+    args: list = [now()]
+    if event_ids:
+        sql += f" AND event_id IN ({', '.join('?' for _ in event_ids)})"
+        args += event_ids
+    conn = connect()
+    try:
+        return conn.execute(sql, args).rowcount
+    finally:
+        conn.close()
+
+
+def events_by_status(status: str) -> list[dict]:
+    conn = connect()
+    try:
+        rows = conn.execute(
+            "SELECT event_id, kind, payload, ticket_id, attempts, claimed_by, updated_at FROM events "
+            "WHERE status = ? ORDER BY received_at, event_id",
+            (status,),
+        ).fetchall()
+    finally:
+        conn.close()
+    return [dict(r) for r in rows]
+
+
+# ---------------------------------------------------------------- 发件箱和审核记录
+def record_reply(ticket_id: str, body: str, sent_by: str, review: dict) -> bool:
+    """写 outbox 和 review_log,同一个事务。返回 True 表示这次真的「发」了,False 表示之前已经发过。"""
+    with transaction() as conn:
+        sent = conn.execute(
+            "INSERT INTO outbox (ticket_id, body, sent_by, sent_at) VALUES (?, ?, ?, ?) "
+            "ON CONFLICT (ticket_id) DO NOTHING",
+            (ticket_id, body, sent_by, now()),
+        ).rowcount == 1
+        record_review(conn, ticket_id, review)
+    return sent
+
+
+def record_review(conn: sqlite3.Connection, ticket_id: str, review: dict) -> None:
+    conn.execute(
+        "INSERT INTO review_log (ticket_id, category, draft, final, action, feedback, created_at) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (ticket_id) DO NOTHING",
+        (ticket_id, review["category"], review["draft"], review.get("final"), review["action"],
+         json.dumps(review.get("feedback", []), ensure_ascii=False), now()),
+    )
+
+
+def record_ignore(ticket_id: str, review: dict) -> None:
+    with transaction() as conn:
+        record_review(conn, ticket_id, {**review, "action": "ignore", "final": None})
+
+
+def record_usage(event_id: str | None, ticket_id: str | None, model: str, input_tokens: int, output_tokens: int) -> None:
+    conn = connect()
+    try:
+        conn.execute(
+            "INSERT INTO llm_usage (event_id, ticket_id, model, input_tokens, output_tokens, created_at) "
+            "VALUES (?, ?, ?, ?, ?, ?)",
+            (event_id, ticket_id, model, input_tokens, output_tokens, now()),
+        )
+    finally:
+        conn.close()
+
+
+# ---------------------------------------------------------------- 业务库(云簿的客户和工单)
+def ticket(ticket_id: str) -> dict | None:
+    conn = connect(biz_db())
+    try:
+        row = conn.execute(
+            "SELECT id, customer_id, subject, body, status, created_at FROM tickets WHERE id = ?", (ticket_id,)
+        ).fetchone()
+    finally:
+        conn.close()
+    return dict(row) if row else None
+
+
+def build_biz_db(path: Path, today: date | None = None) -> None:
+    """从 cloudledger_seed.json 造业务库。工单的 created_at = 今天 - age_days,所以哪天建都有新有旧。"""
+    seed = json.loads(SEED_FILE.read_text(encoding="utf-8"))
+    today = today or datetime.now(timezone.utc).date()
+    tmp = path.with_name(path.name + ".building")
+    tmp.unlink(missing_ok=True)
+    conn = sqlite3.connect(tmp)
+    try:
+        conn.executescript(BIZ_SCHEMA)
+        with conn:
+            conn.executemany(
+                "INSERT INTO customers (id, name, email, company, plan) VALUES (?, ?, ?, ?, ?)",
+                [(c["id"], c["name"], c["email"].lower(), c["company"], c["plan"]) for c in seed["customers"]],
+            )
+            conn.executemany(
+                "INSERT INTO tickets VALUES (?, ?, ?, ?, ?, ?)",
+                [(t["id"], t["customer_id"], t["subject"], t["body"], t["status"],
+                  (today - timedelta(days=t["age_days"])).isoformat()) for t in seed["tickets"]],
+            )
+    finally:
+        conn.close()
+    tmp.replace(path)  # 建好再换上,建到一半崩了不会留下半个库
+
+
+def counts(path: Path, tables: tuple[str, ...]) -> dict[str, int]:
+    conn = connect(path)
+    try:
+        return {t: conn.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0] for t in tables}
+    finally:
+        conn.close()
+
+
+def main() -> None:
+    init()
+    biz = biz_db()
+    if not biz.exists():
+        build_biz_db(biz)
+        print(f"已新建业务库 {biz}")
+    for label, path, tables in (("事件库", events_db(), ("events", "outbox", "review_log", "llm_usage")),
+                                ("业务库", biz, ("customers", "tickets"))):
+        print(f"{label} {path}:" + ",".join(f"{t} {n} 行" for t, n in counts(path, tables).items()))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,190 @@
+"""从 events 表领事件、跑 Agent。
+
+运行:
+    uv run python worker.py --once              # 把现在能领的事件都处理完就退出(crontab 每分钟跑这个)
+    uv run python worker.py                     # 一直跑,没事件时每 2 秒看一次;Ctrl-C / SIGTERM 做完手上的再退
+    uv run python worker.py --concurrency 4     # 同时处理 4 个事件(模型调用是 I/O,等的时候可以干别的)
+    uv run python worker.py --requeue-dead [EVENT_ID ...]   # 修好问题后,把死信放回队列(不给 id 就是全部)
+
+你会看到每个事件一行:
+    evt_T1012_created → waiting_human
+    evt_T9999_created 第 1 次失败 → dead: 工单不存在:T9999
+"""
+import argparse
+import json
+import signal
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import openai
+
+import config
+import store
+from agent import FINISHED, PermanentError, open_graph, thread_of
+from llm import mask_pii
+
+MAX_ATTEMPTS = 3            # 次;暂时性失败最多试几次,之后进死信
+STALE_MINUTES = 10          # 分钟;processing 超过这么久、处理它的进程也不在了,就放回队列(可以是 0 或小数)
+BACKOFF_BASE_MINUTES = 1    # 分钟;第 n 次失败后等 BASE × 2^n 分钟再试(练习 3);测试里调小
+POLL_SECONDS = 2            # 秒;常驻模式下没事件时隔多久再看
+CONCURRENCY = 1             # 个;一个 worker 同时处理几个事件
+
+# 重试多少次都没用的错误:直接死信。模型说「你的请求不对」(400/404/422)也算。
+PERMANENT_ERRORS = (PermanentError, openai.BadRequestError, openai.NotFoundError, openai.UnprocessableEntityError)
+# 这两种不算永久(换了 key 就好),但要在 last_error 里说清楚怎么修
+HINTS = {
+    openai.AuthenticationError: "模型服务拒绝了 API key:检查 LLM_API_KEY,修好后运行 uv run python worker.py --requeue-dead",
+    openai.PermissionDeniedError: "模型服务拒绝访问(余额、权限或地区):处理好后运行 uv run python worker.py --requeue-dead",
+}
+
+
+def payload_ticket(ev: dict) -> str:
+    try:
+        payload = json.loads(ev["payload"])
+        ticket_id = payload["data"]["ticket_id"]
+    except (ValueError, KeyError, TypeError) as e:
+        raise PermanentError(f"payload 格式不对,缺 data.ticket_id:{e!r}") from None
+    if not isinstance(ticket_id, str) or not ticket_id:
+        raise PermanentError(f"payload 格式不对,ticket_id 应该是非空字符串:{ticket_id!r}")
+    return ticket_id
+
+
+def handle(graph, ev: dict) -> str:
+    """跑一个事件,返回它的新状态。"""
+    ticket_id = payload_ticket(ev)
+    cfg = thread_of(ticket_id, ev["event_id"])
+    snap = graph.get_state(cfg)
+    if snap.interrupts:
+        # 等人的 thread:已经在收件箱里了。若收件箱里没有它的事件(上次收件箱命令中途崩了),这个事件接手等人
+        waiting = {e["ticket_id"] for e in store.events_by_status("waiting_human")}
+        return "done" if ticket_id in waiting else "waiting_human"
+    if snap.values.get("outcome") in FINISHED:
+        return "done"  # 这张工单已经处理完了(上游换了个 event_id 又通知了一次)
+    if snap.next:
+        # 崩溃的 thread:checkpoint 停在失败的节点前面。不给新输入,从那里接着跑
+        result = graph.invoke(None, cfg)
+    else:
+        result = graph.invoke({"ticket_id": ticket_id, "kind": ev["kind"]}, cfg)
+    if "__interrupt__" in result:
+        return "waiting_human"
+    return "ignored" if result.get("outcome") == "ignored" else "done"
+
+
+def describe(error: Exception) -> str:
+    text = f"{type(error).__name__}: {error}"
+    hint = next((h for cls, h in HINTS.items() if isinstance(error, cls)), None)
+    return mask_pii(f"{text}({hint})" if hint else text)
+
+
+def process(graph, ev: dict, owner: str) -> str:
+    """处理一个领到的事件,改好状态,打印一行,返回新状态。"""
+    try:
+        status = handle(graph, ev)
+    except Exception as e:  # noqa: BLE001 —— 任何错误都要落到事件表里,不能让 worker 死掉
+        permanent = isinstance(e, PERMANENT_ERRORS)
+        status = "dead" if permanent or ev["attempts"] >= config.integer("MAX_ATTEMPTS", MAX_ATTEMPTS) else "pending"
+        delay = config.number("BACKOFF_BASE_MINUTES", BACKOFF_BASE_MINUTES) * 2 ** ev["attempts"]
+        not_before = store.minutes_from_now(delay) if status == "pending" else None
+        store.set_status(ev["event_id"], status, describe(e), not_before=not_before, owner=owner)
+        shown = str(e) if isinstance(e, PermanentError) else describe(e)
+        print(f"{ev['event_id']} 第 {ev['attempts']} 次失败 → {status}: {mask_pii(shown)}", flush=True)
+        return status
+    if store.set_status(ev["event_id"], status, owner=owner):
+        print(ev["event_id"], "→", status, flush=True)
+    else:
+        print(ev["event_id"], "→", status, "(这期间事件被放回了队列,状态留给接手的 worker 改)", flush=True)
+    return status
+
+
+class Worker:
+    """run() 一直循环;run_once() 把现在能领的都处理完,返回 [(event_id, 新状态)]。"""
+
+    def __init__(self, concurrency: int | None = None):
+        self.concurrency = concurrency or config.integer("WORKER_CONCURRENCY", CONCURRENCY)
+        self.owner = store.worker_id()
+        self.stopping = threading.Event()
+        self.in_hand: set[str] = set()
+        store.init()
+        self.graph, self.conn = open_graph()
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def requeue(self) -> None:
+        if n := store.requeue_stale(config.number("STALE_MINUTES", STALE_MINUTES)):
+            print(f"放回队列 {n} 个卡住的事件", flush=True)
+
+    def drain(self, done: list) -> None:
+        while not self.stopping.is_set() and (ev := store.claim(self.owner)):
+            self.in_hand.add(ev["event_id"])
+            done.append((ev["event_id"], process(self.graph, ev, self.owner)))
+            self.in_hand.discard(ev["event_id"])
+
+    def hand_back(self) -> None:
+        """立即退出时,把手上还没做完的事件交回队列(这次不算一次失败)。"""
+        for event_id in list(self.in_hand):
+            if store.hand_back(event_id, self.owner):
+                print(f"{event_id} 交回队列", file=sys.stderr, flush=True)
+
+    def run_once(self) -> list[tuple[str, str]]:
+        self.requeue()
+        done: list[tuple[str, str]] = []
+        if self.concurrency == 1:
+            self.drain(done)
+        else:
+            with ThreadPoolExecutor(self.concurrency) as pool:
+                for f in [pool.submit(self.drain, done) for _ in range(self.concurrency)]:
+                    f.result()
+        return done
+
+    def run(self) -> None:
+        while not self.stopping.is_set():
+            if not self.run_once():
+                self.stopping.wait(config.number("POLL_SECONDS", POLL_SECONDS))
+
+    def stop(self, *_) -> None:
+        if self.stopping.is_set():
+            raise KeyboardInterrupt  # 第二次 Ctrl-C:不等了
+        print("收到停止信号:做完手上的事件就退出(再按一次 Ctrl-C 立即退出,手上的事件交回队列)", file=sys.stderr, flush=True)
+        self.stopping.set()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="后台 worker:领事件、跑 Agent")
+    parser.add_argument("--once", action="store_true", help="把现在能领的事件处理完就退出")
+    parser.add_argument("--concurrency", type=int, default=None, help=f"同时处理几个事件(默认 {CONCURRENCY})")
+    parser.add_argument("--requeue-dead", nargs="*", metavar="EVENT_ID", help="把死信放回队列,不给 id 就是全部")
+    args = parser.parse_args(argv)
+    if args.concurrency is not None and args.concurrency < 1:
+        parser.error("--concurrency 至少是 1")
+    if args.requeue_dead is not None:
+        return requeue_dead(args.requeue_dead)
+
+    worker = Worker(args.concurrency)
+    signal.signal(signal.SIGTERM, worker.stop)
+    signal.signal(signal.SIGINT, worker.stop)
+    try:
+        worker.run_once() if args.once else worker.run()
+    except KeyboardInterrupt:
+        worker.hand_back()
+    finally:
+        worker.close()
+    return 0
+
+
+def requeue_dead(event_ids: list[str]) -> int:
+    store.init()
+    if event_ids:
+        dead = {e["event_id"] for e in store.events_by_status("dead")}
+        if missing := [e for e in event_ids if e not in dead]:
+            print("这些事件不是死信(不存在,或者状态不是 dead),一个都没动:", " ".join(missing), file=sys.stderr)
+            return 1
+    n = store.requeue_dead(event_ids or None)
+    print(f"已把 {n} 个死信放回队列")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
