@@ -81,7 +81,7 @@ def _announce_offline() -> None:
 
 # ---------------------------------------------------------------- PII 脱敏:进模型之前、写日志之前
 _EMAIL = re.compile(r"[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+\.[A-Za-z]{2,}")
-_ID_CARD = re.compile(r"(?<!\d)(\d{6})(?:19|20)\d{2}(?:0[1-9]|1[0-2])(?:0[1-9]|[12]\d|3[01])\d{3}([\dXx])(?![\dXx])")
+_ID_CARD = re.compile(r"(?<!\d)(\d{6})(?:19|20)\d{2}(?:0[1-9]|1[0-2])(?:0[1-9]|[12]\d|3[01])(\d{3}[\dXx])(?![\dXx])")
 _BANK_CARD = re.compile(r"(?<!\d)(?:\d[ -]?){12,18}(\d{4})(?!\d)")
 _MOBILE = re.compile(r"(?<!\d)(1[3-9]\d)\d{4}(\d{4})(?!\d)")
 
@@ -89,7 +89,7 @@ _MOBILE = re.compile(r"(?<!\d)(1[3-9]\d)\d{4}(\d{4})(?!\d)")
 def mask_pii(text: str) -> str:
     """手机号、18 位身份证号、银行卡号、邮箱地址打码。业务库里的原文不动,只改进模型和日志的副本。"""
     text = _EMAIL.sub(lambda m: m.group(0)[0] + "***@" + m.group(0).split("@", 1)[1], text)
-    text = _ID_CARD.sub(lambda m: m.group(1) + "*" * 11 + m.group(2), text)
+    text = _ID_CARD.sub(lambda m: m.group(1) + "*" * 8 + m.group(2), text)
     text = _BANK_CARD.sub(lambda m: "**** **** **** " + m.group(1), text)
     return _MOBILE.sub(lambda m: m.group(1) + "****" + m.group(2), text)
 

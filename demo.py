@@ -1,0 +1,148 @@
+"""把课文的全流程(练习 1)用真的零件跑一遍:真 webhook 服务、真 HTTP、真 SQLite 文件、真 worker 和收件箱进程。
+
+运行:uv run python demo.py
+你会看到每一步先打印它跑的命令(以 $ 开头,照着敲就能自己复现),再打印那条命令的输出;
+最后是事件表和发件箱,并核对结果和课文一致:T1012 done/1、T1041 done/1、T1003 ignored/1、T9999 dead,
+发件箱恰好两行。一致就退出码 0,不一致就指出哪里不对、退出码 1。
+
+每次都在一个新的临时数据目录里跑(事件库、checkpoint、业务库都是新的),可以反复跑,不碰你自己的 ambient.db。
+不需要 API key:没有 LLM_API_KEY 时用离线模型。加 --keep 可以保留数据目录,跑完自己用 sqlite3 看。
+"""
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import config
+
+LAB = config.HERE
+PORT = 8139  # 课文用的端口;被占用时换一个空闲端口
+FEEDBACK = "这张已确认是重复扣款,直接告诉客户退款申请已提交、原路退回,别写金额"
+EDITED = ("您好,已确认 10 月 8 日的 INV-2026-0123 是重复扣款,退款申请已提交,会原路退回,"
+          "到账时间以支付渠道为准。给您添麻烦了。")
+EXPECTED_EVENTS = [("evt_T1012_created", "done", 1), ("evt_T1041_created", "done", 1),
+                   ("evt_T1003_created", "ignored", 1), ("evt_T9999_created", "dead", 1)]
+
+
+def free_port() -> int:
+    for port in (PORT, 0):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return s.getsockname()[1]
+    raise RuntimeError("找不到空闲端口")
+
+
+def step(title: str, shown: str, argv: list[str], env: dict) -> str:
+    """打印命令,像学员一样在实验目录里跑它,原样打印输出;失败(非 0)就停下。"""
+    print(f"\n## {title}\n$ {shown}", flush=True)
+    r = subprocess.run([sys.executable, *argv], cwd=LAB, env=env, capture_output=True, text=True, timeout=300)
+    sys.stdout.write(r.stdout)
+    for line in r.stderr.splitlines():
+        if not line.startswith("[llm]"):  # 离线模型的提示每个进程说一次,演示里只在开头说一次
+            print(line)
+    if r.returncode != 0:
+        raise SystemExit(f"演示中断:这一步的退出码是 {r.returncode}")
+    return r.stdout
+
+
+def query(sql: str, path: Path) -> list[tuple]:
+    import sqlite3
+
+    conn = sqlite3.connect(path)
+    try:
+        return [tuple(r) for r in conn.execute(sql)]
+    finally:
+        conn.close()
+
+
+def show(sql: str, path: Path) -> list[tuple]:
+    print(f'$ sqlite3 {path.name} "{sql}"')
+    result = query(sql, path)
+    for r in result:
+        print("|".join("" if v is None else str(v) for v in r))
+    return result
+
+
+def wait_for_port(port: int, proc: subprocess.Popen, seconds: float = 30) -> None:
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"webhook 服务没起来:\n{proc.stderr.read()}")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return
+        except OSError:
+            time.sleep(0.1)
+    raise SystemExit(f"webhook 服务 {seconds} 秒内没起来")
+
+
+def main(argv: list[str]) -> int:
+    keep = "--keep" in argv
+    data = Path(tempfile.mkdtemp(prefix="ambient-demo-"))
+    port = free_port()
+    env = {**os.environ, "EVENTS_DB": str(data / "ambient.db"), "CHECKPOINTS_DB": str(data / "checkpoints.db"),
+           "BIZ_DB": str(data / "cloudledger.db"), "WEBHOOK_URL": f"http://127.0.0.1:{port}/hooks/cloudledger",
+           "PYTHONUNBUFFERED": "1"}
+    events_db = data / "ambient.db"
+    print(f"数据目录:{data}(EVENTS_DB、CHECKPOINTS_DB、BIZ_DB 都指向这里)")
+    if not config.get("LLM_API_KEY"):
+        print("没有 LLM_API_KEY:用离线模型起草(按关键词分类、按模板写,不联网)。")
+    if port != PORT:
+        print(f"端口 {PORT} 被占用,这次用 {port};WEBHOOK_URL 已指向它。")
+
+    server = None
+    try:
+        step("准备数据库(业务库 41 张工单、30 个客户)", "uv run python store.py", ["store.py"], env)
+        print(f"\n## 终端 1:起 webhook 服务\n$ uv run uvicorn webhook:app --port {port}", flush=True)
+        server = subprocess.Popen([sys.executable, "-m", "uvicorn", "webhook:app", "--port", str(port),
+                                   "--log-level", "warning"], cwd=LAB, env=env, stderr=subprocess.PIPE, text=True)
+        wait_for_port(port, server)
+        print("(服务已在后台运行)")
+        for ticket, times in (("T1012", "2"), ("T1041", None), ("T1003", None), ("T9999", None)):
+            args = [ticket] + ([times] if times else [])
+            step(f"终端 2:发 webhook {ticket}" + ("(连发两次,模拟上游重试)" if times else ""),
+                 "uv run python send_webhook.py " + " ".join(args), ["send_webhook.py", *args], env)
+        show("select event_id, status, attempts from events", events_db)
+
+        step("worker 处理一轮", "uv run python worker.py --once", ["worker.py", "--once"], env)
+        listing = step("看收件箱", "uv run python inbox.py list", ["inbox.py", "list"], env).splitlines()
+        shown_draft = listing[listing.index(next(ln for ln in listing if ln.startswith("T1012 "))) + 1].split("草稿:", 1)[1]
+        step("批准 T1012", "uv run python inbox.py accept T1012", ["inbox.py", "accept", "T1012"], env)
+        step("对 T1041 提意见,让 Agent 重写", f'uv run python inbox.py respond T1041 "{FEEDBACK}"',
+             ["inbox.py", "respond", "T1041", FEEDBACK], env)
+        step("T1041 改完再发", f'uv run python inbox.py edit T1041 "{EDITED}"', ["inbox.py", "edit", "T1041", EDITED], env)
+        step("忽略 T1003", "uv run python inbox.py ignore T1003", ["inbox.py", "ignore", "T1003"], env)
+
+        print("\n## 结果")
+        final = show("select event_id, status, attempts from events", events_db)
+        outbox = show("select ticket_id, body from outbox", events_db)
+        show("select ticket_id, action, draft = final, feedback from review_log", events_db)
+    finally:
+        if server is not None:
+            server.terminate()
+            server.wait(timeout=10)
+        if not keep:
+            shutil.rmtree(data, ignore_errors=True)
+
+    problems = []
+    if final != EXPECTED_EVENTS:
+        problems.append(f"事件表应该是 {EXPECTED_EVENTS}")
+    if [t for t, _ in outbox] != ["T1012", "T1041"] or outbox[0][1] != shown_draft or outbox[1][1] != EDITED:
+        problems.append("发件箱应该恰好两行:T1012 是模型原稿,T1041 是人改过的版本")
+    if problems:
+        print("\n和课文对不上:\n" + "\n".join(problems))
+        return 1
+    print("\n和课文一致:T1012、T1041 done,T1003 ignored,T9999 进了死信(只试 1 次:工单不存在是永久错误);"
+          "发件箱两行。" + (f"\n数据留在 {data}" if keep else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

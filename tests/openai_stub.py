@@ -1,0 +1,102 @@
+"""一个跑在 127.0.0.1 上的 OpenAI 兼容服务:真 HTTP,真 ChatOpenAI 客户端连它。
+
+只有「模型说的话」是假的(用离线模型的模板写);请求、状态码、延迟、工具调用的格式都是真的。
+测试和 bench/ 都用它:能让某个 key 或某个模型返回 401/400/500,能故意慢,能记下收到的每个请求。
+"""
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from llm import offline_draft
+
+
+class OpenAIStub:
+    def __init__(self, delay: float = 0.0):
+        self.delay = delay                      # 秒;每个请求先等这么久再回答
+        self.fail: dict[str, tuple[int, str]] = {}   # 模型名或 "key:<api key>" → (状态码, 错误类型)
+        self.fail_times: dict[str, int] = {}    # 同上的键 → 还要失败几次(不在里面就一直失败)
+        self.requests: list[dict] = []          # 每个请求:{"model", "body", "headers", "at"}
+        self.lock = threading.Lock()
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self.server.daemon_threads = True
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.server.shutdown()
+        self.server.server_close()
+
+    def _failure_for(self, model: str, key: str) -> tuple[int, str] | None:
+        with self.lock:
+            for name in (f"key:{key}", model):
+                if name in self.fail:
+                    left = self.fail_times.get(name)
+                    if left is None:
+                        return self.fail[name]
+                    if left > 0:
+                        self.fail_times[name] = left - 1
+                        return self.fail[name]
+        return None
+
+    def _handler(self):
+        stub = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):  # 安静
+                pass
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers.get("content-length", 0))))
+                key = self.headers.get("authorization", "").removeprefix("Bearer ")
+                with stub.lock:
+                    stub.requests.append({"model": body.get("model"), "body": body,
+                                          "headers": dict(self.headers), "at": time.time()})
+                if stub.delay:
+                    time.sleep(stub.delay)
+                failure = stub._failure_for(body.get("model", ""), key)
+                if failure:
+                    status, kind = failure
+                    return self._send(status, {"error": {"message": f"stub says {kind}", "type": kind, "code": kind}})
+                prompt = "\n".join(str(m.get("content") or "") for m in body.get("messages", []))
+                draft = offline_draft(prompt)
+                tools = body.get("tools") or []
+                message = {"role": "assistant", "content": draft["reply"]}
+                if tools:
+                    message = {"role": "assistant", "content": None, "tool_calls": [{
+                        "id": "call_stub", "type": "function",
+                        "function": {"name": tools[0]["function"]["name"],
+                                     "arguments": json.dumps(draft, ensure_ascii=False)}}]}
+                self._send(200, {
+                    "id": "chatcmpl-stub", "object": "chat.completion", "created": int(time.time()),
+                    "model": body.get("model"),
+                    "choices": [{"index": 0, "message": message,
+                                 "finish_reason": "tool_calls" if tools else "stop"}],
+                    "usage": {"prompt_tokens": len(prompt), "completion_tokens": 40, "total_tokens": len(prompt) + 40},
+                })
+
+            def _send(self, status: int, payload: dict):
+                data = json.dumps(payload, ensure_ascii=False).encode()
+                self.send_response(status)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        return Handler
+
+
+if __name__ == "__main__":  # 手动试用:uv run python tests/openai_stub.py
+    import sys
+
+    sys.path.insert(0, ".")
+    with OpenAIStub() as s:
+        print("OpenAI 兼容服务:", s.base_url, flush=True)
+        threading.Event().wait()

@@ -1,0 +1,24 @@
+"""uv run python demo.py:课文的全流程,用真的 webhook 服务、真 HTTP、真进程跑一遍,结果和课文一致。"""
+import os
+
+from conftest import run
+
+
+def test_demo_replays_the_lesson_and_checks_its_result(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k not in ("LLM_API_KEY", "EVENTS_DB", "CHECKPOINTS_DB", "BIZ_DB")}
+    r = run(["demo.py"], {**env, "TMPDIR": str(tmp_path)}, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    out = r.stdout
+    for line in ("$ uv run python send_webhook.py T1012 2\n202 {'accepted': True, 'duplicate': False}\n"
+                 "202 {'accepted': True, 'duplicate': True}\n",
+                 "evt_T1012_created|pending|0\nevt_T1041_created|pending|0\nevt_T1003_created|pending|0\n"
+                 "evt_T9999_created|pending|0\n",
+                 "$ uv run python worker.py --once\nevt_T1012_created → waiting_human\n"
+                 "evt_T1041_created → waiting_human\nevt_T1003_created → waiting_human\n"
+                 "evt_T9999_created 第 1 次失败 → dead: 工单不存在:T9999\n",
+                 "$ uv run python inbox.py accept T1012\nT1012 → sent\n",
+                 "evt_T1012_created|done|1\nevt_T1041_created|done|1\nevt_T1003_created|ignored|1\n"
+                 "evt_T9999_created|dead|1\n",
+                 "和课文一致"):
+        assert line in out
+    assert list(tmp_path.iterdir()) == []  # 临时数据目录跑完就删了

@@ -1,0 +1,204 @@
+"""命令行收件箱:四种处理、多轮 respond、通知类待办、重写上限、拒绝坏输入、崩溃后对账、并发。"""
+import json
+import subprocess
+import sys
+
+import pytest
+from conftest import LAB, rows, run
+
+import store
+import worker as worker_mod
+from agent import open_graph, send, thread_of
+
+T1041_FEEDBACK = "这张已确认是重复扣款,直接告诉客户退款申请已提交、原路退回,别写金额"
+T1041_EDIT = "您好,已确认 10 月 8 日的 INV-2026-0123 是重复扣款,退款申请已提交,会原路退回,到账时间以支付渠道为准。给您添麻烦了。"
+
+
+def queue(*tickets: str) -> None:
+    for t in tickets:
+        payload = json.dumps({"id": f"evt_{t}_created", "type": "ticket.created", "data": {"ticket_id": t}})
+        store.add_event(f"evt_{t}_created", "webhook", "ticket.created", payload)
+    w = worker_mod.Worker()
+    try:
+        w.run_once()
+    finally:
+        w.close()
+
+
+def inbox(env, *args, **kw) -> subprocess.CompletedProcess:
+    return run(["inbox.py", *args], env, **kw)
+
+
+def state(ticket_id: str) -> dict:
+    graph, conn = open_graph()
+    try:
+        return graph.get_state(thread_of(ticket_id)).values
+    finally:
+        conn.close()
+
+
+def test_four_decisions_end_as_in_the_lesson(lab):
+    queue("T1012", "T1041", "T1003", "T9999")
+    listing = inbox(lab, "list")
+    assert listing.returncode == 0
+    lines = listing.stdout.splitlines()
+    assert [ln.split()[0] for ln in lines[0::2]] == ["T1012", "T1041", "T1003"]
+    assert lines[0].startswith("T1012  [invoice] ") and lines[2].startswith("T1041  [refund] ")
+    assert all(ln.startswith("        草稿:您好,") for ln in lines[1::2])
+    t1012_draft = lines[1].removeprefix("        草稿:")
+
+    accept = inbox(lab, "accept", "T1012")
+    assert (accept.returncode, accept.stdout) == (0, "T1012 → sent\n")
+    respond = inbox(lab, "respond", "T1041", T1041_FEEDBACK)
+    assert respond.returncode == 0
+    assert respond.stdout.startswith("已按意见重写,新草稿: 您好,您这笔扣款已确认是重复扣款,退款申请已提交、原路退回。")
+    assert "金额" not in respond.stdout
+    edit = inbox(lab, "edit", "T1041", T1041_EDIT)
+    assert (edit.returncode, edit.stdout) == (0, "T1041 → sent\n")
+    ignore = inbox(lab, "ignore", "T1003")
+    assert (ignore.returncode, ignore.stdout) == (0, "T1003 → ignored\n")
+
+    assert rows("SELECT event_id, status, attempts FROM events ORDER BY received_at") == [
+        ("evt_T1012_created", "done", 1), ("evt_T1041_created", "done", 1),
+        ("evt_T1003_created", "ignored", 1), ("evt_T9999_created", "dead", 1)]
+    assert rows("SELECT ticket_id, body, sent_by FROM outbox ORDER BY id") == [
+        ("T1012", t1012_draft, "agent+reviewer"), ("T1041", T1041_EDIT, "agent+reviewer")]
+    # 练习 4:review_log
+    log = {r[0]: r[1:] for r in rows("SELECT ticket_id, category, draft, final, action, feedback FROM review_log")}
+    assert log["T1012"] == ("invoice", t1012_draft, t1012_draft, "accept", "[]")
+    category, draft, final, action, feedback = log["T1041"]
+    assert (category, final, action, json.loads(feedback)) == ("refund", T1041_EDIT, "edit", [T1041_FEEDBACK])
+    assert draft != final and draft.startswith("您好,关于您提到的扣款和退款问题")
+    assert log["T1003"][3:] == ("ignore", "[]") and log["T1003"][2] is None
+    assert inbox(lab, "list").stdout == "收件箱是空的\n"
+
+
+def test_several_respond_rounds_then_accept_sends_the_last_redraft(lab):
+    queue("T1041")
+    first = inbox(lab, "respond", "T1041", "语气再软一点,先道歉")
+    second = inbox(lab, "respond", "T1041", "告诉客户退款申请已提交")
+    assert first.returncode == second.returncode == 0
+    assert "非常抱歉" in first.stdout
+    last = second.stdout.removeprefix("已按意见重写,新草稿: ").strip()
+    assert "退款申请已提交" in last
+    assert inbox(lab, "approve", "T1041").stdout == "T1041 → sent\n"  # LangChain v1 的叫法 approve = accept
+    assert rows("SELECT body FROM outbox") == [(last,)]
+    assert state("T1041")["feedback"] == ["语气再软一点,先道歉", "告诉客户退款申请已提交"]
+    assert rows("SELECT COUNT(*) FROM llm_usage WHERE ticket_id = 'T1041'") == [(3,)]  # 起草 1 次 + 重写 2 次
+
+
+def test_reject_alias_ignores(lab):
+    queue("T1003")
+    assert inbox(lab, "reject", "T1003").stdout == "T1003 → ignored\n"
+    assert rows("SELECT status FROM events") == [("ignored",)]
+    assert rows("SELECT COUNT(*) FROM outbox") == [(0,)]
+
+
+def test_redraft_cap_is_refused_even_after_a_restart(lab):
+    """每次 inbox.py 都是新进程:计数在 graph state 里,进程重启不清零。"""
+    queue("T1012")
+    env = {**lab, "MAX_REDRAFTS": "2"}
+    for note in ("先道歉", "再简短一点"):
+        assert inbox(env, "respond", "T1012", note).returncode == 0
+    refused = inbox(env, "respond", "T1012", "再改一次")
+    assert refused.returncode == 1
+    assert refused.stderr == "T1012 已经按意见重写了 2 次,到上限了,不能再 respond;现在可以:accept / edit / ignore\n"
+    assert "已按意见重写 2 次,到上限了:只能 accept / edit / ignore" in inbox(env, "list").stdout
+    assert state("T1012")["feedback"] == ["先道歉", "再简短一点"]
+    assert rows("SELECT status FROM events") == [("waiting_human",)]
+    assert inbox(env, "accept", "T1012").stdout == "T1012 → sent\n"
+
+
+def test_notify_item_only_allows_ignore(lab):
+    """练习 5:正文里有「投诉到」的工单(种子数据 T1010)不起草,只通知;accept/edit/respond 被拒。"""
+    queue("T1010")
+    assert rows("SELECT COUNT(*) FROM llm_usage") == [(0,)]  # 没调模型
+    listing = inbox(lab, "list").stdout.splitlines()
+    assert listing[0] == "T1010  【通知】[refund] 工单提到「投诉到」,Agent 没有起草回复,请主管看一下"
+    assert listing[2] == "        只能 ignore(看过即可)"
+    for command, text in (("accept", None), ("edit", "随便回一句"), ("respond", "写个回复")):
+        r = inbox(lab, command, "T1010", *([text] if text else []))
+        assert r.returncode == 1
+        assert r.stderr == f"T1010 是通知类待办,Agent 没有起草回复,不能 {command};只能 ignore(看过即可)\n"
+    assert rows("SELECT status FROM events") == [("waiting_human",)]
+    assert inbox(lab, "ignore", "T1010").stdout == "T1010 → ignored\n"
+    assert rows("SELECT COUNT(*) FROM outbox") == [(0,)]
+
+
+@pytest.mark.parametrize("args, message", [
+    ([], "缺少子命令"),
+    (["send", "T1012"], "不认识的子命令:send"),
+    (["accept"], "accept 需要工单号"),
+    (["edit", "T1012"], "edit 需要第三个参数:改好的回复全文(不能为空)"),
+    (["respond", "T1012", "   "], "respond 需要第三个参数:给 Agent 的意见(不能为空)"),
+    (["respond", "T1012", "语气", "软一点"], "respond 的参数太多了;文字里有空格时请用引号括起来"),
+    (["list", "extra"], "list 不带参数"),
+])
+def test_bad_command_line_prints_usage_and_exits_2_and_changes_nothing(lab, args, message):
+    queue("T1012")
+    r = inbox(lab, *args)
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.startswith(message + "\n用法:")
+    assert "uv run python inbox.py respond T1012" in r.stderr
+    assert rows("SELECT status FROM events") == [("waiting_human",)]
+    assert state("T1012").get("feedback") == []
+
+
+def test_unknown_or_finished_ticket_is_not_in_the_inbox(lab):
+    queue("T1012")
+    r = inbox(lab, "accept", "T4040")
+    assert (r.returncode, r.stderr) == (1, "T4040 不在收件箱里(已经处理过,或者还没轮到 worker)\n")
+    assert inbox(lab, "accept", "T1012").returncode == 0
+    again = inbox(lab, "edit", "T1012", "再发一次")
+    assert (again.returncode, again.stderr) == (1, "T1012 不在收件箱里(已经处理过,或者还没轮到 worker)\n")
+    assert rows("SELECT COUNT(*) FROM outbox") == [(1,)]
+
+
+def test_send_run_twice_leaves_one_outbox_row(lab):
+    queue("T1012")
+    assert inbox(lab, "accept", "T1012").returncode == 0
+    values = state("T1012")
+    assert send(values) == {"outcome": "already_sent"}
+    assert send(values) == {"outcome": "already_sent"}
+    assert rows("SELECT COUNT(*) FROM outbox") == [(1,)]
+    assert rows("SELECT COUNT(*) FROM review_log") == [(1,)]
+
+
+def test_list_and_actions_reconcile_after_a_resume_that_crashed_before_the_status_update(lab):
+    """收件箱命令在「图已经跑完」和「改事件状态」之间被杀:事件卡在 processing,进程已经不在了。"""
+    queue("T1012", "T1041")
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    owner = f"{store.socket.gethostname()}:{dead.pid}"
+    script = ("import sys; sys.path.insert(0, '.'); from langgraph.types import Command; "
+              "from agent import open_graph, thread_of; g, c = open_graph(); "
+              "g.invoke(Command(resume={'type': 'accept', 'args': None}), thread_of('T1012'))")
+    assert subprocess.run([sys.executable, "-c", script], cwd=LAB, env=lab).returncode == 0
+    conn = store.connect()
+    conn.execute("UPDATE events SET status = 'processing', claimed_by = ? WHERE ticket_id = 'T1012'", (owner,))
+    conn.close()
+    listing = inbox(lab, "list")
+    assert listing.returncode == 0
+    assert listing.stderr == "(更正:T1012 上次处理中途中断,事件 evt_T1012_created 改为 done)\n"
+    assert listing.stdout.splitlines()[0].startswith("T1041  ")
+    assert rows("SELECT event_id, status FROM events ORDER BY received_at") == [
+        ("evt_T1012_created", "done"), ("evt_T1041_created", "waiting_human")]
+    assert rows("SELECT COUNT(*) FROM outbox") == [(1,)]
+
+
+def test_two_inbox_commands_on_one_ticket_at_once_send_one_reply(lab):
+    queue("T1012")
+    procs = [subprocess.Popen([sys.executable, "inbox.py", cmd, "T1012", *extra], cwd=LAB, env=lab, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+             for cmd, extra in (("accept", []), ("edit", ["同时改的版本"]), ("accept", []))]
+    results = [(p.wait(timeout=120), *p.communicate()) for p in procs]
+    winners = [r for r in results if r[0] == 0]
+    losers = [r for r in results if r[0] == 1]
+    assert len(winners) == 1 and len(losers) == 2
+    assert winners[0][1] == "T1012 → sent\n"
+    for _, out, err in losers:
+        assert err in ("T1012 不在收件箱里(已经处理过,或者还没轮到 worker)\n",
+                       "T1012 刚被另一个收件箱命令拿走处理了,稍后再 list 看看\n",
+                       "T1012 正在被处理(另一个收件箱命令或 worker),稍后再 list 看看\n"), err
+    assert rows("SELECT COUNT(*) FROM outbox") == [(1,)]
+    assert rows("SELECT status FROM events") == [("done",)]

@@ -1,0 +1,188 @@
+"""webhook 入口:验签、防重放、去重,坏请求回清楚的错误且什么都不存。"""
+import base64
+import hashlib
+import hmac
+import json
+import time
+
+import pytest
+from conftest import rows
+from fastapi.testclient import TestClient
+
+import send_webhook
+import webhook
+
+SECRET = "test-secret"
+URL = "/hooks/cloudledger"
+
+
+@pytest.fixture
+def client(lab, monkeypatch):
+    monkeypatch.setenv("WEBHOOK_SECRET", SECRET)
+    with TestClient(webhook.app) as c:
+        yield c
+
+
+def body_for(ticket_id="T1012", event_id=None, kind="ticket.created") -> bytes:
+    return json.dumps({"id": event_id or f"evt_{ticket_id}_created", "type": kind,
+                       "data": {"ticket_id": ticket_id}}).encode()
+
+
+def post(client, body: bytes, signature: str | None = None, **headers):
+    if signature is not None:
+        headers["x-cloudledger-signature"] = signature
+    return client.post(URL, content=body, headers={"content-type": "application/json", **headers})
+
+
+def stored() -> list[tuple]:
+    return rows("SELECT event_id, source, kind, status, attempts FROM events ORDER BY received_at")
+
+
+def test_signed_event_is_stored_and_acknowledged_with_202(client):
+    body = body_for("T1012")
+    r = post(client, body, send_webhook.sign(body, SECRET))
+    assert (r.status_code, r.json()) == (202, {"accepted": True, "duplicate": False})
+    assert stored() == [("evt_T1012_created", "webhook", "ticket.created", "pending", 0)]
+    assert rows("SELECT payload, ticket_id FROM events") == [(body.decode(), "T1012")]
+
+
+def test_redelivery_is_reported_as_duplicate_and_stored_once(client):
+    body = body_for("T1012")
+    first = post(client, body, send_webhook.sign(body, SECRET))
+    second = post(client, body, send_webhook.sign(body, SECRET))
+    assert [first.json(), second.json()] == [{"accepted": True, "duplicate": False},
+                                             {"accepted": True, "duplicate": True}]
+    assert len(stored()) == 1
+
+
+def test_other_event_types_are_acknowledged_but_not_queued(client):
+    body = body_for(kind="ticket.closed")
+    r = post(client, body, send_webhook.sign(body, SECRET))
+    assert (r.status_code, r.json()) == (202, {"accepted": False, "reason": "ignored type"})
+    assert stored() == []
+
+
+def test_any_matching_v1_signature_passes_during_secret_rotation(client):
+    body = body_for()
+    ts = int(time.time())
+    good = send_webhook.sign(body, SECRET, ts).split("v1=")[1]
+    old = send_webhook.sign(body, "old-secret", ts).split("v1=")[1]
+    r = post(client, body, f"t={ts},v0=deadbeef,v1={old},v1={good}")
+    assert (r.status_code, r.json()) == (202, {"accepted": True, "duplicate": False})
+
+
+@pytest.mark.parametrize("header, status, detail", [
+    (None, 400, "missing signature header (X-CloudLedger-Signature or webhook-signature)"),
+    ("garbage", 400, "bad signature header"),
+    ("t=abc,v1=00", 400, "bad signature header"),
+    ("v1=00", 400, "bad signature header"),
+    ("t={now},v0=00", 400, "bad signature header"),
+    ("t={old},v1={sig_old}", 400, "timestamp too old"),
+    ("t={future},v1={sig_future}", 400, "timestamp too far in the future"),
+    ("t={now},v1={wrong}", 401, "bad signature"),
+    ("t={now},v1=非ASCII签名", 401, "bad signature"),
+])
+def test_bad_signature_is_rejected_and_nothing_stored(client, header, status, detail):
+    body = body_for()
+    now = int(time.time())
+    sig = lambda ts, secret=SECRET: send_webhook.sign(body, secret, ts).split("v1=")[1]  # noqa: E731
+    if header is not None:
+        header = header.format(now=now, old=now - 301, future=now + 301, sig_old=sig(now - 301),
+                               sig_future=sig(now + 301), wrong=sig(now, "wrong-secret"))
+    r = client.post(URL, content=body, headers={"x-cloudledger-signature": header.encode("utf-8")}
+                    if header is not None else {})
+    assert (r.status_code, r.json()) == (status, {"detail": detail})
+    assert stored() == []
+
+
+def test_signature_over_reserialized_json_is_rejected(client):
+    """常见误区:拿解析后再序列化的 JSON 去验签。空格一变签名就对不上。"""
+    body = body_for()
+    signature = send_webhook.sign(json.dumps(json.loads(body), separators=(",", ":")).encode(), SECRET)
+    r = post(client, body, signature)
+    assert (r.status_code, r.json()) == (401, {"detail": "bad signature"})
+    assert stored() == []
+
+
+@pytest.mark.parametrize("body, detail", [
+    (b"not json", "body is not UTF-8 JSON"),
+    (b"\xff\xfe{}", "body is not UTF-8 JSON"),
+    (b"[" * 100000, "body is not UTF-8 JSON"),
+    (b"[1, 2]", "body must be a JSON object with id, type and data.ticket_id"),
+    (b'{"type": "ticket.created", "data": {"ticket_id": "T1"}}', "id must be a non-empty string (at most 200 characters)"),
+    (b'{"id": "", "type": "ticket.created", "data": {"ticket_id": "T1"}}', "id must be a non-empty string (at most 200 characters)"),
+    (b'{"id": "e1", "data": {"ticket_id": "T1"}}', "type must be a string"),
+    (b'{"id": "e1", "type": "ticket.created"}', "data.ticket_id must be a string of letters, digits, _ or - (at most 64)"),
+    (b'{"id": "e1", "type": "ticket.created", "data": {"ticket_id": 1012}}', "data.ticket_id must be a string of letters, digits, _ or - (at most 64)"),
+    (b'{"id": "e1", "type": "ticket.created", "data": {"ticket_id": "T1; drop"}}', "data.ticket_id must be a string of letters, digits, _ or - (at most 64)"),
+])
+def test_malformed_body_is_rejected_with_400_and_nothing_stored(client, body, detail):
+    r = post(client, body, send_webhook.sign(body, SECRET))
+    assert (r.status_code, r.json()) == (400, {"detail": detail})
+    assert stored() == []
+
+
+def test_body_over_one_mebibyte_is_rejected_with_413_and_nothing_stored(client):
+    body = json.dumps({"id": "big", "type": "ticket.created", "data": {"ticket_id": "T1012"},
+                       "pad": "x" * (1024 * 1024)}).encode()
+    r = post(client, body, send_webhook.sign(body, SECRET))
+    assert (r.status_code, r.json()) == (413, {"detail": "body larger than 1048576 bytes"})
+
+    def chunks():  # 不带 Content-Length 的分块上传也要在读到 1 MiB 时停下
+        for _ in range(20):
+            yield b"x" * 65536
+    r = client.post(URL, content=chunks(), headers={"x-cloudledger-signature": "t=1,v1=00"})
+    assert (r.status_code, r.json()) == (413, {"detail": "body larger than 1048576 bytes"})
+    assert stored() == []
+
+
+# ---------------------------------------------------------------- Standard Webhooks
+def standard_headers(body: bytes, secret_key: bytes, msg_id="msg_1", ts=None) -> dict:
+    ts = str(int(time.time()) if ts is None else ts)
+    sig = base64.b64encode(hmac.new(secret_key, f"{msg_id}.{ts}.".encode() + body, hashlib.sha256).digest()).decode()
+    return {"webhook-id": msg_id, "webhook-timestamp": ts, "webhook-signature": f"v1,{sig}"}
+
+
+def test_standard_webhooks_signature_with_whsec_secret_is_accepted(lab, monkeypatch):
+    key = b"0123456789abcdef0123456789abcdef"
+    monkeypatch.setenv("WEBHOOK_SECRET", "whsec_" + base64.b64encode(key).decode())
+    body = body_for("T1041")
+    with TestClient(webhook.app) as c:
+        headers = standard_headers(body, key)
+        headers["webhook-signature"] = "v1,bm90LXRoaXMtb25l " + headers["webhook-signature"] + " v1a,ignored"
+        r = c.post(URL, content=body, headers=headers)
+    assert (r.status_code, r.json()) == (202, {"accepted": True, "duplicate": False})
+    assert stored() == [("evt_T1041_created", "webhook", "ticket.created", "pending", 0)]
+
+
+def test_standard_webhooks_with_plain_secret_uses_its_raw_bytes(client):
+    body = body_for("T1003")
+    r = client.post(URL, content=body, headers=standard_headers(body, SECRET.encode()))
+    assert (r.status_code, r.json()) == (202, {"accepted": True, "duplicate": False})
+
+
+@pytest.mark.parametrize("change, status, detail", [
+    ({"webhook-signature": "v1,AAAA"}, 401, "bad signature"),
+    ({"webhook-signature": "v2,AAAA"}, 400, "bad signature header"),
+    ({"webhook-id": ""}, 400, "bad signature header"),
+    ({"webhook-timestamp": "soon"}, 400, "bad signature header"),
+    ({"webhook-timestamp": "1000"}, 400, "timestamp too old"),
+])
+def test_bad_standard_webhooks_headers_are_rejected_and_nothing_stored(client, change, status, detail):
+    body = body_for()
+    headers = {**standard_headers(body, SECRET.encode()), **change}
+    r = client.post(URL, content=body, headers=headers)
+    assert (r.status_code, r.json()) == (status, {"detail": detail})
+    assert stored() == []
+
+
+def test_many_concurrent_deliveries_are_group_committed_and_each_answered(client):
+    """组提交:并发到达的请求一批写进一个事务,每个请求拿到的都是自己那条的结果。"""
+    from concurrent.futures import ThreadPoolExecutor
+
+    bodies = [body_for(f"T{2000 + i}") for i in range(60)] * 2
+    with ThreadPoolExecutor(16) as pool:
+        answers = list(pool.map(lambda b: post(client, b, send_webhook.sign(b, SECRET)).json(), bodies))
+    assert sum(a == {"accepted": True, "duplicate": False} for a in answers) == 60
+    assert sum(a == {"accepted": True, "duplicate": True} for a in answers) == 60
+    assert rows("SELECT COUNT(*), COUNT(DISTINCT event_id) FROM events") == [(60, 60)]

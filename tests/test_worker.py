@@ -1,0 +1,235 @@
+"""worker:原子领取、重试、死信、退避、卡住放回、崩溃续跑。"""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from conftest import LAB, rows, run
+from openai_stub import OpenAIStub
+
+import store
+import worker as worker_mod
+from agent import open_graph, thread_of
+
+
+def add(ticket_id: str, event_id: str | None = None, kind: str = "ticket.created") -> str:
+    event_id = event_id or f"evt_{ticket_id}_created"
+    payload = json.dumps({"id": event_id, "type": kind, "data": {"ticket_id": ticket_id}})
+    assert store.add_event(event_id, "webhook", kind, payload)
+    return event_id
+
+
+def events() -> list[tuple]:
+    return rows("SELECT event_id, status, attempts FROM events ORDER BY received_at")
+
+
+def use_stub(monkeypatch, stub: OpenAIStub, retries: int = 0) -> None:
+    monkeypatch.setenv("LLM_API_KEY", "sk-test")
+    monkeypatch.setenv("LLM_BASE_URL", stub.base_url)
+    monkeypatch.setenv("LLM_MODEL", "stub-model")
+    monkeypatch.setenv("LLM_MAX_RETRIES", str(retries))
+
+
+def test_missing_ticket_is_dead_after_one_attempt_with_reason(lab, capsys):
+    add("T1012"), add("T9999")
+    w = worker_mod.Worker()
+    try:
+        assert w.run_once() == [("evt_T1012_created", "waiting_human"), ("evt_T9999_created", "dead")]
+    finally:
+        w.close()
+    assert capsys.readouterr().out.splitlines() == [
+        "evt_T1012_created → waiting_human",
+        "evt_T9999_created 第 1 次失败 → dead: 工单不存在:T9999",
+    ]
+    assert rows("SELECT status, attempts, last_error FROM events WHERE event_id = 'evt_T9999_created'") == [
+        ("dead", 1, "PermanentError: 工单不存在:T9999")]
+
+
+def test_malformed_payload_is_dead_at_once(lab, capsys):
+    store.add_event("evt_bad", "webhook", "ticket.created", '{"id": "evt_bad", "data": {}}')
+    w = worker_mod.Worker()
+    try:
+        assert w.run_once() == [("evt_bad", "dead")]
+    finally:
+        w.close()
+    assert rows("SELECT status, attempts FROM events") == [("dead", 1)]
+    assert "payload 格式不对" in capsys.readouterr().out
+
+
+def test_wrong_api_key_backs_off_then_goes_dead_after_max_attempts_with_a_fix_hint(lab, monkeypatch, capsys):
+    """练习 3:LLM_API_KEY=sk-wrong。每次失败后 not_before = 现在 + 2^attempts × BASE 分钟;--once 不会一口气连试三次。"""
+    with OpenAIStub() as stub:
+        use_stub(monkeypatch, stub, retries=2)
+        monkeypatch.setenv("LLM_API_KEY", "sk-wrong")
+        stub.fail["key:sk-wrong"] = (401, "invalid_api_key")
+        add("T1012")
+        w = worker_mod.Worker()
+        try:
+            before = time.time()
+            assert w.run_once() == [("evt_T1012_created", "pending")]
+            assert w.run_once() == []  # 还没到 not_before:这一轮什么都不领
+            (not_before,) = rows("SELECT not_before FROM events")[0]
+            wait = store.parse_time(not_before).timestamp() - before
+            assert 2 * 60 - 5 < wait < 2 * 60 + 5  # 第 1 次失败后等 2 分钟
+            assert len(stub.requests) == 1  # 401 不在一次尝试里快速重试
+
+            monkeypatch.setenv("BACKOFF_BASE_MINUTES", "0")  # 不真等:把时间拨到 not_before 之后
+            conn = store.connect()
+            conn.execute("UPDATE events SET not_before = ?", (store.now(),))
+            conn.close()
+            monkeypatch.setenv("BACKOFF_BASE_MINUTES", "1")
+            before = time.time()
+            assert w.run_once() == [("evt_T1012_created", "pending")]
+            (not_before,) = rows("SELECT not_before FROM events")[0]
+            assert 4 * 60 - 5 < store.parse_time(not_before).timestamp() - before < 4 * 60 + 5  # 第 2 次后等 4 分钟
+
+            conn = store.connect()
+            conn.execute("UPDATE events SET not_before = ?", (store.now(),))
+            conn.close()
+            assert w.run_once() == [("evt_T1012_created", "dead")]
+        finally:
+            w.close()
+    (status, attempts, error, not_before), = rows("SELECT status, attempts, last_error, not_before FROM events")
+    assert (status, attempts, not_before) == ("dead", 3, None)
+    assert error.startswith("OpenAIAuthenticationError: Error code: 401")  # langchain-openai 包了一层的 openai.AuthenticationError
+    assert "检查 LLM_API_KEY,修好后运行 uv run python worker.py --requeue-dead" in error
+    out = capsys.readouterr().out.splitlines()
+    assert [line.split(":")[0] for line in out] == [
+        "evt_T1012_created 第 1 次失败 → pending", "evt_T1012_created 第 2 次失败 → pending",
+        "evt_T1012_created 第 3 次失败 → dead"]
+
+
+def test_transient_server_errors_are_retried_inside_one_attempt(lab, monkeypatch):
+    with OpenAIStub() as stub:
+        use_stub(monkeypatch, stub, retries=2)
+        stub.fail["stub-model"] = (500, "server_error")
+        stub.fail_times["stub-model"] = 2  # 前两次 500,第三次成功
+        add("T1012")
+        w = worker_mod.Worker()
+        try:
+            assert w.run_once() == [("evt_T1012_created", "waiting_human")]
+        finally:
+            w.close()
+        assert len(stub.requests) == 3
+    assert events() == [("evt_T1012_created", "waiting_human", 1)]
+
+
+def test_request_the_model_rejects_as_invalid_is_dead_at_once(lab, monkeypatch):
+    with OpenAIStub() as stub:
+        use_stub(monkeypatch, stub, retries=2)
+        stub.fail["stub-model"] = (400, "invalid_request_error")
+        add("T1012")
+        w = worker_mod.Worker()
+        try:
+            assert w.run_once() == [("evt_T1012_created", "dead")]
+        finally:
+            w.close()
+        assert len(stub.requests) == 1
+    assert rows("SELECT status, attempts FROM events") == [("dead", 1)]
+
+
+def test_requeue_dead_puts_dead_events_back_and_refuses_unknown_ids(lab):
+    add("T9999"), add("T9998")
+    w = worker_mod.Worker()
+    try:
+        w.run_once()
+    finally:
+        w.close()
+    bad = run(["worker.py", "--requeue-dead", "evt_T9999_created", "evt_nope"], lab)
+    assert (bad.returncode, bad.stdout) == (1, "")
+    assert bad.stderr == "这些事件不是死信(不存在,或者状态不是 dead),一个都没动: evt_nope\n"
+    assert rows("SELECT status FROM events") == [("dead",), ("dead",)]
+    one = run(["worker.py", "--requeue-dead", "evt_T9999_created"], lab)
+    assert (one.returncode, one.stdout) == (0, "已把 1 个死信放回队列\n")
+    every = run(["worker.py", "--requeue-dead"], lab)
+    assert (every.returncode, every.stdout) == (0, "已把 1 个死信放回队列\n")
+    assert rows("SELECT status, attempts, not_before FROM events") == [("pending", 0, None)] * 2
+
+
+def test_bad_worker_arguments_exit_2_with_usage(lab):
+    r = run(["worker.py", "--concurrency", "0"], lab)
+    assert r.returncode == 2 and "--concurrency 至少是 1" in r.stderr
+    r = run(["worker.py", "--bogus"], lab)
+    assert r.returncode == 2 and "unrecognized arguments: --bogus" in r.stderr
+
+
+def test_stale_processing_event_of_a_dead_process_is_requeued_but_a_live_ones_is_not(lab, capsys):
+    add("T1012"), add("T1041"), add("T1003")
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    conn = store.connect()
+    conn.execute("UPDATE events SET status = 'processing', attempts = 1, claimed_by = ? WHERE ticket_id = 'T1012'",
+                 (f"{store.socket.gethostname()}:{dead.pid}",))
+    conn.execute("UPDATE events SET status = 'processing', attempts = 1, claimed_by = ? WHERE ticket_id = 'T1041'",
+                 (f"{store.socket.gethostname()}:{os.getpid()}",))
+    conn.execute("UPDATE events SET status = 'processing', attempts = 1, claimed_by = 'other-host:1', updated_at = ? "
+                 "WHERE ticket_id = 'T1003'", (store.minutes_from_now(-11),))
+    conn.close()
+    assert store.requeue_stale(10) == 2
+    assert events() == [("evt_T1012_created", "pending", 1), ("evt_T1041_created", "processing", 1),
+                        ("evt_T1003_created", "pending", 1)]
+
+
+def test_two_worker_processes_claim_each_of_200_events_exactly_once(lab):
+    for i in range(200):
+        add(f"T9{i:03d}")  # 都不存在:每个事件一次失败就死信,重点是领取
+    procs = [subprocess.Popen([sys.executable, "worker.py", "--once"], cwd=LAB, env=lab, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(2)]
+    outs = [p.communicate(timeout=120)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0]
+    seen = [line.split()[0] for out in outs for line in out.splitlines()]
+    assert sorted(seen) == sorted(f"evt_T9{i:03d}_created" for i in range(200))
+    assert all(out for out in outs), "两个 worker 都应该领到活"
+    assert rows("SELECT status, attempts, COUNT(*) FROM events GROUP BY status, attempts") == [("dead", 1, 200)]
+
+
+def test_worker_killed_inside_draft_resumes_at_draft_without_rerunning_load(lab, monkeypatch):
+    """kill -9 在 draft 里(模型还没回):重启后从 draft 接着跑,load 不重跑,也没有第二个 input checkpoint。"""
+    with OpenAIStub(delay=30) as stub:
+        env = {**lab, "LLM_API_KEY": "sk-test", "LLM_BASE_URL": stub.base_url, "LLM_MODEL": "stub-model",
+               "LLM_MAX_RETRIES": "0"}
+        add("T1012")
+        proc = subprocess.Popen([sys.executable, "worker.py", "--once"], cwd=LAB, env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        deadline = time.time() + 60
+        while not stub.requests and time.time() < deadline:
+            time.sleep(0.05)
+        assert stub.requests, "worker 应该已经在 draft 里调模型了"
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        assert events() == [("evt_T1012_created", "processing", 1)]
+        stub.delay = 0
+        r = run(["worker.py", "--once"], env)
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.splitlines() == ["放回队列 1 个卡住的事件", "evt_T1012_created → waiting_human"]
+        assert len(stub.requests) == 2  # draft 跑了两次(第一次被杀),load 不调模型
+    assert events() == [("evt_T1012_created", "waiting_human", 2)]
+    graph, conn = open_graph()
+    try:
+        history = list(graph.get_state_history(thread_of("T1012")))
+    finally:
+        conn.close()
+    assert [h.metadata["source"] for h in history].count("input") == 1
+    assert [h.next for h in history].count(("load",)) == 1
+    assert [h.next for h in history].count(("draft",)) == 1  # 续跑时没有从 load 重新来一遍
+
+
+def test_crashed_thread_is_resumed_and_waiting_thread_is_left_alone(lab, monkeypatch):
+    """常见误区:把「中断」和「崩溃」当成一回事。等人的 thread 跳过,崩溃的 thread 续跑。"""
+    with OpenAIStub() as stub:
+        use_stub(monkeypatch, stub)
+        stub.fail["stub-model"] = (500, "server_error")
+        stub.fail_times["stub-model"] = 1
+        monkeypatch.setenv("BACKOFF_BASE_MINUTES", "0")
+        add("T1012")
+        w = worker_mod.Worker()
+        try:
+            assert w.run_once() == [("evt_T1012_created", "pending"), ("evt_T1012_created", "waiting_human")]
+            add("T1012", event_id="evt_T1012_again")  # 同一张工单,上游换个 event_id 又通知一次
+            assert w.run_once() == [("evt_T1012_again", "done")]
+        finally:
+            w.close()
+        assert len(stub.requests) == 2
