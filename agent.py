@@ -1,18 +1,16 @@
 """处理一张工单的图:load(读工单)→ draft(模型起草)→ review(interrupt,进收件箱等人)→ send | draft | 结束。
 
 这个文件不单独运行;worker.py 启动一张工单,inbox.py 把人的决定交回来。
-状态存在 CHECKPOINTS_DB(默认 checkpoints.db),thread_id 用工单号:ticket-T1012。
+状态存在 CHECKPOINTS_DB(默认 checkpoints.db;设了 DATABASE_URL 就存 PostgreSQL),thread_id 用工单号:ticket-T1012。
 
 收件箱条目照 Agent Inbox 的 HumanInterrupt:action_request{action,args}、config{allow_*}、description;
 人的回复照 HumanResponse:type 是 accept / edit / response / ignore 之一。
 review 在 interrupt() 之前什么都不写:恢复时这个节点会从头重跑。
 send 靠 outbox 的 UNIQUE 幂等:重跑一次只会得到 already_sent。
 """
-import sqlite3
 from typing import Literal
 
 from langchain_core.runnables import RunnableConfig
-from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.graph import END, START, StateGraph
 from langgraph.types import interrupt
 from pydantic import BaseModel, Field
@@ -163,11 +161,8 @@ builder.add_edge("send", END)
 
 
 def open_graph():
-    """返回 (graph, conn)。调用方用完要 conn.close()。"""
-    conn = sqlite3.connect(store.checkpoints_db(), check_same_thread=False, timeout=store.BUSY_TIMEOUT_S)
-    conn.execute("PRAGMA journal_mode = WAL")  # worker 和收件箱是不同进程,同时写 checkpoint
-    saver = SqliteSaver(conn)
-    saver.setup()
+    """返回 (graph, conn)。调用方用完要 conn.close()。checkpoint 存哪(SQLite 文件或 PostgreSQL)由 store 决定。"""
+    saver, conn = store.open_checkpointer()
     return builder.compile(checkpointer=saver), conn
 
 

@@ -10,8 +10,10 @@
 """
 import json
 import os
+import re
 import socket
 import sqlite3
+import threading
 from contextlib import contextmanager
 from datetime import date, datetime, timedelta, timezone
 from pathlib import Path
@@ -34,19 +36,19 @@ CREATE TABLE IF NOT EXISTS events (
     status       TEXT NOT NULL DEFAULT 'pending',  -- pending / processing / waiting_human / done / ignored / dead
     attempts     INTEGER NOT NULL DEFAULT 0,
     last_error   TEXT,
-    received_at  TEXT NOT NULL,
-    updated_at   TEXT NOT NULL,
-    not_before   TEXT,                      -- 练习 3:失败后退避,这个时间之前不领
+    received_at  {time} NOT NULL,
+    updated_at   {time} NOT NULL,
+    not_before   {time},                    -- 练习 3:失败后退避,这个时间之前不领
     ticket_id    TEXT,                      -- 从 payload 里取出来,同一张工单不会被两个 worker 同时处理
     claimed_by   TEXT                       -- 谁在处理:主机名:进程号,用来判断「卡住」还是「还在跑」
 );
 CREATE INDEX IF NOT EXISTS events_status ON events (status, received_at);
 CREATE TABLE IF NOT EXISTS outbox (
-    id          INTEGER PRIMARY KEY AUTOINCREMENT,
+    id          {serial},
     ticket_id   TEXT NOT NULL UNIQUE,       -- 一张工单只发一次回复,UNIQUE 挡住重复发送
     body        TEXT NOT NULL,
     sent_by     TEXT NOT NULL,
-    sent_at     TEXT NOT NULL
+    sent_at     {time} NOT NULL
 );
 CREATE TABLE IF NOT EXISTS review_log (      -- 练习 4:人改了什么,反馈闭环的原料
     ticket_id   TEXT PRIMARY KEY,           -- 每张工单一行,send 重跑也不会多
@@ -55,20 +57,37 @@ CREATE TABLE IF NOT EXISTS review_log (      -- 练习 4:人改了什么,反馈�
     final       TEXT,                       -- 最终发出的文本(ignore 时为空)
     action      TEXT NOT NULL,              -- accept / edit / ignore
     feedback    TEXT NOT NULL,              -- JSON 数组:每一轮 respond 的意见
-    created_at  TEXT NOT NULL
+    created_at  {time} NOT NULL
 );
 CREATE TABLE IF NOT EXISTS llm_usage (       -- 每次模型调用一行:算单事件成本
-    id          INTEGER PRIMARY KEY AUTOINCREMENT,
+    id          {serial},
     event_id    TEXT,
     ticket_id   TEXT,
     model       TEXT NOT NULL,
     input_tokens  INTEGER NOT NULL,
     output_tokens INTEGER NOT NULL,
-    created_at  TEXT NOT NULL
+    created_at  {time} NOT NULL
 );
 """
 # 旧版 ambient.db(照课文建的)缺这些列:init() 会补上,已有数据不动
 ADDED_COLUMNS = {"not_before": "TEXT", "ticket_id": "TEXT", "claimed_by": "TEXT"}
+
+# 两种数据库只在这里不一样。SQLite 是默认;设了 DATABASE_URL=postgresql://… 就换成 PostgreSQL(练习 6)。
+DIALECTS = {
+    "sqlite": {
+        "time": "TEXT",                                          # 没有时间类型:统一格式的字符串
+        "serial": "INTEGER PRIMARY KEY AUTOINCREMENT",
+        "begin": "BEGIN IMMEDIATE",                              # 一开始就拿写锁
+        "skip_locked": "",                                       # 单写者:整条 UPDATE 本来就是原子的
+    },
+    "postgres": {
+        "time": "TIMESTAMPTZ",
+        "serial": "BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY",
+        "begin": "BEGIN",
+        "skip_locked": "FOR UPDATE SKIP LOCKED",                 # 别的 worker 锁着的行跳过,不排队等
+    },
+}
+PG_POOL_SIZE = 10  # 个;每个进程最多开几个 PostgreSQL 连接(≥ worker 的并发数)
 
 BIZ_SCHEMA = """
 CREATE TABLE IF NOT EXISTS customers (
@@ -120,8 +139,25 @@ def checkpoints_db() -> Path:
     return config.path("CHECKPOINTS_DB", "checkpoints.db")
 
 
-def connect(path: Path | str | None = None) -> sqlite3.Connection:
-    """打开一个连接(默认事件库)。autocommit 模式:单条语句自己就是一个事务,多条用 transaction()。"""
+def database_url() -> str:
+    return config.get("DATABASE_URL")
+
+
+def dialect(path: Path | str | None = None) -> str:
+    """事件库用哪种数据库。业务库(给了 path)永远是 SQLite 文件。"""
+    return "postgres" if path is None and database_url() else "sqlite"
+
+
+def sql(name: str) -> str:
+    """按当前数据库填好差异处的 SQL(SCHEMA、CLAIM_SQL)。"""
+    return globals()[name].format(**DIALECTS[dialect()])
+
+
+def connect(path: Path | str | None = None):
+    """打开一个连接(默认事件库)。autocommit 模式:单条语句自己就是一个事务,多条用 transaction()。
+    PostgreSQL 时返回一个接口和 sqlite3 连接一样的包装(? 占位符、按列名取值),用完 close() 还回连接池。"""
+    if dialect(path) == "postgres":
+        return PgConnection(_pg_pool(database_url()))
     conn = sqlite3.connect(path or events_db(), timeout=BUSY_TIMEOUT_S, isolation_level=None)
     conn.row_factory = sqlite3.Row
     # WAL:读写不互相挡;synchronous=FULL:每次提交都落盘,回了 202 的事件断电也在(不用 OFF/NORMAL)
@@ -134,7 +170,7 @@ def transaction(path: Path | str | None = None):
     """唯一的事务写法:BEGIN IMMEDIATE 一开始就拿写锁,避免两个写者读完再抢锁时死锁。"""
     conn = connect(path)
     try:
-        conn.execute("BEGIN IMMEDIATE")
+        conn.execute(DIALECTS[dialect(path)]["begin"])
         try:
             yield conn
         except BaseException:
@@ -147,10 +183,15 @@ def transaction(path: Path | str | None = None):
 
 def init() -> None:
     """建事件库的表(已存在就不动),并把旧版库缺的列补上。几个进程同时 init 也没关系。"""
+    if dialect() == "postgres":
+        with transaction() as conn:
+            conn.execute("SELECT pg_advisory_xact_lock(?)", (SCHEMA_LOCK,))  # 几个 worker 同时第一次启动
+            conn.executescript(sql("SCHEMA"))
+        return
     conn = connect()
     try:
         conn.execute("PRAGMA journal_mode = WAL")  # 写进库文件,之后每个连接都是 WAL;不能放在事务里
-        conn.executescript(SCHEMA)
+        conn.executescript(sql("SCHEMA"))
     finally:
         conn.close()
     with transaction() as conn:
@@ -158,6 +199,101 @@ def init() -> None:
         for column, kind in ADDED_COLUMNS.items():
             if column not in have:
                 conn.execute(f"ALTER TABLE events ADD COLUMN {column} {kind}")
+
+
+# ---------------------------------------------------------------- PostgreSQL(设了 DATABASE_URL 时)
+SCHEMA_LOCK = 20261130  # advisory lock 的编号:建表、建 checkpoint 表时几个进程排队
+_pools: dict = {}
+_pools_lock = threading.Lock()
+
+
+def _pg_pool(url: str):
+    """每个进程、每个 URL 一个连接池,第一次用到时才建(import 时不连数据库)。"""
+    with _pools_lock:
+        if url not in _pools:
+            try:
+                from psycopg_pool import ConnectionPool
+            except ImportError:
+                raise SystemExit("设置了 DATABASE_URL,但没装 PostgreSQL 的依赖:运行 uv sync --extra postgres") from None
+            pool = ConnectionPool(url, min_size=1, max_size=config.integer("PG_POOL_SIZE", PG_POOL_SIZE),
+                                  kwargs={"autocommit": True, "row_factory": _pg_rows}, open=False)
+            pool.open(wait=True, timeout=10)
+            _pools[url] = pool
+        return _pools[url]
+
+
+def close_pools() -> None:
+    """关掉本进程开的 PostgreSQL 连接池(测试换库时用;进程退出时会自动关)。"""
+    with _pools_lock:
+        for pool in _pools.values():
+            pool.close()
+        _pools.clear()
+
+
+class Row(tuple):
+    """像 sqlite3.Row:能按位置取,也能按列名取,dict(row) 得到 {列名: 值}。"""
+
+    def __new__(cls, values, index: dict):
+        row = super().__new__(cls, values)
+        row._index = index
+        return row
+
+    def __getitem__(self, key):
+        return tuple.__getitem__(self, self._index[key] if isinstance(key, str) else key)
+
+    def keys(self):
+        return list(self._index)
+
+
+def _pg_rows(cursor):
+    index = {c.name: i for i, c in enumerate(cursor.description or [])}
+    return lambda values: Row(values, index)
+
+
+class PgConnection:
+    """sqlite3.Connection 用到的那一小部分:execute(? 占位符)、executescript、close。"""
+
+    def __init__(self, pool):
+        self.pool, self.raw = pool, pool.getconn()
+
+    def execute(self, query: str, args=()):
+        return self.raw.execute(query.replace("?", "%s"), tuple(args))
+
+    def executescript(self, script: str) -> None:
+        self.raw.execute(script)  # 不带参数时 psycopg 允许一次执行多条语句
+
+    def close(self) -> None:
+        self.pool.putconn(self.raw)
+
+
+def open_checkpointer():
+    """LangGraph 的 checkpointer:SQLite 文件(默认)或 PostgreSQL。返回 (saver, 用完要 close 的东西)。"""
+    if dialect() == "postgres":
+        from langgraph.checkpoint.postgres import PostgresSaver
+        from psycopg.rows import dict_row
+        from psycopg_pool import ConnectionPool
+
+        pool = ConnectionPool(database_url(), min_size=1, max_size=config.integer("PG_POOL_SIZE", PG_POOL_SIZE),
+                              kwargs={"autocommit": True, "prepare_threshold": 0, "row_factory": dict_row}, open=False)
+        pool.open(wait=True, timeout=10)
+        saver = PostgresSaver(pool)
+        conn = connect()
+        try:
+            conn.execute("SELECT pg_advisory_lock(?)", (SCHEMA_LOCK,))
+            try:
+                saver.setup()
+            finally:
+                conn.execute("SELECT pg_advisory_unlock(?)", (SCHEMA_LOCK,))
+        finally:
+            conn.close()
+        return saver, pool
+    from langgraph.checkpoint.sqlite import SqliteSaver
+
+    conn = sqlite3.connect(checkpoints_db(), check_same_thread=False, timeout=BUSY_TIMEOUT_S)
+    conn.execute("PRAGMA journal_mode = WAL")  # worker 和收件箱是不同进程,同时写 checkpoint
+    saver = SqliteSaver(conn)
+    saver.setup()
+    return saver, conn
 
 
 # ---------------------------------------------------------------- 事件:入队
@@ -206,6 +342,7 @@ WHERE event_id = (
            (SELECT ticket_id FROM events WHERE status = 'processing' AND ticket_id IS NOT NULL))
     ORDER BY received_at, event_id
     LIMIT 1
+    {skip_locked}
 )
 RETURNING event_id, kind, payload, attempts, ticket_id
 """
@@ -217,7 +354,7 @@ def claim(owner: str | None = None) -> dict | None:
     stamp_ = now()
     conn = connect()
     try:
-        row = conn.execute(CLAIM_SQL, (owner or worker_id(), stamp_, stamp_)).fetchone()
+        row = conn.execute(sql("CLAIM_SQL"), (owner or worker_id(), stamp_, stamp_)).fetchone()
     finally:
         conn.close()
     return dict(row) if row else None
@@ -301,7 +438,7 @@ def requeue_stale(minutes: float) -> int:
         ).fetchall()
         stale = [r for r in rows
                  if (state := _owner_state(r["claimed_by"])) == "dead"
-                 or (state == "unknown" and r["updated_at"] <= cutoff)]
+                 or (state == "unknown" and parse_time(r["updated_at"]) <= parse_time(cutoff))]
         for r in stale:
             conn.execute(
                 "UPDATE events SET status = 'pending', claimed_by = NULL, updated_at = ? "
@@ -418,12 +555,135 @@ def build_biz_db(path: Path, today: date | None = None) -> None:
     tmp.replace(path)  # 建好再换上,建到一半崩了不会留下半个库
 
 
-def counts(path: Path, tables: tuple[str, ...]) -> dict[str, int]:
+def _safe_url(url: str) -> str:
+    """打印用:去掉 URL 里的密码。"""
+    return re.sub(r"://([^:/@]+):[^@]*@", r"://\1:***@", url)
+
+
+def counts(path: Path | None, tables: tuple[str, ...]) -> dict[str, int]:
     conn = connect(path)
     try:
         return {t: conn.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0] for t in tables}
     finally:
         conn.close()
+
+
+# ---------------------------------------------------------------- 邮件和定时任务用的查询
+def biz_db_problem() -> str | None:
+    """业务库用不了时返回原因,能用返回 None。库文件不存在时不去连接(连接会顺手建一个空库)。"""
+    path = biz_db()
+    if not path.exists():
+        return f"业务库不存在:{path}(先运行 uv run python store.py 建库)"
+    try:
+        conn = connect(path)
+        try:
+            have = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        finally:
+            conn.close()
+    except sqlite3.Error as e:
+        return f"业务库打不开:{path}:{e}"
+    missing = [t for t in ("customers", "tickets") if t not in have]
+    return f"业务库 {path} 里没有表:{'、'.join(missing)}" if missing else None
+
+
+def customer_by_email(address: str) -> str | None:
+    """发件地址对应的客户 id;不是已知客户返回 None。比较时不分大小写。"""
+    conn = connect(biz_db())
+    try:
+        row = conn.execute("SELECT id FROM customers WHERE lower(email) = ?", (address.lower(),)).fetchone()
+    finally:
+        conn.close()
+    return row["id"] if row else None
+
+
+MAIL_TICKET_SQL = "INSERT OR IGNORE INTO tickets VALUES (?, ?, ?, ?, 'open', ?)"  # 列顺序见 BIZ_SCHEMA
+SAME_MAIL_SQL = "SELECT 1 FROM tickets WHERE id = ? AND customer_id = ? AND subject = ? AND body = ?"
+
+
+def add_mail_ticket(candidates: list[str], customer_id: str, subject: str, body: str, created_on: str) -> str:
+    """邮件建工单,返回工单号。按顺序试 candidates:插进去了,或者已有的那张就是这封邮件(同客户、同主题、
+    同正文,也就是上次存过了)→ 用它;已有的是另一封邮件(工单号撞了)→ 试下一个。重跑得到的工单号不变。"""
+    with transaction(biz_db()) as conn:
+        for ticket_id in candidates:
+            if conn.execute(MAIL_TICKET_SQL, (ticket_id, customer_id, subject, body, created_on)).rowcount == 1:
+                return ticket_id
+            if conn.execute(SAME_MAIL_SQL, (ticket_id, customer_id, subject, body)).fetchone():
+                return ticket_id
+    raise ValueError(f"工单号全都被别的邮件占了:{', '.join(candidates)}")
+
+
+def open_tickets_created_by(last_day: str) -> list[str]:
+    """业务库里 created_at 不晚于 last_day(YYYY-MM-DD)、还开着的工单,最老的在前。"""
+    conn = connect(biz_db())
+    try:
+        rows = conn.execute(
+            "SELECT id FROM tickets WHERE status = 'open' AND created_at <= ? ORDER BY created_at, id", (last_day,)
+        ).fetchall()
+    finally:
+        conn.close()
+    return [r["id"] for r in rows]
+
+
+def followup_blockers() -> dict[str, set]:
+    """定时扫描要避开的工单。replied:outbox 里有回复;ignored:客服在收件箱里选了不回;
+    queued:(工单号, 事件 id),这张工单已经有事件在队列里、处理中或在收件箱里等人。"""
+    conn = connect()
+    try:
+        replied = conn.execute("SELECT ticket_id FROM outbox").fetchall()
+        ignored = conn.execute(
+            "SELECT ticket_id FROM events WHERE status = 'ignored' AND ticket_id IS NOT NULL "
+            "UNION SELECT ticket_id FROM review_log WHERE action = 'ignore'"
+        ).fetchall()
+        queued = conn.execute(
+            "SELECT ticket_id, event_id FROM events "
+            "WHERE status IN ('pending', 'processing', 'waiting_human') AND ticket_id IS NOT NULL"
+        ).fetchall()
+    finally:
+        conn.close()
+    return {"replied": {r[0] for r in replied}, "ignored": {r[0] for r in ignored},
+            "queued": {(r[0], r[1]) for r in queued}}
+
+
+def report_numbers() -> dict:
+    """日报要的数,都从事件库来:各状态事件数、收件箱里等得最久的、死信、按类别的处理结果、模型用量。"""
+    conn = connect()
+    try:
+        by_status = conn.execute("SELECT status, COUNT(*) FROM events GROUP BY status").fetchall()
+        oldest = conn.execute(
+            "SELECT event_id, ticket_id, updated_at FROM events WHERE status = 'waiting_human' "
+            "ORDER BY updated_at, event_id LIMIT 1"
+        ).fetchone()
+        dead = conn.execute(
+            "SELECT event_id, last_error FROM events WHERE status = 'dead' ORDER BY updated_at, event_id"
+        ).fetchall()
+        reviews = conn.execute("SELECT category, action, feedback FROM review_log ORDER BY category").fetchall()
+        usage = conn.execute(
+            "SELECT COUNT(*) AS calls, COALESCE(SUM(input_tokens), 0) AS input_tokens, "
+            "COALESCE(SUM(output_tokens), 0) AS output_tokens, "
+            "COUNT(DISTINCT COALESCE(event_id, 'ticket:' || ticket_id)) AS events FROM llm_usage"
+        ).fetchone()
+    finally:
+        conn.close()
+    return {"by_status": {r[0]: int(r[1]) for r in by_status}, "oldest_waiting": dict(oldest) if oldest else None,
+            "dead": [dict(r) for r in dead], "outcomes": _outcomes_by_category(reviews),
+            "usage": {k: int(usage[k]) for k in ("calls", "input_tokens", "output_tokens", "events")}}
+
+
+def _outcomes_by_category(reviews) -> list[dict]:
+    """review_log 按类别数:accept / edit / ignore 各几张,response 是 feedback 里意见的总条数(重写了几轮)。
+    在 Python 里数而不是用 SQL 的 JSON 函数:SQLite 和 PostgreSQL 的写法不一样。"""
+    out: dict[str, dict] = {}
+    for category, action, feedback in reviews:
+        o = out.setdefault(category, {"category": category, "tickets": 0, "accept": 0, "edit": 0, "response": 0,
+                                      "ignore": 0})
+        o["tickets"] += 1
+        if action in ("accept", "edit", "ignore"):
+            o[action] += 1
+        try:
+            o["response"] += len(json.loads(feedback or "[]"))
+        except (ValueError, TypeError):
+            pass  # feedback 不是合法 JSON:这一行的意见不算
+    return list(out.values())
 
 
 def main() -> None:
@@ -432,9 +692,10 @@ def main() -> None:
     if not biz.exists():
         build_biz_db(biz)
         print(f"已新建业务库 {biz}")
-    for label, path, tables in (("事件库", events_db(), ("events", "outbox", "review_log", "llm_usage")),
-                                ("业务库", biz, ("customers", "tickets"))):
-        print(f"{label} {path}:" + ",".join(f"{t} {n} 行" for t, n in counts(path, tables).items()))
+    where = _safe_url(database_url()) if dialect() == "postgres" else events_db()
+    for label, shown, path, tables in (("事件库", where, None, ("events", "outbox", "review_log", "llm_usage")),
+                                       ("业务库", biz, biz, ("customers", "tickets"))):
+        print(f"{label} {shown}:" + ",".join(f"{t} {n} 行" for t, n in counts(path, tables).items()))
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ def lab(tmp_path, monkeypatch):
         "BIZ_DB": str(tmp_path / "cloudledger.db"),
         "AMBIENT_NO_DOTENV": "1",
     }
+    monkeypatch.delenv("DATABASE_URL", raising=False)
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     store.init()
@@ -44,3 +45,34 @@ def rows(sql: str, args: tuple = (), path=None) -> list[tuple]:
         return [tuple(r) for r in conn.execute(sql, args).fetchall()]
     finally:
         conn.close()
+
+
+PG_URL = os.environ.get("TEST_DATABASE_URL", "")
+
+
+@pytest.fixture
+def pg_lab(lab, monkeypatch):
+    """同一套实验环境,但事件库和 checkpoint 放在真的 PostgreSQL 里:每个测试一个新 schema,用完删掉。"""
+    if not PG_URL:
+        pytest.skip("没有设置 TEST_DATABASE_URL(CI 会设成本机的 postgresql://postgres@127.0.0.1:5432/test)")
+    import uuid
+
+    import psycopg
+
+    schema = f"t_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(PG_URL, autocommit=True) as conn:
+        conn.execute(f"CREATE SCHEMA {schema}")
+    sep = "&" if "?" in PG_URL else "?"
+    url = f"{PG_URL}{sep}options=-csearch_path%3D{schema}"
+    monkeypatch.setenv("DATABASE_URL", url)
+    store.init()
+    yield {**lab, "DATABASE_URL": url}
+    store.close_pools()
+    with psycopg.connect(PG_URL, autocommit=True) as conn:
+        conn.execute(f"DROP SCHEMA {schema} CASCADE")
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def any_lab(request):
+    """跑两遍:SQLite(默认)和 PostgreSQL(练习 6)。"""
+    return request.getfixturevalue("lab" if request.param == "sqlite" else "pg_lab")

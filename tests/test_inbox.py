@@ -37,9 +37,9 @@ def state(ticket_id: str) -> dict:
         conn.close()
 
 
-def test_four_decisions_end_as_in_the_lesson(lab):
+def test_four_decisions_end_as_in_the_lesson(any_lab):
     queue("T1012", "T1041", "T1003", "T9999")
-    listing = inbox(lab, "list")
+    listing = inbox(any_lab, "list")
     assert listing.returncode == 0
     lines = listing.stdout.splitlines()
     assert [ln.split()[0] for ln in lines[0::2]] == ["T1012", "T1041", "T1003"]
@@ -47,15 +47,15 @@ def test_four_decisions_end_as_in_the_lesson(lab):
     assert all(ln.startswith("        草稿:您好,") for ln in lines[1::2])
     t1012_draft = lines[1].removeprefix("        草稿:")
 
-    accept = inbox(lab, "accept", "T1012")
+    accept = inbox(any_lab, "accept", "T1012")
     assert (accept.returncode, accept.stdout) == (0, "T1012 → sent\n")
-    respond = inbox(lab, "respond", "T1041", T1041_FEEDBACK)
+    respond = inbox(any_lab, "respond", "T1041", T1041_FEEDBACK)
     assert respond.returncode == 0
     assert respond.stdout.startswith("已按意见重写,新草稿: 您好,您这笔扣款已确认是重复扣款,退款申请已提交、原路退回。")
     assert "金额" not in respond.stdout
-    edit = inbox(lab, "edit", "T1041", T1041_EDIT)
+    edit = inbox(any_lab, "edit", "T1041", T1041_EDIT)
     assert (edit.returncode, edit.stdout) == (0, "T1041 → sent\n")
-    ignore = inbox(lab, "ignore", "T1003")
+    ignore = inbox(any_lab, "ignore", "T1003")
     assert (ignore.returncode, ignore.stdout) == (0, "T1003 → ignored\n")
 
     assert rows("SELECT event_id, status, attempts FROM events ORDER BY received_at") == [
@@ -70,7 +70,7 @@ def test_four_decisions_end_as_in_the_lesson(lab):
     assert (category, final, action, json.loads(feedback)) == ("refund", T1041_EDIT, "edit", [T1041_FEEDBACK])
     assert draft != final and draft.startswith("您好,关于您提到的扣款和退款问题")
     assert log["T1003"][3:] == ("ignore", "[]") and log["T1003"][2] is None
-    assert inbox(lab, "list").stdout == "收件箱是空的\n"
+    assert inbox(any_lab, "list").stdout == "收件箱是空的\n"
 
 
 def test_several_respond_rounds_then_accept_sends_the_last_redraft(lab):
@@ -94,10 +94,10 @@ def test_reject_alias_ignores(lab):
     assert rows("SELECT COUNT(*) FROM outbox") == [(0,)]
 
 
-def test_redraft_cap_is_refused_even_after_a_restart(lab):
+def test_redraft_cap_is_refused_even_after_a_restart(any_lab):
     """每次 inbox.py 都是新进程:计数在 graph state 里,进程重启不清零。"""
     queue("T1012")
-    env = {**lab, "MAX_REDRAFTS": "2"}
+    env = {**any_lab, "MAX_REDRAFTS": "2"}
     for note in ("先道歉", "再简短一点"):
         assert inbox(env, "respond", "T1012", note).returncode == 0
     refused = inbox(env, "respond", "T1012", "再改一次")
@@ -154,9 +154,9 @@ def test_unknown_or_finished_ticket_is_not_in_the_inbox(lab):
     assert rows("SELECT COUNT(*) FROM outbox") == [(1,)]
 
 
-def test_send_run_twice_leaves_one_outbox_row(lab):
+def test_send_run_twice_leaves_one_outbox_row(any_lab):
     queue("T1012")
-    assert inbox(lab, "accept", "T1012").returncode == 0
+    assert inbox(any_lab, "accept", "T1012").returncode == 0
     values = state("T1012")
     assert send(values) == {"outcome": "already_sent"}
     assert send(values) == {"outcome": "already_sent"}
@@ -164,7 +164,7 @@ def test_send_run_twice_leaves_one_outbox_row(lab):
     assert rows("SELECT COUNT(*) FROM review_log") == [(1,)]
 
 
-def test_list_and_actions_reconcile_after_a_resume_that_crashed_before_the_status_update(lab):
+def test_list_and_actions_reconcile_after_a_resume_that_crashed_before_the_status_update(any_lab):
     """收件箱命令在「图已经跑完」和「改事件状态」之间被杀:事件卡在 processing,进程已经不在了。"""
     queue("T1012", "T1041")
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
@@ -173,11 +173,11 @@ def test_list_and_actions_reconcile_after_a_resume_that_crashed_before_the_statu
     script = ("import sys; sys.path.insert(0, '.'); from langgraph.types import Command; "
               "from agent import open_graph, thread_of; g, c = open_graph(); "
               "g.invoke(Command(resume={'type': 'accept', 'args': None}), thread_of('T1012'))")
-    assert subprocess.run([sys.executable, "-c", script], cwd=LAB, env=lab).returncode == 0
+    assert subprocess.run([sys.executable, "-c", script], cwd=LAB, env=any_lab).returncode == 0
     conn = store.connect()
     conn.execute("UPDATE events SET status = 'processing', claimed_by = ? WHERE ticket_id = 'T1012'", (owner,))
     conn.close()
-    listing = inbox(lab, "list")
+    listing = inbox(any_lab, "list")
     assert listing.returncode == 0
     assert listing.stderr == "(更正:T1012 上次处理中途中断,事件 evt_T1012_created 改为 done)\n"
     assert listing.stdout.splitlines()[0].startswith("T1041  ")
@@ -186,9 +186,9 @@ def test_list_and_actions_reconcile_after_a_resume_that_crashed_before_the_statu
     assert rows("SELECT COUNT(*) FROM outbox") == [(1,)]
 
 
-def test_two_inbox_commands_on_one_ticket_at_once_send_one_reply(lab):
+def test_two_inbox_commands_on_one_ticket_at_once_send_one_reply(any_lab):
     queue("T1012")
-    procs = [subprocess.Popen([sys.executable, "inbox.py", cmd, "T1012", *extra], cwd=LAB, env=lab, text=True,
+    procs = [subprocess.Popen([sys.executable, "inbox.py", cmd, "T1012", *extra], cwd=LAB, env=any_lab, text=True,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
              for cmd, extra in (("accept", []), ("edit", ["同时改的版本"]), ("accept", []))]
     results = [(p.wait(timeout=120), *p.communicate()) for p in procs]

@@ -33,7 +33,7 @@ def use_stub(monkeypatch, stub: OpenAIStub, retries: int = 0) -> None:
     monkeypatch.setenv("LLM_MAX_RETRIES", str(retries))
 
 
-def test_missing_ticket_is_dead_after_one_attempt_with_reason(lab, capsys):
+def test_missing_ticket_is_dead_after_one_attempt_with_reason(any_lab, capsys):
     add("T1012"), add("T9999")
     w = worker_mod.Worker()
     try:
@@ -59,7 +59,7 @@ def test_malformed_payload_is_dead_at_once(lab, capsys):
     assert "payload 格式不对" in capsys.readouterr().out
 
 
-def test_wrong_api_key_backs_off_then_goes_dead_after_max_attempts_with_a_fix_hint(lab, monkeypatch, capsys):
+def test_wrong_api_key_backs_off_then_goes_dead_after_max_attempts_with_a_fix_hint(any_lab, monkeypatch, capsys):
     """练习 3:LLM_API_KEY=sk-wrong。每次失败后 not_before = 现在 + 2^attempts × BASE 分钟;--once 不会一口气连试三次。"""
     with OpenAIStub() as stub:
         use_stub(monkeypatch, stub, retries=2)
@@ -131,20 +131,20 @@ def test_request_the_model_rejects_as_invalid_is_dead_at_once(lab, monkeypatch):
     assert rows("SELECT status, attempts FROM events") == [("dead", 1)]
 
 
-def test_requeue_dead_puts_dead_events_back_and_refuses_unknown_ids(lab):
+def test_requeue_dead_puts_dead_events_back_and_refuses_unknown_ids(any_lab):
     add("T9999"), add("T9998")
     w = worker_mod.Worker()
     try:
         w.run_once()
     finally:
         w.close()
-    bad = run(["worker.py", "--requeue-dead", "evt_T9999_created", "evt_nope"], lab)
+    bad = run(["worker.py", "--requeue-dead", "evt_T9999_created", "evt_nope"], any_lab)
     assert (bad.returncode, bad.stdout) == (1, "")
     assert bad.stderr == "这些事件不是死信(不存在,或者状态不是 dead),一个都没动: evt_nope\n"
     assert rows("SELECT status FROM events") == [("dead",), ("dead",)]
-    one = run(["worker.py", "--requeue-dead", "evt_T9999_created"], lab)
+    one = run(["worker.py", "--requeue-dead", "evt_T9999_created"], any_lab)
     assert (one.returncode, one.stdout) == (0, "已把 1 个死信放回队列\n")
-    every = run(["worker.py", "--requeue-dead"], lab)
+    every = run(["worker.py", "--requeue-dead"], any_lab)
     assert (every.returncode, every.stdout) == (0, "已把 1 个死信放回队列\n")
     assert rows("SELECT status, attempts, not_before FROM events") == [("pending", 0, None)] * 2
 
@@ -156,7 +156,7 @@ def test_bad_worker_arguments_exit_2_with_usage(lab):
     assert r.returncode == 2 and "unrecognized arguments: --bogus" in r.stderr
 
 
-def test_stale_processing_event_of_a_dead_process_is_requeued_but_a_live_ones_is_not(lab, capsys):
+def test_stale_processing_event_of_a_dead_process_is_requeued_but_a_live_ones_is_not(any_lab, capsys):
     add("T1012"), add("T1041"), add("T1003")
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
@@ -173,10 +173,10 @@ def test_stale_processing_event_of_a_dead_process_is_requeued_but_a_live_ones_is
                         ("evt_T1003_created", "pending", 1)]
 
 
-def test_two_worker_processes_claim_each_of_200_events_exactly_once(lab):
+def test_two_worker_processes_claim_each_of_200_events_exactly_once(any_lab):
     for i in range(200):
         add(f"T9{i:03d}")  # 都不存在:每个事件一次失败就死信,重点是领取
-    procs = [subprocess.Popen([sys.executable, "worker.py", "--once"], cwd=LAB, env=lab, text=True,
+    procs = [subprocess.Popen([sys.executable, "worker.py", "--once"], cwd=LAB, env=any_lab, text=True,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(2)]
     outs = [p.communicate(timeout=120)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0]
@@ -186,10 +186,10 @@ def test_two_worker_processes_claim_each_of_200_events_exactly_once(lab):
     assert rows("SELECT status, attempts, COUNT(*) FROM events GROUP BY status, attempts") == [("dead", 1, 200)]
 
 
-def test_worker_killed_inside_draft_resumes_at_draft_without_rerunning_load(lab, monkeypatch):
+def test_worker_killed_inside_draft_resumes_at_draft_without_rerunning_load(any_lab, monkeypatch):
     """kill -9 在 draft 里(模型还没回):重启后从 draft 接着跑,load 不重跑,也没有第二个 input checkpoint。"""
     with OpenAIStub(delay=30) as stub:
-        env = {**lab, "LLM_API_KEY": "sk-test", "LLM_BASE_URL": stub.base_url, "LLM_MODEL": "stub-model",
+        env = {**any_lab, "LLM_API_KEY": "sk-test", "LLM_BASE_URL": stub.base_url, "LLM_MODEL": "stub-model",
                "LLM_MAX_RETRIES": "0"}
         add("T1012")
         proc = subprocess.Popen([sys.executable, "worker.py", "--once"], cwd=LAB, env=env,
@@ -217,7 +217,7 @@ def test_worker_killed_inside_draft_resumes_at_draft_without_rerunning_load(lab,
     assert [h.next for h in history].count(("draft",)) == 1  # 续跑时没有从 load 重新来一遍
 
 
-def test_crashed_thread_is_resumed_and_waiting_thread_is_left_alone(lab, monkeypatch):
+def test_crashed_thread_is_resumed_and_waiting_thread_is_left_alone(any_lab, monkeypatch):
     """常见误区:把「中断」和「崩溃」当成一回事。等人的 thread 跳过,崩溃的 thread 续跑。"""
     with OpenAIStub() as stub:
         use_stub(monkeypatch, stub)

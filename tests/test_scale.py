@@ -1,0 +1,126 @@
+"""不止一个 worker:进程内并发、多个进程、kill -9,SQLite 和 PostgreSQL 各跑一遍(练习 6)。"""
+import json
+import signal
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from conftest import LAB, rows, run
+from langgraph.types import Command
+from openai_stub import OpenAIStub
+
+import store
+import worker as worker_mod
+from agent import open_graph, thread_of
+
+
+def add_tickets(env: dict, count: int, first: int = 5000) -> list[str]:
+    """业务库里再造 count 张工单(内容借种子工单的),返回工单号。"""
+    ids = [f"T{first + i}" for i in range(count)]
+    conn = store.connect(env["BIZ_DB"])
+    try:
+        seed = conn.execute("SELECT customer_id, subject, body FROM tickets WHERE id = 'T1012'").fetchone()
+        conn.executemany("INSERT INTO tickets VALUES (?, ?, ?, ?, 'open', '2026-11-01')",
+                         [(t, seed["customer_id"], seed["subject"], seed["body"]) for t in ids])
+    finally:
+        conn.close()
+    return ids
+
+
+def queue(tickets: list[str]) -> None:
+    store.add_events([(f"evt_{t}_created", "webhook", "ticket.created",
+                       json.dumps({"id": f"evt_{t}_created", "type": "ticket.created", "data": {"ticket_id": t}}))
+                      for t in tickets])
+
+
+def start_workers(env: dict, n: int, *args: str) -> list[subprocess.Popen]:
+    return [subprocess.Popen([sys.executable, "worker.py", *args], cwd=LAB, env=env, text=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(n)]
+
+
+def handled(output: str) -> list[str]:
+    return [line.split()[0] for line in output.splitlines() if line.startswith("evt_")]
+
+
+def test_three_workers_at_once_handle_each_of_20_events_exactly_once(any_lab):
+    """练习 6 的验收:同时开三个 worker 处理 20 个事件,每个事件只处理一次,输出里没有重复的 event_id。"""
+    queue([f"T{1001 + i}" for i in range(20)])
+    procs = start_workers(any_lab, 3, "--once")
+    outs = [p.communicate(timeout=180) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0], [err for _, err in outs]
+    ids = [e for out, _ in outs for e in handled(out)]
+    assert sorted(ids) == sorted(f"evt_T{1001 + i}_created" for i in range(20))  # 没有重复,也没有漏
+    assert rows("SELECT status, attempts, COUNT(*) FROM events GROUP BY status, attempts") == [("waiting_human", 1, 20)]
+
+
+def test_concurrency_inside_one_worker_drains_everything_once(any_lab, monkeypatch):
+    with OpenAIStub(delay=0.3) as stub:
+        monkeypatch.setenv("LLM_API_KEY", "sk-test")
+        monkeypatch.setenv("LLM_BASE_URL", stub.base_url)
+        tickets = add_tickets(any_lab, 24)
+        queue(tickets)
+        w = worker_mod.Worker(concurrency=8)
+        try:
+            started = time.time()
+            done = w.run_once()
+            elapsed = time.time() - started
+        finally:
+            w.close()
+        assert sorted(done) == sorted((f"evt_{t}_created", "waiting_human") for t in tickets)
+        assert len(stub.requests) == 24
+        assert elapsed < 24 * 0.3 / 2, f"8 路并发处理 24 个 0.3 秒的事件用了 {elapsed:.1f} 秒,不像是并发"
+    assert rows("SELECT COUNT(*) FROM llm_usage") == [(24,)]
+
+
+def test_sigterm_lets_in_flight_events_finish_and_leaves_the_rest_pending(any_lab):
+    with OpenAIStub(delay=1.0) as stub:
+        env = {**any_lab, "LLM_API_KEY": "sk-test", "LLM_BASE_URL": stub.base_url, "LLM_MAX_RETRIES": "0"}
+        tickets = add_tickets(any_lab, 12)
+        queue(tickets)
+        (proc,) = start_workers(env, 1, "--concurrency", "3")
+        deadline = time.time() + 60
+        while len(stub.requests) < 3 and time.time() < deadline:
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert "收到停止信号:做完手上的事件就退出" in err
+    finished = handled(out)
+    assert 3 <= len(finished) < 12
+    statuses = dict(rows("SELECT status, COUNT(*) FROM events GROUP BY status"))
+    assert statuses == {"waiting_human": len(finished), "pending": 12 - len(finished)}  # 没有卡在 processing 的
+
+
+def test_four_workers_500_events_one_killed_then_restart_finishes_with_one_reply_per_ticket(any_lab):
+    tickets = add_tickets(any_lab, 500)
+    queue(tickets)
+    procs = start_workers(any_lab, 4, "--once")
+    deadline = time.time() + 120
+    while rows("SELECT COUNT(*) FROM events WHERE status <> 'pending'")[0][0] < 100 and time.time() < deadline:
+        time.sleep(0.05)
+    procs[0].send_signal(signal.SIGKILL)
+    outs = [p.communicate(timeout=300)[0] for p in procs]
+    restart = run(["worker.py", "--once"], any_lab, timeout=300)
+    assert restart.returncode == 0, restart.stderr
+    outs.append(restart.stdout)
+    ids = [e for out in outs for e in handled(out)]
+    assert len(ids) == len(set(ids)) == 500  # 每个事件恰好被一个 worker 处理完,没有谁处理第二遍
+    assert rows("SELECT status, COUNT(*) FROM events GROUP BY status") == [("waiting_human", 500)]
+    # 被杀的那个手上最多有一个事件在 draft 里:重启后它从 draft 续跑,其余的都只起草了一次
+    per_ticket = rows("SELECT ticket_id, COUNT(*) FROM llm_usage GROUP BY ticket_id HAVING COUNT(*) > 1")
+    assert len(per_ticket) <= 1 and all(n == 2 for _, n in per_ticket)
+
+    def accept(ticket_id: str) -> None:  # 两个人同时批准同一张:回复也只能发一次
+        try:
+            graph.invoke(Command(resume={"type": "accept", "args": None}), thread_of(ticket_id))
+        except Exception:  # noqa: BLE001 —— 并发恢复同一个 thread 时后到的可能失败,outbox 才是判据
+            pass
+
+    graph, conn = open_graph()
+    try:
+        with ThreadPoolExecutor(8) as pool:
+            list(pool.map(accept, tickets[:100] * 2))
+    finally:
+        conn.close()
+    assert rows("SELECT COUNT(*), COUNT(DISTINCT ticket_id) FROM outbox") == [(100, 100)]
