@@ -1,0 +1,33 @@
+"""配置:每个设置都在 .env.example 里有说明;.env 有就读、环境变量优先、没有也行。"""
+import re
+import subprocess
+import sys
+
+from conftest import LAB
+
+
+def test_every_setting_the_code_reads_is_documented_in_env_example():
+    read = set()
+    for path in LAB.glob("*.py"):
+        read |= set(re.findall(r'(?:config|settings)\.(?:get|number|integer|path)\(\s*"([A-Z0-9_]+)"', path.read_text(encoding="utf-8")))
+    documented = set(re.findall(r"^([A-Z0-9_]+)=", (LAB / ".env.example").read_text(encoding="utf-8"), re.M))
+    assert read and read <= documented, f"没写进 .env.example:{sorted(read - documented)}"
+    assert documented <= read | {"IMAP_HOST", "IMAP_USER", "IMAP_PASSWORD", "IMAP_PORT"}, sorted(documented - read)
+
+
+def test_dotenv_is_read_if_present_and_environment_wins(tmp_path):
+    (tmp_path / ".env").write_text("MAX_ATTEMPTS=7\nLLM_MODEL=from-dotenv\n", encoding="utf-8")
+    code = f"import sys; sys.path.insert(0, {str(LAB)!r}); import config; print(config.integer('MAX_ATTEMPTS', 3), config.get('LLM_MODEL'))"
+    env = {"PATH": "/usr/bin:/bin", "LLM_MODEL": "from-env"}
+    r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert (r.returncode, r.stdout) == (0, "7 from-env\n")
+    (tmp_path / ".env").unlink()
+    r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert (r.returncode, r.stdout) == (0, "3 from-env\n")
+
+
+def test_a_setting_that_is_not_a_number_is_a_clear_error(tmp_path):
+    code = f"import sys; sys.path.insert(0, {str(LAB)!r}); import config; config.integer('MAX_ATTEMPTS', 3)"
+    r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
+                       env={"PATH": "/usr/bin:/bin", "MAX_ATTEMPTS": "three", "AMBIENT_NO_DOTENV": "1"})
+    assert (r.returncode, r.stderr) == (1, "配置错误:MAX_ATTEMPTS='three' 不是数字\n")
