@@ -1,0 +1,194 @@
+"""两个定时任务,交给 crontab 每天跑(见 crontab.example):
+
+运行:
+    uv run python cron_jobs.py scan              # 超过 STALE_DAYS 天还开着、没回复过的工单,当成 ticket.stale 事件塞进队列
+    uv run python cron_jobs.py scan --limit 10   # 一次最多入队几个(默认 5)
+    uv run python cron_jobs.py report            # 日报;设置了 SLACK_WEBHOOK_URL 就顺便发到 Slack
+
+你会看到:
+    scan:超过 20 天还开着的工单 9 张,其中没回复过的 9 张,本次入队 5 个
+          同一天再跑一次(补跑、手动跑):……本次入队 0 个。事件 id 是 cron:stale:<工单号>:<日期>,同一天同一张工单只有一个。
+          已经在队列或收件箱里的、客服选了「不回」的工单不再入队,有这种情况时多一行说明。
+          worker 处理 ticket.stale 事件时,提示词会说这张工单等了很久,草稿开头先为久等道歉。
+    report:事件状态、队列深度(pending)、收件箱里等得最久的一条、死信数和每条死信、
+          每类工单的处理结果(accept / edit / response / ignore)、模型调用次数、token 和单事件成本。
+
+日期一律按 UTC:工单的 created_at、事件 id 里的日期都是 UTC 的日子。
+退出码:0 成功;1 日报发 Slack 失败(日报已经打印出来了);2 参数或设置不对,什么都没做。
+"""
+import argparse
+import json
+import sys
+from datetime import date, datetime, timedelta, timezone
+
+import httpx
+
+import config
+import store
+
+STALE_DAYS = 20                  # 天;开着超过这么多天(课文:「超过 20 天还开着的工单」)就该跟进
+SCAN_LIMIT = 5                   # 个;scan 一次最多入队几个,别一早把收件箱塞满(--limit 可改)
+STALE_EVENT_PREFIX = "cron:stale:"
+SLACK_TIMEOUT_S = 10             # 秒;Slack 连不上或不回话时最多等这么久,crontab 里的任务不能挂住
+INBOX_ALERT_HOURS = 24           # 小时;收件箱里有待办等了超过这么久(约一个工作日),日报里标出来提醒值班的人
+# 元 / 千 token,输入输出合起来算的一个均价。默认按课文「一次起草约 0.0015 元」反推:一次起草大约
+# 六七百个 token(提示词 + 结构化输出),约合 0.002 元 / 千 token;换模型或服务商调价时按价目表改。
+LLM_PRICE_PER_1K_TOKENS = 0.002
+OUTCOME_KINDS = ("accept", "edit", "response", "ignore")
+EXIT_OK, EXIT_SLACK_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+class SlackError(Exception):
+    """日报没能发到 Slack。"""
+
+
+# ---------------------------------------------------------------- scan
+def stale_event_id(ticket_id: str, day: str) -> str:
+    # 由「任务名 + 工单 + 日期」拼出来:同一天重复跑 scan,不会重复入队;明天还没处理的,明天再提醒一次
+    return f"{STALE_EVENT_PREFIX}{ticket_id}:{day}"
+
+
+def scan(limit: int = SCAN_LIMIT) -> dict:
+    """scan 的 run_once:把该跟进的工单入队,打印汇总,返回各个数和这次新入队的工单。"""
+    stale_days = config.integer("STALE_DAYS", STALE_DAYS)
+    if stale_days < 0:
+        raise SystemExit(f"配置错误:STALE_DAYS={stale_days} 不能是负数")
+    today = store.now()[:10]
+    cutoff = (date.fromisoformat(today) - timedelta(days=stale_days)).isoformat()
+    old = store.open_tickets_created_by(cutoff)
+    blockers = store.followup_blockers()
+    # 已经有事件在排队或等人的工单不再提醒 —— 今天这次扫描自己入队的除外,所以同一天重跑挑出的还是同一批
+    queued = {t for t, event_id in blockers["queued"] if event_id != stale_event_id(t, today)}
+    unreplied = [t for t in old if t not in blockers["replied"]]
+    busy = [t for t in unreplied if t in queued]
+    ignored = [t for t in unreplied if t in blockers["ignored"] and t not in queued]
+    todo = [t for t in unreplied if t not in queued and t not in blockers["ignored"]]
+    enqueued = []
+    for ticket_id in todo[:limit]:
+        event_id = stale_event_id(ticket_id, today)
+        payload = {"id": event_id, "type": "ticket.stale", "data": {"ticket_id": ticket_id}}
+        if store.add_event(event_id, "cron", "ticket.stale", json.dumps(payload)):
+            enqueued.append(ticket_id)
+    print(f"超过 {stale_days} 天还开着的工单 {len(old)} 张,其中没回复过的 {len(unreplied)} 张,本次入队 {len(enqueued)} 个")
+    held = [(len(busy), "已在队列或收件箱里"), (len(ignored), "客服选了不回"), (len(todo[limit:]), f"超出 --limit {limit}")]
+    if any(n for n, _ in held):
+        print("没有入队的:" + ",".join(f"{why} {n} 张" for n, why in held if n))
+    return {"old": len(old), "unreplied": len(unreplied), "enqueued": enqueued, "busy": busy, "ignored": ignored,
+            "over_limit": todo[limit:]}
+
+
+# ---------------------------------------------------------------- report
+def build_report(numbers: dict | None = None, moment: datetime | None = None) -> str:
+    """日报全文。numbers 默认现查事件库;moment 默认现在(UTC)。"""
+    n = numbers or store.report_numbers()
+    moment = moment or datetime.now(timezone.utc)
+    by_status = {s: n["by_status"][s] for s in store.STATUSES if s in n["by_status"]}
+    lines = [f"云簿后台 Agent 日报({moment.strftime('%Y-%m-%d %H:%M')} UTC)",
+             f"事件状态:{by_status}",
+             f"队列深度:{by_status.get('pending', 0)} 个事件等 worker 处理(pending)"]
+    if oldest := n["oldest_waiting"]:
+        hours = (moment - store.parse_time(oldest["updated_at"])).total_seconds() / 3600
+        lines.append(f"收件箱里等得最久的:{oldest['event_id']},已等 {hours:.1f} 小时{alert_note(hours)}"
+                     f"(收件箱共 {by_status.get('waiting_human', 0)} 条)")
+    else:
+        lines.append("收件箱里没有等人处理的待办")
+    lines.append(f"死信数:{len(n['dead'])}")
+    lines += [f"死信:{d['event_id']}  {(d['last_error'] or '')[:80]}" for d in n["dead"]]
+    lines += outcome_lines(n["outcomes"])
+    lines.append(cost_line(n["usage"]))
+    return "\n".join(lines)
+
+
+def alert_note(hours: float) -> str:
+    limit = config.number("INBOX_ALERT_HOURS", INBOX_ALERT_HOURS)
+    return f"(超过 {limit:g} 小时,该提醒值班的人了)" if hours >= limit else ""
+
+
+def outcome_lines(outcomes: list[dict]) -> list[str]:
+    """每类工单人是怎么处理的:accept 多的可以考虑自动发,edit 突然变多说明模型或业务规则变了。
+    response 是「提意见让 Agent 重写」的总轮数(review_log.feedback 里的条数)。"""
+    if not outcomes:
+        return ["处理结果:还没有审核记录(review_log 是空的)"]
+    lines = ["处理结果(按类别):"]
+    for o in outcomes:
+        counts = ",".join(f"{k} {o[k]}" for k in OUTCOME_KINDS)
+        lines.append(f"  {o['category']}:{o['tickets']} 张,{counts},原样批准率 {o['accept'] / o['tickets']:.0%}")
+    return lines
+
+
+def cost_line(usage: dict) -> str:
+    if not usage["calls"]:
+        return "模型成本:还没有模型调用记录(llm_usage 是空的)"
+    price = config.number("LLM_PRICE_PER_1K_TOKENS", LLM_PRICE_PER_1K_TOKENS)
+    tokens = usage["input_tokens"] + usage["output_tokens"]
+    cost = tokens / 1000 * price
+    per_event = cost / usage["events"] if usage["events"] else cost
+    return (f"模型成本:调用 {usage['calls']} 次,token 输入 {usage['input_tokens']} / 输出 {usage['output_tokens']},"
+            f"约 ¥{cost:.4f};{usage['events']} 个事件,平均每个事件 ¥{per_event:.4f}"
+            f"(按 ¥{price:g}/千 token 估算,见 LLM_PRICE_PER_1K_TOKENS)")
+
+
+def post_to_slack(url: str, text: str) -> None:
+    """POST {"text": 日报}。连不上、超时、对方回非 2xx 都抛 SlackError;错误里不带完整 URL(路径里有密钥)。"""
+    timeout = config.number("SLACK_TIMEOUT_S", SLACK_TIMEOUT_S)
+    where = _host_of(url)
+    try:
+        r = httpx.post(url, json={"text": text}, timeout=timeout)
+    except httpx.TimeoutException as e:
+        raise SlackError(f"发送到 Slack({where})超时:{timeout:g} 秒没有回应") from e
+    except (httpx.HTTPError, httpx.InvalidURL) as e:
+        raise SlackError(f"连不上 Slack({where}):{e or type(e).__name__}(检查 SLACK_WEBHOOK_URL 和网络)") from e
+    if not r.is_success:
+        raise SlackError(f"Slack({where})拒绝了日报:HTTP {r.status_code} {r.text.strip()[:200]}")
+
+
+def _host_of(url: str) -> str:
+    try:
+        u = httpx.URL(url)
+        return f"{u.scheme}://{u.host}"
+    except httpx.InvalidURL:
+        return "SLACK_WEBHOOK_URL 不是合法的网址"
+
+
+def report() -> int:
+    """report 的 run_once:打印日报;有 SLACK_WEBHOOK_URL 就发过去。返回退出码。"""
+    text = build_report()
+    print(text, flush=True)
+    if url := config.get("SLACK_WEBHOOK_URL"):
+        try:
+            post_to_slack(url, text)
+        except SlackError as e:
+            print(f"日报没有发到 Slack:{e}", file=sys.stderr)
+            return EXIT_SLACK_FAILED
+        print("已发到 Slack")
+    return EXIT_OK
+
+
+# ---------------------------------------------------------------- 命令行
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="定时任务:scan 把久未回复的工单入队,report 出日报")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{scan,report}")
+    p_scan = sub.add_parser("scan", help=f"把超过 STALE_DAYS(默认 {STALE_DAYS})天没回复的工单入队")
+    p_scan.add_argument("--limit", type=int, default=SCAN_LIMIT, help=f"一次最多入队几个(默认 {SCAN_LIMIT})")
+    sub.add_parser("report", help="日报:事件状态、队列深度、收件箱等待、死信、处理结果、成本;可发 Slack")
+    args = parser.parse_args(argv)
+    if args.command == "scan" and args.limit < 1:
+        p_scan.error("--limit 至少是 1")
+    try:
+        store.init()
+        if args.command == "report":
+            return report()
+        if problem := store.biz_db_problem():
+            print(problem, file=sys.stderr)
+            return EXIT_USAGE
+        scan(args.limit)
+    except SystemExit as e:  # config 读到不合法的设置(STALE_DAYS=abc 之类):说明原因,什么都没做
+        if not isinstance(e.code, str):
+            raise
+        print(e.code, file=sys.stderr)
+        return EXIT_USAGE
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

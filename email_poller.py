@@ -1,0 +1,445 @@
+"""收一次客服邮箱:已知客户的新邮件变成业务库里的一张工单 + 事件表里的一行,由 worker 接着处理。
+
+运行:
+    uv run python email_poller.py                          # 收一遍 IMAP 邮箱里的未读邮件(crontab 每分钟跑这个)
+    uv run python email_poller.py --eml samples/           # 离线:把 .eml 文件(或目录里所有 .eml)走同一条解析、入库的路
+    uv run python email_poller.py --eml samples/11_complaint.eml
+
+邮箱设置(环境变量或 .env):IMAP_HOST、IMAP_USER、IMAP_PASSWORD(邮箱的授权码,不是登录密码),
+可选 IMAP_PORT(默认 993;IMAP_SSL=0 时默认 143)、IMAP_SSL(默认 1:SSL 直连并校验服务器证书;
+0 = 明文,只用于本机测试服务器)、IMAP_CAFILE(自建邮箱用私有 CA 时,额外信任的 CA 证书文件)、
+IMAP_MAILBOX(默认 INBOX)、IMAP_TIMEOUT_S(默认 30 秒)。
+
+你会看到每封邮件一行,先是结果,后面是哪封邮件(IMAP 的 UID 或文件名):
+    M3f9a1c  UID 101                      # 新工单的工单号
+    skip: 不是已知客户  UID 102
+    duplicate  UID 103                    # 这封邮件之前已经收过了
+最后一行是汇总:本次收取 3 封:新工单 1,重复 1,跳过 1,无法解析 0,存储失败 0
+
+不丢邮件:取信用 BODY.PEEK(不会顺手标成已读),工单和事件都提交了(或者确定跳过、重复)之后才标 \\Seen。
+存储失败的邮件保持未读,下次运行再收;两个库之间崩了也没关系:工单是 INSERT OR IGNORE、事件 id 就是
+Message-ID,重跑时补上缺的那一半。解析不了的邮件在 stderr 上说明原因,在邮箱里标已读并加星标(\\Flagged)
+留给人看,其他邮件照常处理。
+
+退出码:0 全部处理好;1 有邮件无法解析或存储失败(其余照常处理了);2 设置或参数不对;3 连不上邮箱、登录失败。
+"""
+import argparse
+import base64
+import email
+import hashlib
+import imaplib
+import json
+import re
+import socket
+import ssl
+import sys
+from dataclasses import dataclass
+from email.errors import HeaderParseError
+from email.header import decode_header
+from email.message import Message
+from email.utils import parseaddr
+from html.parser import HTMLParser
+from pathlib import Path
+
+import config
+import store
+
+IMAP_SSL_PORT = 993          # IMAPS 的标准端口
+IMAP_PLAIN_PORT = 143        # 明文 IMAP 的标准端口(IMAP_SSL=0 时的默认)
+IMAP_TIMEOUT_S = 30          # 秒;连接和每条 IMAP 命令最多等多久。crontab 每分钟跑一次,卡住的进程不能越积越多
+MAILBOX = "INBOX"            # 收哪个文件夹
+MAX_BODY_CHARS = 2000        # 字;正文只留前这么多(课文的做法),转发链、签名再长也不进模型
+TICKET_HASH_LENGTHS = range(6, 41, 2)  # 工单号 M + sha1(Message-ID) 的前 6 位;和别的邮件撞了再加长,直到不撞
+# 邮件里常见的「声明的字符集比实际用的小」:标 gb2312 的信里常有 GBK 才有的字,标 big5 的信里常有香港增补字。
+# 用它们的超集解码,能多认出字,原本就合规的信结果不变。
+CHARSET_SUPERSETS = {"gb2312": "gb18030", "gbk": "gb18030", "x-gbk": "gb18030", "big5": "big5hkscs",
+                     "us-ascii": "utf-8", "ascii": "utf-8"}
+EXIT_OK, EXIT_SOME_FAILED, EXIT_CONFIG, EXIT_MAILBOX = 0, 1, 2, 3
+
+
+class BrokenMail(Exception):
+    """这封邮件解析不了(原因说给人听)。重试也不会好。"""
+
+
+class MailboxError(Exception):
+    """邮箱连不上、登录失败、中途断开。"""
+
+
+class SetupError(Exception):
+    """设置或参数不对。"""
+
+
+@dataclass
+class Outcome:
+    source: str   # 哪封邮件:「UID 101」或文件路径
+    kind: str     # ticket / skip / duplicate / broken / failed
+    text: str     # 打印出来的结果:工单号、skip: 不是已知客户、duplicate,或者出错原因
+
+    @property
+    def handled(self) -> bool:
+        """处理完了(可以在邮箱里标已读)。failed 的要保持未读,下次再收。"""
+        return self.kind != "failed"
+
+
+# ---------------------------------------------------------------- 解析:字节 → {message_id, from, subject, body}
+def decode_bytes(raw: bytes, charset: str | None) -> str:
+    """按声明的字符集解码;没声明、声明了不认识的名字或者解不通时,依次试 utf-8、gb18030,最后带替换符硬解。"""
+    declared = CHARSET_SUPERSETS.get((charset or "").lower(), charset)
+    for name in (declared, "utf-8", "gb18030"):
+        if not name:
+            continue
+        try:
+            return raw.decode(name)
+        except (LookupError, UnicodeDecodeError):
+            continue
+    return raw.decode("utf-8", errors="replace")
+
+
+def header_text(value) -> str:
+    """RFC 2047 编码的邮件头(=?gbk?B?...?=)和直接写 8 位字节的邮件头都解成文字,折行合并成一行。"""
+    if value is None:
+        return ""
+    try:
+        chunks = decode_header(value)
+    except HeaderParseError:
+        return " ".join(str(value).split())
+    text = "".join(data if isinstance(data, str) else decode_bytes(data, None if cs == "unknown-8bit" else cs)
+                   for data, cs in chunks)
+    return " ".join(text.split())
+
+
+class _HTMLText(HTMLParser):
+    """HTML 邮件转纯文本:去掉标签、样式和脚本,块级标签换行,&amp; 之类的实体还原。"""
+
+    SKIP = {"script", "style", "head", "title"}
+    BLOCKS = {"br", "p", "div", "li", "tr", "table", "ul", "ol", "blockquote", "h1", "h2", "h3", "h4", "h5", "h6"}
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.parts: list[str] = []
+        self.skipping = 0
+
+    def handle_starttag(self, tag, attrs) -> None:
+        if tag in self.SKIP:
+            self.skipping += 1
+        elif tag in self.BLOCKS:
+            self.parts.append("\n")
+
+    def handle_endtag(self, tag) -> None:
+        if tag in self.SKIP:
+            self.skipping = max(0, self.skipping - 1)
+        elif tag in self.BLOCKS:
+            self.parts.append("\n")
+
+    def handle_data(self, data) -> None:
+        if not self.skipping:
+            self.parts.append(data)
+
+
+def html_to_text(html: str) -> str:
+    parser = _HTMLText()
+    parser.feed(html)
+    parser.close()
+    return "".join(parser.parts)
+
+
+def tidy_text(text: str) -> str:
+    """每行去掉首尾空白、连续空格并成一个,丢掉空行。"""
+    lines = (" ".join(line.replace("\xa0", " ").split()) for line in text.splitlines())
+    return "\n".join(line for line in lines if line)
+
+
+def body_of(msg: Message) -> str:
+    """正文:优先 text/plain(multipart/alternative 里的纯文本那份),没有或是空的就用 text/html 转成纯文本。附件不算。"""
+    plain = html = None
+    for part in msg.walk():
+        if part.is_multipart() or part.get_content_disposition() == "attachment":
+            continue
+        if part.get_content_type() == "text/plain" and plain is None:
+            plain = part
+        elif part.get_content_type() == "text/html" and html is None:
+            html = part
+    text = tidy_text(_decoded(plain)) if plain is not None else ""
+    if not text and html is not None:
+        text = tidy_text(html_to_text(_decoded(html)))
+    return text
+
+
+def _decoded(part: Message) -> str:
+    raw = part.get_payload(decode=True) or b""  # base64 / quoted-printable 在这里解开
+    return decode_bytes(raw, part.get_content_charset())
+
+
+def derived_message_id(raw: bytes) -> str:
+    """没有 Message-ID 的邮件:用邮件字节的 sha1 当 id。先统一换行符,同一封信从 IMAP 收还是从 .eml 读,id 都一样。"""
+    return "no-message-id:" + hashlib.sha1(raw.replace(b"\r\n", b"\n")).hexdigest()
+
+
+def parse(raw: bytes) -> dict:
+    """解析一封邮件。解析不了时抛 BrokenMail,说明原因。"""
+    try:
+        msg = email.message_from_bytes(raw)
+        if not msg.keys():
+            raise BrokenMail("没有邮件头,不像一封邮件(文件被截断或损坏?)")
+        address = parseaddr(str(msg.get("From") or ""))[1].strip().lower()
+        if "@" not in address:
+            raise BrokenMail(f"找不到发件人地址(From: {header_text(msg.get('From'))!r})")
+        message_id = " ".join(str(msg.get("Message-ID") or "").split())
+        return {
+            "message_id": message_id or derived_message_id(raw),
+            "from": address,
+            "subject": header_text(msg.get("Subject")) or "(无主题)",
+            "body": body_of(msg)[:MAX_BODY_CHARS],
+        }
+    except BrokenMail:
+        raise
+    except Exception as e:  # noqa: BLE001 —— email 库在怪邮件上抛什么都有可能;一封坏信不能拖垮其余的
+        raise BrokenMail(f"{type(e).__name__}: {e}") from e
+
+
+# ---------------------------------------------------------------- 入库:工单(业务库)+ 事件(事件库)
+def ticket_candidates(message_id: str) -> list[str]:
+    digest = hashlib.sha1(message_id.encode()).hexdigest()
+    return ["M" + digest[:n] for n in TICKET_HASH_LENGTHS]
+
+
+def to_event(mail: dict) -> str:
+    """已知客户的邮件:建工单、写事件,返回工单号(这封之前收过就返回 duplicate)。
+    先写工单再写事件;两步之间崩了,重跑时工单 INSERT OR IGNORE 得到同一个工单号,事件这次补上。"""
+    customer_id = store.customer_by_email(mail["from"])
+    if customer_id is None:
+        return "skip: 不是已知客户"
+    ticket_id = store.add_mail_ticket(ticket_candidates(mail["message_id"]), customer_id,
+                                      mail["subject"], mail["body"], store.now()[:10])
+    payload = json.dumps({"id": mail["message_id"], "type": "ticket.created", "data": {"ticket_id": ticket_id}})
+    return ticket_id if store.add_event(mail["message_id"], "email", "ticket.created", payload) else "duplicate"
+
+
+def handle(raw: bytes, source: str, retry: str = "邮件保持未读,下次再收") -> Outcome:
+    """一封邮件走完解析和入库,打印一行,返回结果。retry:存储失败时告诉人这封信接下来会怎样。"""
+    try:
+        mail = parse(raw)
+    except BrokenMail as e:
+        outcome = Outcome(source, "broken", f"无法解析:{e}")
+    else:
+        try:
+            result = to_event(mail)
+        except Exception as e:  # noqa: BLE001 —— 存不进去(库被锁、磁盘满、表不对):邮件留着下次再收
+            outcome = Outcome(source, "failed", f"存储失败,{retry}:{type(e).__name__}: {e}")
+        else:
+            kind = "skip" if result.startswith("skip") else "duplicate" if result == "duplicate" else "ticket"
+            outcome = Outcome(source, kind, result)
+    print(f"{outcome.text}  {source}", file=sys.stdout if outcome.kind not in ("broken", "failed") else sys.stderr,
+          flush=True)
+    return outcome
+
+
+# ---------------------------------------------------------------- 离线:.eml 文件
+def eml_files(paths: list[str]) -> list[Path]:
+    """展开命令行给的文件和目录;有一个不存在就整个不做(SetupError),免得做了一半。"""
+    files: list[Path] = []
+    for given in paths:
+        p = Path(given)
+        if p.is_dir():
+            found = sorted(p.glob("*.eml"))
+            if not found:
+                raise SetupError(f"目录里没有 .eml 文件:{given}")
+            files += found
+        elif p.is_file():
+            files.append(p)
+        else:
+            raise SetupError(f"找不到文件或目录:{given}")
+    return files
+
+
+def store_files(files: list[Path]) -> list[Outcome]:
+    """离线模式的 run_once:每个 .eml 走和 IMAP 邮件一样的 handle()。"""
+    return [handle(f.read_bytes(), str(f), retry="修好后重跑这条命令,已经存好的会显示 duplicate") for f in files]
+
+
+# ---------------------------------------------------------------- IMAP
+@dataclass
+class ImapSettings:
+    host: str
+    port: int
+    user: str
+    password: str
+    use_ssl: bool
+    cafile: str
+    mailbox: str
+    timeout: float
+
+
+def imap_settings() -> ImapSettings:
+    missing = [n for n in ("IMAP_HOST", "IMAP_USER", "IMAP_PASSWORD") if not config.get(n)]
+    if missing:
+        raise SetupError(f"缺少邮箱设置:{'、'.join(missing)}(写进环境变量或 .env;IMAP_PASSWORD 填邮箱的授权码)")
+    use_ssl = config.get("IMAP_SSL", "1")
+    if use_ssl not in ("0", "1"):
+        raise SetupError(f"IMAP_SSL 只能是 1(SSL 直连,默认)或 0(明文),现在是 {use_ssl!r}")
+    cafile = config.get("IMAP_CAFILE")
+    if cafile and not Path(cafile).expanduser().is_file():
+        raise SetupError(f"IMAP_CAFILE 指的 CA 证书文件不存在:{cafile}")
+    default_port = IMAP_SSL_PORT if use_ssl == "1" else IMAP_PLAIN_PORT
+    return ImapSettings(config.get("IMAP_HOST"), config.integer("IMAP_PORT", default_port), config.get("IMAP_USER"),
+                        config.get("IMAP_PASSWORD"), use_ssl == "1", cafile, config.get("IMAP_MAILBOX", MAILBOX),
+                        config.number("IMAP_TIMEOUT_S", IMAP_TIMEOUT_S))
+
+
+def ssl_context(cafile: str = "") -> ssl.SSLContext:
+    """校验服务器证书和主机名的 TLS 设置。imaplib.IMAP4_SSL 不给 context 时不校验证书,所以一定要传这个。
+    信系统自带的 CA;给了 cafile 就再多信它(自建邮箱的私有 CA)。"""
+    context = ssl.create_default_context()
+    if cafile:
+        context.load_verify_locations(cafile=str(Path(cafile).expanduser()))
+    return context
+
+
+def server_words(error: Exception) -> str:
+    """imaplib 的错误里服务器原话常是 bytes 的 repr,转成人能读的。"""
+    text = str(error.args[0] if error.args else error)
+    if m := re.fullmatch(r"b'(.*)'", text):
+        text = m.group(1)
+    return text
+
+
+def open_mailbox(s: ImapSettings) -> imaplib.IMAP4:
+    where = f"{s.host}:{s.port}"
+    try:
+        context = ssl_context(s.cafile) if s.use_ssl else None
+    except ssl.SSLError as e:
+        raise SetupError(f"IMAP_CAFILE 不是能用的 CA 证书文件:{s.cafile}({e.reason or e})") from e
+    try:
+        if context:
+            imap = imaplib.IMAP4_SSL(s.host, s.port, ssl_context=context, timeout=s.timeout)
+        else:
+            imap = imaplib.IMAP4(s.host, s.port, timeout=s.timeout)
+    except ssl.SSLCertVerificationError as e:
+        raise MailboxError(f"IMAP 服务器 {where} 的证书校验失败:{e.verify_message}"
+                           "(自建邮箱用私有 CA 的,把 CA 证书路径写进 IMAP_CAFILE)") from e
+    except ssl.SSLError as e:
+        raise MailboxError(f"和 IMAP 服务器 {where} 的 TLS 握手失败:{e}(这个端口是不是不支持 SSL 直连?)") from e
+    except socket.gaierror as e:
+        raise MailboxError(f"连不上 IMAP 服务器 {where}:域名解析失败({e.strerror}),检查 IMAP_HOST") from e
+    except TimeoutError as e:
+        raise MailboxError(f"连接 IMAP 服务器 {where} 超时({s.timeout:g} 秒没有回应)") from e
+    except (OSError, imaplib.IMAP4.error) as e:
+        raise MailboxError(f"连不上 IMAP 服务器 {where}:{getattr(e, 'strerror', None) or e}") from e
+    try:
+        imap.login(s.user, s.password)
+    except (imaplib.IMAP4.error, UnicodeEncodeError) as e:
+        _close(imap)
+        raise MailboxError(f"IMAP 登录失败(用户 {s.user}):{server_words(e)};检查 IMAP_USER 和 IMAP_PASSWORD"
+                           "(很多邮箱要填授权码,不是网页登录密码)") from e
+    except OSError as e:
+        _close(imap)
+        raise MailboxError(f"登录 IMAP 服务器 {where} 时连接断了:{e}") from e
+    try:
+        typ, data = imap.select(mailbox_name(s.mailbox))
+    except (imaplib.IMAP4.error, OSError) as e:
+        typ, data = "NO", [str(e).encode()]
+    if typ != "OK":
+        _close(imap)
+        raise MailboxError(f"打不开邮箱文件夹 {s.mailbox}:{server_words(Exception(data[0]))}(检查 IMAP_MAILBOX)")
+    return imap
+
+
+def mailbox_name(name: str) -> str:
+    """文件夹名按 IMAP 的规矩写:中文名用「修改版 UTF-7」(RFC 3501 5.1.3,QQ、163 邮箱的中文文件夹就是这样),
+    有空格或引号的加引号。例:客服 收件箱 → "&W6JnDQ- &ZTZO9nux-"。"""
+    out, pending = [], []
+
+    def flush() -> None:
+        if pending:
+            b64 = base64.b64encode("".join(pending).encode("utf-16-be")).decode().rstrip("=").replace("/", ",")
+            out.append(f"&{b64}-")
+            pending.clear()
+
+    for ch in name:
+        if " " <= ch <= "~":
+            flush()
+            out.append("&-" if ch == "&" else ch)
+        else:
+            pending.append(ch)
+    flush()
+    encoded = "".join(out)
+    if re.fullmatch(r"[A-Za-z0-9_./&,+-]+", encoded):
+        return encoded
+    return '"' + encoded.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _close(imap: imaplib.IMAP4) -> None:
+    try:
+        imap.logout()
+    except (imaplib.IMAP4.error, OSError):
+        pass
+
+
+def _fetched_bytes(data: list) -> bytes | None:
+    return next((item[1] for item in data if isinstance(item, tuple)), None)
+
+
+def poll_mailbox(s: ImapSettings | None = None) -> list[Outcome]:
+    """IMAP 模式的 run_once:收一遍未读邮件,返回每封的结果。连不上、登录失败、中途断开抛 MailboxError。"""
+    imap = open_mailbox(s or imap_settings())
+    done: list[Outcome] = []
+    try:
+        typ, data = imap.uid("SEARCH", None, "UNSEEN")
+        if typ != "OK":
+            raise MailboxError(f"搜索未读邮件失败:{server_words(Exception(data[0]))}")
+        for uid in data[0].split():
+            source = f"UID {uid.decode()}"
+            typ, fetched = imap.uid("FETCH", uid, "(BODY.PEEK[])")  # PEEK:取信不改已读状态
+            raw = _fetched_bytes(fetched) if typ == "OK" else None
+            if raw is None:
+                continue  # 这期间被别的客户端删了
+            outcome = handle(raw, source)
+            done.append(outcome)
+            if outcome.handled:  # 工单和事件都提交了(或确定跳过、重复、坏信)才标已读
+                flags = r"(\Seen \Flagged)" if outcome.kind == "broken" else r"(\Seen)"
+                typ, answer = imap.uid("STORE", uid, "+FLAGS", flags)
+                if typ != "OK":
+                    raise MailboxError(f"{source} 已处理,但标已读失败:{server_words(Exception(answer[0]))};"
+                                       "下次会再收到它,显示 duplicate 或 skip")
+    except (imaplib.IMAP4.error, OSError) as e:
+        raise MailboxError(f"收信中途出错:{server_words(e)};已处理 {len(done)} 封,没标已读的下次再收") from e
+    finally:
+        _close(imap)
+    return done
+
+
+# ---------------------------------------------------------------- 命令行
+def summary(outcomes: list[Outcome]) -> str:
+    n = {k: sum(o.kind == k for o in outcomes) for k in ("ticket", "duplicate", "skip", "broken", "failed")}
+    return (f"本次收取 {len(outcomes)} 封:新工单 {n['ticket']},重复 {n['duplicate']},跳过 {n['skip']},"
+            f"无法解析 {n['broken']},存储失败 {n['failed']}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="收一次客服邮箱(或离线读 .eml),新邮件变成工单 + 事件")
+    parser.add_argument("--eml", nargs="+", metavar="FILE|DIR", help="离线模式:读这些 .eml 文件或目录,不连邮箱")
+    args = parser.parse_args(argv)
+    try:
+        files = eml_files(args.eml) if args.eml else None
+        settings = None if files else imap_settings()
+        if problem := store.biz_db_problem():
+            raise SetupError(problem)
+        store.init()
+        outcomes = store_files(files) if files else poll_mailbox(settings)
+    except SetupError as e:
+        print(e, file=sys.stderr)
+        return EXIT_CONFIG
+    except SystemExit as e:  # config.number / integer 读到不是数字的设置
+        if not isinstance(e.code, str):
+            raise
+        print(e.code, file=sys.stderr)
+        return EXIT_CONFIG
+    except MailboxError as e:
+        print(e, file=sys.stderr)
+        return EXIT_MAILBOX
+    print(summary(outcomes), flush=True)
+    return EXIT_SOME_FAILED if any(o.kind in ("broken", "failed") for o in outcomes) else EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,348 @@
+"""cron_jobs.py 的 scan / report,日报发 Slack(测试里起一个本机 HTTP 接收端),以及 crontab.example 能不能用。"""
+import json
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+from datetime import date, datetime, timedelta, timezone
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+import cron_jobs
+import store
+from conftest import LAB, rows, run
+
+SEED = json.loads((LAB / "cloudledger_seed.json").read_text(encoding="utf-8"))
+EVENTS = "SELECT event_id, source, kind, payload, status FROM events ORDER BY received_at, event_id"
+
+
+def today() -> str:
+    return store.now()[:10]
+
+
+def old_open_tickets(days: int) -> list[str]:
+    """种子数据里开着、至少 days 天的工单,最老的在前(和 scan 的顺序一样)。"""
+    found = [t for t in SEED["tickets"] if t["status"] == "open" and t["age_days"] >= days]
+    return [t["id"] for t in sorted(found, key=lambda t: (-t["age_days"], t["id"]))]
+
+
+def stale_event(ticket_id: str, day: str | None = None) -> tuple:
+    event_id = f"cron:stale:{ticket_id}:{day or today()}"
+    payload = json.dumps({"id": event_id, "type": "ticket.stale", "data": {"ticket_id": ticket_id}})
+    return (event_id, "cron", "ticket.stale", payload, "pending")
+
+
+def execute(sql: str, args: tuple = ()) -> None:
+    conn = store.connect()
+    try:
+        conn.execute(sql, args)
+    finally:
+        conn.close()
+
+
+def add_event_with(event_id: str, ticket_id: str, status: str, updated_at: str | None = None,
+                   error: str | None = None, kind: str = "ticket.created") -> None:
+    store.add_event(event_id, "webhook", kind,
+                    json.dumps({"id": event_id, "type": kind, "data": {"ticket_id": ticket_id}}))
+    execute("UPDATE events SET status = ?, last_error = ?, updated_at = COALESCE(?, updated_at) WHERE event_id = ?",
+            (status, error, updated_at, event_id))
+
+
+# ---------------------------------------------------------------- scan
+def test_scan_enqueues_the_oldest_unreplied_tickets_up_to_the_limit_and_a_same_day_rerun_adds_none(any_lab):
+    stale = old_open_tickets(20)
+    assert stale == ["T1029", "T1020", "T1010", "T1007", "T1022", "T1002", "T1031", "T1011", "T1038"]
+    r = run(["cron_jobs.py", "scan"], any_lab)
+    assert (r.returncode, r.stderr) == (0, "")
+    assert r.stdout.splitlines() == ["超过 20 天还开着的工单 9 张,其中没回复过的 9 张,本次入队 5 个",
+                                     "没有入队的:超出 --limit 5 4 张"]
+    assert rows(EVENTS) == [stale_event(t) for t in stale[:5]]
+
+    again = run(["cron_jobs.py", "scan"], any_lab)  # 补跑、手动再跑:同一天同一批工单,一个都不多
+    assert (again.returncode, again.stderr) == (0, "")
+    assert again.stdout.splitlines()[0] == "超过 20 天还开着的工单 9 张,其中没回复过的 9 张,本次入队 0 个"
+    assert rows(EVENTS) == [stale_event(t) for t in stale[:5]]
+
+
+def test_scan_uses_stale_days_and_limit(lab):
+    r = run(["cron_jobs.py", "scan", "--limit", "1"], {**lab, "STALE_DAYS": "40"})
+    assert (r.returncode, r.stderr) == (0, "")
+    assert r.stdout.splitlines() == ["超过 40 天还开着的工单 2 张,其中没回复过的 2 张,本次入队 1 个",
+                                     "没有入队的:超出 --limit 1 1 张"]
+    assert rows(EVENTS) == [stale_event("T1029")]
+
+
+def test_scan_leaves_out_replied_ignored_and_already_queued_tickets(any_lab):
+    store.record_reply("T1029", "已经回复过了", "agent+reviewer",
+                       {"category": "refund", "draft": "已经回复过了", "final": "已经回复过了", "action": "accept"})
+    add_event_with("evt_T1020_created", "T1020", "ignored")          # 客服在收件箱里选了不回
+    add_event_with("evt_T1010_created", "T1010", "waiting_human")    # 正在收件箱里等人
+    yesterday = (date.fromisoformat(today()) - timedelta(days=1)).isoformat()
+    add_event_with(f"cron:stale:T1007:{yesterday}", "T1007", "pending", kind="ticket.stale")  # 昨天的提醒还没处理
+    r = run(["cron_jobs.py", "scan"], any_lab)
+    assert (r.returncode, r.stderr) == (0, "")
+    assert r.stdout.splitlines() == ["超过 20 天还开着的工单 9 张,其中没回复过的 8 张,本次入队 5 个",
+                                     "没有入队的:已在队列或收件箱里 2 张,客服选了不回 1 张"]
+    new = [e[0] for e in rows(EVENTS) if e[0].endswith(today())]
+    assert new == [stale_event(t)[0] for t in ("T1022", "T1002", "T1031", "T1011", "T1038")]
+
+
+def test_worker_drafts_an_apologising_follow_up_for_stale_tickets(lab):
+    assert run(["cron_jobs.py", "scan", "--limit", "1"], lab).returncode == 0
+    store.add_event("evt_T1041_created", "webhook", "ticket.created",
+                    json.dumps({"id": "evt_T1041_created", "type": "ticket.created", "data": {"ticket_id": "T1041"}}))
+    w = run(["worker.py", "--once"], lab)
+    assert (w.returncode, w.stdout.splitlines()) == (0, [f"cron:stale:T1029:{today()} → waiting_human",
+                                                        "evt_T1041_created → waiting_human"])
+    listing = run(["inbox.py", "list"], lab).stdout.splitlines()
+    assert listing[0:2] == ["T1029  [refund] 客户反映:退费审核通过迟迟没到账",
+                            "        草稿:您好,让您久等了,非常抱歉。关于您提到的扣款和退款问题,我们已转交财务核实扣款记录,"
+                            "核实后会按原支付渠道处理,进度会在 1–3 个工作日内通过工单告知您。感谢您的耐心。"]
+    assert listing[2:4] == ["T1041  [refund] 客户反映:同一笔账单被扣了两次",
+                            "        草稿:您好,关于您提到的扣款和退款问题,我们已转交财务核实扣款记录,"
+                            "核实后会按原支付渠道处理,进度会在 1–3 个工作日内通过工单告知您。感谢您的耐心。"]
+
+
+@pytest.mark.parametrize("args, env, code, message", [
+    (["scan", "--limit", "0"], {}, 2, "error: --limit 至少是 1"),
+    (["scan", "--limit", "many"], {}, 2, "error: argument --limit: invalid int value: 'many'"),
+    ([], {}, 2, "error: the following arguments are required: {scan,report}"),
+    (["scan"], {"STALE_DAYS": "abc"}, 2, "配置错误:STALE_DAYS='abc' 不是数字"),
+    (["scan"], {"STALE_DAYS": "-3"}, 2, "配置错误:STALE_DAYS=-3 不能是负数"),
+])
+def test_scan_rejects_bad_arguments_and_settings_without_enqueueing(lab, args, env, code, message):
+    r = run(["cron_jobs.py", *args], {**lab, **env})
+    assert (r.returncode, r.stdout) == (code, "")
+    if message.startswith("配置错误"):
+        assert r.stderr == message + "\n"
+    else:  # argparse:用法在前,错误在最后一行
+        assert r.stderr.startswith("usage: cron_jobs.py") and r.stderr.endswith(message + "\n")
+    assert rows(EVENTS) == []
+
+
+def test_scan_without_business_database_says_how_to_build_it(lab, tmp_path):
+    missing = tmp_path / "gone.db"
+    r = run(["cron_jobs.py", "scan"], {**lab, "BIZ_DB": str(missing)})
+    assert (r.returncode, r.stdout) == (2, "")
+    assert r.stderr == f"业务库不存在:{missing}(先运行 uv run python store.py 建库)\n"
+    assert rows(EVENTS) == [] and not missing.exists()
+
+
+# ---------------------------------------------------------------- report
+def header(moment: datetime) -> str:
+    return f"云簿后台 Agent 日报({moment.strftime('%Y-%m-%d %H:%M')} UTC)"
+
+
+def test_report_on_an_empty_database(any_lab):
+    moment = datetime(2026, 11, 30, 1, 5, tzinfo=timezone.utc)
+    assert cron_jobs.build_report(moment=moment).splitlines() == [
+        header(moment),
+        "事件状态:{}",
+        "队列深度:0 个事件等 worker 处理(pending)",
+        "收件箱里没有等人处理的待办",
+        "死信数:0",
+        "处理结果:还没有审核记录(review_log 是空的)",
+        "模型成本:还没有模型调用记录(llm_usage 是空的)",
+    ]
+    r = run(["cron_jobs.py", "report"], any_lab)
+    assert (r.returncode, r.stderr) == (0, "")
+    assert r.stdout.splitlines()[1:] == cron_jobs.build_report(moment=moment).splitlines()[1:]
+
+
+def fill_watch_list_data() -> None:
+    """两个 pending、两个在收件箱(一个等了两天)、一个死信、一个 done;四条审核记录;三次模型调用。"""
+    add_event_with("evt_T1041_created", "T1041", "pending")
+    add_event_with("evt_T1003_created", "T1003", "pending")
+    add_event_with("evt_T1012_created", "T1012", "waiting_human", updated_at="2026-11-28T01:00:00.000000+00:00")
+    add_event_with("evt_T1025_created", "T1025", "waiting_human", updated_at="2026-11-29T20:00:00.000000+00:00")
+    add_event_with("evt_T9999_created", "T9999", "dead", error="PermanentError: 工单不存在:T9999")
+    add_event_with("evt_T1002_created", "T1002", "done")
+    for ticket, category, action, feedback in (("T1002", "refund", "accept", []),
+                                               ("T1017", "refund", "edit", ["别写金额", "语气软一点"]),
+                                               ("T1028", "invoice", "ignore", []),
+                                               ("T1023", "refund", "accept", ["先道歉"])):
+        execute("INSERT INTO review_log (ticket_id, category, draft, final, action, feedback, created_at) "
+                "VALUES (?, ?, '草稿', '终稿', ?, ?, ?)", (ticket, category, action, json.dumps(feedback), store.now()))
+    store.record_usage("evt_T1041_created", "T1041", "deepseek-flash", 300, 100)
+    store.record_usage("evt_T1041_created", "T1041", "deepseek-flash", 320, 120)
+    store.record_usage("evt_T1003_created", "T1003", "deepseek-flash", 280, 90)
+
+
+WATCH_LIST = [
+    "事件状态:{'pending': 2, 'waiting_human': 2, 'done': 1, 'dead': 1}",
+    "队列深度:2 个事件等 worker 处理(pending)",
+    "收件箱里等得最久的:evt_T1012_created,已等 48.1 小时(超过 24 小时,该提醒值班的人了)(收件箱共 2 条)",
+    "死信数:1",
+    "死信:evt_T9999_created  PermanentError: 工单不存在:T9999",
+    "处理结果(按类别):",
+    "  invoice:1 张,accept 0,edit 0,response 0,ignore 1,原样批准率 0%",
+    "  refund:3 张,accept 2,edit 1,response 3,ignore 0,原样批准率 67%",
+]
+
+
+def test_report_shows_queue_depth_inbox_wait_dead_letters_outcomes_per_category_and_cost(any_lab, monkeypatch):
+    fill_watch_list_data()
+    moment = datetime(2026, 11, 30, 1, 5, tzinfo=timezone.utc)
+    assert cron_jobs.build_report(moment=moment).splitlines() == [header(moment), *WATCH_LIST,
+        "模型成本:调用 3 次,token 输入 900 / 输出 310,约 ¥0.0024;2 个事件,平均每个事件 ¥0.0012"
+        "(按 ¥0.002/千 token 估算,见 LLM_PRICE_PER_1K_TOKENS)"]
+    monkeypatch.setenv("LLM_PRICE_PER_1K_TOKENS", "0.004")
+    assert cron_jobs.build_report(moment=moment).splitlines()[-1] == (
+        "模型成本:调用 3 次,token 输入 900 / 输出 310,约 ¥0.0048;2 个事件,平均每个事件 ¥0.0024"
+        "(按 ¥0.004/千 token 估算,见 LLM_PRICE_PER_1K_TOKENS)")
+    monkeypatch.setenv("INBOX_ALERT_HOURS", "72")
+    assert cron_jobs.build_report(moment=moment).splitlines()[3] == (
+        "收件箱里等得最久的:evt_T1012_created,已等 48.1 小时(收件箱共 2 条)")
+
+
+def test_report_command_prints_the_same_report(lab):
+    fill_watch_list_data()
+    r = run(["cron_jobs.py", "report"], lab)
+    assert (r.returncode, r.stderr) == (0, "")
+    expected = cron_jobs.build_report().splitlines()
+    hours = re.compile(r"已等 [\d.]+ 小时")
+    assert [hours.sub("已等 … 小时", line) for line in r.stdout.splitlines()[1:]] == \
+           [hours.sub("已等 … 小时", line) for line in expected[1:]]
+
+
+# ---------------------------------------------------------------- 发到 Slack
+class Receiver:
+    """本机的假 Slack:记下收到的 POST,回 status。"""
+
+    def __init__(self, status: int = 200, body: bytes = b"ok"):
+        self.received: list[tuple[str, str, bytes]] = []
+        received = self.received
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802
+                data = self.rfile.read(int(self.headers["Content-Length"]))
+                received.append((self.path, self.headers["Content-Type"], data))
+                self.send_response(status)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/services/T000/B000/SECRETTOKEN"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def slack_env(lab):
+    return {**lab, "NO_PROXY": "127.0.0.1,localhost", "no_proxy": "127.0.0.1,localhost"}
+
+
+def test_report_is_posted_to_slack_as_text(slack_env):
+    fill_watch_list_data()
+    slack = Receiver()
+    try:
+        r = run(["cron_jobs.py", "report"], {**slack_env, "SLACK_WEBHOOK_URL": slack.url})
+    finally:
+        slack.close()
+    assert (r.returncode, r.stderr) == (0, "")
+    report, sent_line = r.stdout.rsplit("\n", 2)[0], r.stdout.splitlines()[-1]
+    assert sent_line == "已发到 Slack"
+    assert len(slack.received) == 1
+    path, content_type, body = slack.received[0]
+    assert (path, content_type) == ("/services/T000/B000/SECRETTOKEN", "application/json")
+    assert json.loads(body) == {"text": report}
+
+
+def silent_port(stack: list) -> int:
+    """接受连接但永远不回话的端口。"""
+    s = socket.create_server(("127.0.0.1", 0))
+    stack.append(s)
+    return s.getsockname()[1]
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("case", ["http 500", "refused", "no answer"])
+def test_slack_failure_is_reported_after_the_report_exits_non_zero_and_never_hangs(slack_env, case):
+    opened: list = []
+    slack = Receiver(status=500, body=b"invalid_payload") if case == "http 500" else None
+    port = closed_port() if case == "refused" else silent_port(opened) if case == "no answer" else None
+    url = slack.url if slack else f"http://127.0.0.1:{port}/services/T000/B000/SECRETTOKEN"
+    started = time.monotonic()
+    try:
+        r = run(["cron_jobs.py", "report"], {**slack_env, "SLACK_WEBHOOK_URL": url, "SLACK_TIMEOUT_S": "1"}, timeout=60)
+    finally:
+        for s in opened:
+            s.close()
+        if slack:
+            slack.close()
+    assert time.monotonic() - started < 20
+    assert r.returncode == 1
+    assert r.stdout.splitlines()[1:] == cron_jobs.build_report().splitlines()[1:]  # 日报照样打印了
+    where = "http://127.0.0.1"
+    expected = {
+        "http 500": f"日报没有发到 Slack:Slack({where})拒绝了日报:HTTP 500 invalid_payload",
+        "refused": f"日报没有发到 Slack:连不上 Slack({where}):[Errno 111] Connection refused(检查 SLACK_WEBHOOK_URL 和网络)",
+        "no answer": f"日报没有发到 Slack:发送到 Slack({where})超时:1 秒没有回应",
+    }[case]
+    assert r.stderr == expected + "\n"
+    assert "SECRETTOKEN" not in r.stderr  # webhook 地址的路径就是密钥,不能进日志
+
+
+# ---------------------------------------------------------------- crontab.example
+FIELD_RANGES = [(0, 59), (0, 23), (1, 31), (1, 12), (0, 7)]  # 分 时 日 月 星期(0 和 7 都是星期日)
+JOB = re.compile(r"cd /ABSOLUTE/PATH/TO/ambient-agents && /ABSOLUTE/PATH/TO/uv run python (\S+\.py)((?: [\w-]+)*) "
+                 r">> cron\.log 2>&1")
+
+
+def valid_field(text: str, low: int, high: int) -> bool:
+    for item in text.split(","):
+        m = re.fullmatch(r"(\*|(\d+)(?:-(\d+))?)(?:/(\d+))?", item)
+        if not m:
+            return False
+        numbers = [int(n) for n in (m.group(2), m.group(3)) if n is not None]
+        if any(not low <= n <= high for n in numbers) or (len(numbers) == 2 and numbers[0] > numbers[1]):
+            return False
+        if m.group(4) is not None and int(m.group(4)) == 0:
+            return False
+    return True
+
+
+def test_valid_field_rejects_what_cron_rejects():
+    assert valid_field("*/5", 0, 59) and valid_field("1-5,10", 0, 23) and valid_field("0", 0, 7)
+    assert not any(valid_field(f, 0, 59) for f in ("60", "5-1", "*/0", "a", "", "1,,2"))
+
+
+def test_crontab_example_has_the_four_jobs_with_valid_schedules_and_runnable_commands(lab):
+    text = (LAB / "crontab.example").read_text(encoding="utf-8")
+    jobs = [line for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    parsed = []
+    for line in jobs:
+        fields = line.split(None, 5)
+        assert len(fields) == 6, line
+        assert all(valid_field(f, lo, hi) for f, (lo, hi) in zip(fields[:5], FIELD_RANGES)), line
+        m = JOB.fullmatch(fields[5])
+        assert m, f"命令应该是 cd 实验目录 && uv 的绝对路径 run python 脚本 >> cron.log 2>&1:{line}"
+        parsed.append((" ".join(fields[:5]), m.group(1) + m.group(2)))
+    assert parsed == [("* * * * *", "email_poller.py"), ("* * * * *", "worker.py --once"),
+                      ("0 9 * * *", "cron_jobs.py scan"), ("5 9 * * *", "cron_jobs.py report")]
+    assert "UTC" in text and "PATH" in text
+
+    uv = shutil.which("uv")
+    for line in jobs:  # 把占位符换成真路径,去掉日志重定向,加 --help,像 cron 一样交给 sh 跑
+        command = line.split(None, 5)[5].replace(" >> cron.log 2>&1", " --help")
+        command = command.replace("/ABSOLUTE/PATH/TO/ambient-agents", str(LAB))
+        command = command.replace("/ABSOLUTE/PATH/TO/uv run python", f"{uv} run python" if uv else sys.executable)
+        r = subprocess.run(["sh", "-c", command], cwd="/", env=lab, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, (command, r.stderr)
+        assert r.stdout.startswith("usage: "), command

@@ -1,0 +1,616 @@
+"""email_poller.py:对着测试里起的真 IMAP 服务器(pymap,内存后端,只听 127.0.0.1)收信,以及离线 .eml 模式。"""
+import hashlib
+import imaplib
+import re
+import shutil
+import socket
+import ssl
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import email_poller
+import store
+from conftest import LAB, rows, run
+
+SAMPLES = LAB / "samples"
+USER, PASSWORD = "kefu@cloudledger.test", "imap-app-code-7788"  # 测试邮箱的账号和「授权码」
+PYMAP = Path(sys.executable).with_name("pymap")
+MAIL_TICKETS = "SELECT id, customer_id, subject, body, status FROM tickets WHERE id LIKE 'M%' ORDER BY id"
+EVENTS = "SELECT event_id, source, kind, payload, status FROM events ORDER BY event_id"
+
+
+def ticket_of(message_id: str, length: int = 6) -> str:
+    return "M" + hashlib.sha1(message_id.encode()).hexdigest()[:length]
+
+
+def biz_rows(sql: str, args: tuple = ()) -> list[tuple]:
+    return rows(sql, args, path=store.biz_db())
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def mail(message_id: str | None, sender: str, subject: str, body: str) -> bytes:
+    """一封最简单的 utf-8 纯文本邮件(LF 换行,和 .eml 文件一样)。"""
+    head = [f"From: {sender}", "To: support@cloudledger.example", f"Subject: {subject}", "MIME-Version: 1.0",
+            "Content-Type: text/plain; charset=utf-8", "Content-Transfer-Encoding: 8bit"]
+    if message_id:
+        head.insert(0, f"Message-ID: {message_id}")
+    return ("\n".join(head) + "\n\n" + body + "\n").encode()
+
+
+# ---------------------------------------------------------------- 真 IMAP 服务器
+class ImapServer:
+    """pymap 的内存后端,跑在子进程里。测试用它往收件箱里投信、看哪些信还没读。"""
+
+    def __init__(self, port: int, proc: subprocess.Popen):
+        self.port, self.proc = port, proc
+
+    def client(self) -> imaplib.IMAP4:
+        imap = imaplib.IMAP4("127.0.0.1", self.port, timeout=10)
+        imap.login(USER, PASSWORD)
+        imap.select("INBOX")
+        return imap
+
+    def append(self, *messages: bytes) -> None:
+        imap = self.client()
+        try:
+            for raw in messages:
+                assert imap.append("INBOX", None, None, raw)[0] == "OK"
+        finally:
+            imap.logout()
+
+    def flags(self) -> dict[int, set[str]]:
+        """{UID: 旗标};\\Recent 是服务器自己的,不算。"""
+        imap = self.client()
+        try:
+            typ, data = imap.uid("FETCH", "1:*", "(FLAGS)")
+        finally:
+            imap.logout()
+        out = {}
+        for line in data:
+            if line:
+                text = line.decode()
+                uid = int(re.search(r"UID (\d+)", text).group(1))
+                out[uid] = set(re.search(r"FLAGS \(([^)]*)\)", text).group(1).split()) - {"\\Recent"}
+        return out
+
+    def unseen(self) -> list[int]:
+        return sorted(uid for uid, f in self.flags().items() if "\\Seen" not in f)
+
+
+def wait_for_imap(port: int, proc: subprocess.Popen) -> None:
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"pymap 没起来:{proc.stderr.read().decode()}")
+        try:
+            imaplib.IMAP4("127.0.0.1", port, timeout=2).logout()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError("pymap 20 秒内没有开始监听")
+
+
+@pytest.fixture
+def imap_server():
+    port = free_port()
+    proc = subprocess.Popen([str(PYMAP), "--host", "127.0.0.1", "--port", str(port), "--no-tls",
+                             "dict", "--demo-user", USER, "--demo-password", PASSWORD],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        wait_for_imap(port, proc)
+        yield ImapServer(port, proc)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+@pytest.fixture
+def imap_env(lab, imap_server):
+    return {**lab, "IMAP_HOST": "127.0.0.1", "IMAP_PORT": str(imap_server.port), "IMAP_USER": USER,
+            "IMAP_PASSWORD": PASSWORD, "IMAP_SSL": "0"}
+
+
+def sample(name: str) -> bytes:
+    return (SAMPLES / name).read_bytes()
+
+
+ZHANG = mail("<t1@example.com>", "张伟 <Zhang.Wei@Example.com>", "发票开错了", "发票抬头写错了,麻烦重开。")
+STRANGER = mail("<t2@example.org>", "someone@example.org", "合作", "想谈谈合作。")
+LI = mail("<t3@example.com>", "li.na@example.com", "扣款", "又被扣了一次款。")
+
+
+# ---------------------------------------------------------------- 收信:正常路径
+def test_poll_stores_known_customers_skips_strangers_and_marks_every_handled_mail_seen(imap_env, imap_server):
+    imap_server.append(ZHANG, STRANGER, LI)
+    r = run(["email_poller.py"], imap_env)
+    assert (r.returncode, r.stderr) == (0, "")
+    t1, t3 = ticket_of("<t1@example.com>"), ticket_of("<t3@example.com>")
+    assert r.stdout.splitlines() == [
+        f"{t1}  UID 101",
+        "skip: 不是已知客户  UID 102",
+        f"{t3}  UID 103",
+        "本次收取 3 封:新工单 2,重复 0,跳过 1,无法解析 0,存储失败 0",
+    ]
+    today = store.now()[:10]
+    assert biz_rows("SELECT id, customer_id, subject, body, status, created_at FROM tickets WHERE id LIKE 'M%' "
+                    "ORDER BY customer_id") == [
+        (t1, "C001", "发票开错了", "发票抬头写错了,麻烦重开。", "open", today),
+        (t3, "C002", "扣款", "又被扣了一次款。", "open", today),
+    ]
+    assert rows(EVENTS) == [
+        ("<t1@example.com>", "email", "ticket.created",
+         f'{{"id": "<t1@example.com>", "type": "ticket.created", "data": {{"ticket_id": "{t1}"}}}}', "pending"),
+        ("<t3@example.com>", "email", "ticket.created",
+         f'{{"id": "<t3@example.com>", "type": "ticket.created", "data": {{"ticket_id": "{t3}"}}}}', "pending"),
+    ]
+    assert imap_server.flags() == {101: {"\\Seen"}, 102: {"\\Seen"}, 103: {"\\Seen"}}
+
+    again = run(["email_poller.py"], imap_env)  # 没有新信:什么都不做
+    assert (again.returncode, again.stdout, again.stderr) == (
+        0, "本次收取 0 封:新工单 0,重复 0,跳过 0,无法解析 0,存储失败 0\n", "")
+    assert len(rows(EVENTS)) == 2
+
+
+def test_same_mail_delivered_again_is_reported_duplicate_and_marked_seen(imap_env, imap_server):
+    imap_server.append(ZHANG)
+    assert run(["email_poller.py"], imap_env).returncode == 0
+    imap_server.append(ZHANG)  # 上游重投:同一个 Message-ID,新的 UID
+    r = run(["email_poller.py"], imap_env)
+    assert (r.returncode, r.stderr) == (0, "")
+    assert r.stdout.splitlines() == ["duplicate  UID 102",
+                                     "本次收取 1 封:新工单 0,重复 1,跳过 0,无法解析 0,存储失败 0"]
+    assert imap_server.unseen() == []
+    assert len(rows(EVENTS)) == 1 and len(biz_rows(MAIL_TICKETS)) == 1
+
+
+def test_broken_mail_is_reported_with_its_reason_flagged_for_a_human_and_others_go_on(imap_env, imap_server):
+    imap_server.append(sample("10_broken.eml"), ZHANG)
+    r = run(["email_poller.py"], imap_env)
+    assert r.returncode == 1
+    assert r.stderr == "无法解析:没有邮件头,不像一封邮件(文件被截断或损坏?)  UID 101\n"
+    assert r.stdout.splitlines() == [f"{ticket_of('<t1@example.com>')}  UID 102",
+                                     "本次收取 2 封:新工单 1,重复 0,跳过 0,无法解析 1,存储失败 0"]
+    assert imap_server.flags() == {101: {"\\Seen", "\\Flagged"}, 102: {"\\Seen"}}
+    assert [e[0] for e in rows(EVENTS)] == ["<t1@example.com>"]
+
+
+# ---------------------------------------------------------------- 不丢邮件:存储失败、两个库之间崩溃
+FAIL_EVENTS = ("CREATE TRIGGER broken BEFORE INSERT ON events "
+               "BEGIN SELECT RAISE(ABORT, '磁盘写满了(测试制造的故障)'); END")
+FAIL_TICKETS = FAIL_EVENTS.replace("ON events", "ON tickets")
+
+
+def sql_on(path, sql: str) -> None:
+    conn = store.connect(path)
+    try:
+        conn.execute(sql)
+    finally:
+        conn.close()
+
+
+def test_mail_stays_unseen_when_storing_the_event_fails_and_is_picked_up_next_run(imap_env, imap_server):
+    """工单已经写进业务库、事件写失败 —— 和「两个库之间进程崩了」是同一个局面。下次运行要补上事件,工单号不变。"""
+    imap_server.append(ZHANG)
+    sql_on(store.events_db(), FAIL_EVENTS)
+    r = run(["email_poller.py"], imap_env)
+    assert r.returncode == 1
+    assert r.stderr == ("存储失败,邮件保持未读,下次再收:IntegrityError: 磁盘写满了(测试制造的故障)  UID 101\n")
+    assert r.stdout == "本次收取 1 封:新工单 0,重复 0,跳过 0,无法解析 0,存储失败 1\n"
+    assert imap_server.unseen() == [101]
+    t1 = ticket_of("<t1@example.com>")
+    assert [t[0] for t in biz_rows(MAIL_TICKETS)] == [t1]  # 业务库里的那一半
+    assert rows(EVENTS) == []
+
+    sql_on(store.events_db(), "DROP TRIGGER broken")  # 故障修好了
+    r = run(["email_poller.py"], imap_env)
+    assert (r.returncode, r.stderr) == (0, "")
+    assert r.stdout.splitlines() == [f"{t1}  UID 101", "本次收取 1 封:新工单 1,重复 0,跳过 0,无法解析 0,存储失败 0"]
+    assert imap_server.unseen() == []
+    assert [t[0] for t in biz_rows(MAIL_TICKETS)] == [t1]
+    assert [(e[0], e[3]) for e in rows(EVENTS)] == [
+        ("<t1@example.com>", f'{{"id": "<t1@example.com>", "type": "ticket.created", "data": {{"ticket_id": "{t1}"}}}}')]
+
+
+def test_mail_stays_unseen_when_storing_the_ticket_fails_and_nothing_is_half_stored(imap_env, imap_server):
+    imap_server.append(ZHANG, LI)
+    sql_on(store.biz_db(), FAIL_TICKETS)
+    r = run(["email_poller.py"], imap_env)
+    assert r.returncode == 1
+    assert r.stderr.splitlines() == [
+        "存储失败,邮件保持未读,下次再收:IntegrityError: 磁盘写满了(测试制造的故障)  UID 101",
+        "存储失败,邮件保持未读,下次再收:IntegrityError: 磁盘写满了(测试制造的故障)  UID 102"]
+    assert (imap_server.unseen(), biz_rows(MAIL_TICKETS), rows(EVENTS)) == ([101, 102], [], [])
+
+    sql_on(store.biz_db(), "DROP TRIGGER broken")
+    r = run(["email_poller.py"], imap_env)
+    assert r.returncode == 0
+    assert r.stdout.splitlines()[:2] == [f"{ticket_of('<t1@example.com>')}  UID 101",
+                                         f"{ticket_of('<t3@example.com>')}  UID 102"]
+    assert imap_server.unseen() == [] and len(rows(EVENTS)) == 2
+
+
+def test_offline_storage_failure_says_to_rerun_and_the_rerun_heals(lab, tmp_path):
+    (tmp_path / "a.eml").write_bytes(ZHANG)
+    sql_on(store.events_db(), FAIL_EVENTS)
+    r = run(["email_poller.py", "--eml", str(tmp_path)], lab)
+    assert (r.returncode, r.stderr) == (1, "存储失败,修好后重跑这条命令,已经存好的会显示 duplicate:"
+                                           f"IntegrityError: 磁盘写满了(测试制造的故障)  {tmp_path}/a.eml\n")
+    sql_on(store.events_db(), "DROP TRIGGER broken")
+    again = run(["email_poller.py", "--eml", str(tmp_path)], lab)
+    assert (again.returncode, again.stdout.splitlines()[0]) == (0, f"{ticket_of('<t1@example.com>')}  {tmp_path}/a.eml")
+    assert len(rows(EVENTS)) == 1 and len(biz_rows(MAIL_TICKETS)) == 1
+
+
+def test_process_killed_after_storing_but_before_marking_seen_gives_duplicate_next_run(lab, imap_env, imap_server):
+    """入库之后、标已读之前进程没了:信还是未读,下次收到时说 duplicate 并标已读,不会多一张工单。"""
+    imap_server.append(ZHANG)
+    raw = imap_server.client().uid("FETCH", "101", "(BODY.PEEK[])")[1][0][1]
+    assert email_poller.handle(raw, "UID 101").kind == "ticket"  # 模拟:存好了,还没来得及 STORE \Seen
+    assert imap_server.unseen() == [101]
+    r = run(["email_poller.py"], imap_env)
+    assert r.stdout.splitlines()[0] == "duplicate  UID 101"
+    assert imap_server.unseen() == [] and len(rows(EVENTS)) == 1 and len(biz_rows(MAIL_TICKETS)) == 1
+
+
+# ---------------------------------------------------------------- 邮箱连不上、登录失败、设置不全
+def nothing_stored(server: ImapServer | None = None, unseen: list[int] | None = None) -> None:
+    assert rows(EVENTS) == [] and biz_rows(MAIL_TICKETS) == []
+    if server:
+        assert server.unseen() == unseen
+
+
+def test_wrong_password_is_one_clear_line_and_no_mail_is_touched(imap_env, imap_server):
+    imap_server.append(ZHANG)
+    r = run(["email_poller.py"], {**imap_env, "IMAP_PASSWORD": "not-the-app-code"})
+    assert (r.returncode, r.stdout) == (3, "")
+    assert r.stderr == (f"IMAP 登录失败(用户 {USER}):[AUTHENTICATIONFAILED] Invalid authentication credentials.;"
+                        "检查 IMAP_USER 和 IMAP_PASSWORD(很多邮箱要填授权码,不是网页登录密码)\n")
+    nothing_stored(imap_server, [101])
+
+
+def test_missing_mailbox_folder_is_reported(imap_env, imap_server):
+    imap_server.append(ZHANG)
+    r = run(["email_poller.py"], {**imap_env, "IMAP_MAILBOX": "没有这个文件夹"})
+    assert (r.returncode, r.stdout) == (3, "")
+    assert r.stderr.startswith("打不开邮箱文件夹 没有这个文件夹:") and r.stderr.endswith("(检查 IMAP_MAILBOX)\n")
+    assert len(r.stderr.splitlines()) == 1
+    nothing_stored(imap_server, [101])
+
+
+def test_chinese_folder_names_are_sent_in_modified_utf7(imap_env, imap_server):
+    assert email_poller.mailbox_name("~peter/mail/台北/日本語") == '"~peter/mail/&U,BTFw-/&ZeVnLIqe-"'  # RFC 3501 的例子
+    assert email_poller.mailbox_name("客服 收件箱") == '"&W6JnDQ- &ZTZO9nux-"'
+    assert email_poller.mailbox_name("INBOX") == "INBOX"
+    imap = imap_server.client()
+    try:
+        assert imap.create('"&W6JnDQ- &ZTZO9nux-"')[0] == "OK"
+        assert imap.append('"&W6JnDQ- &ZTZO9nux-"', None, None, ZHANG)[0] == "OK"
+    finally:
+        imap.logout()
+    r = run(["email_poller.py"], {**imap_env, "IMAP_MAILBOX": "客服 收件箱"})
+    assert (r.returncode, r.stderr) == (0, "")
+    assert r.stdout.splitlines()[0] == f"{ticket_of('<t1@example.com>')}  UID 101"
+
+
+def test_unreachable_host_is_one_clear_line(imap_env):
+    port = free_port()  # 没有人在听
+    r = run(["email_poller.py"], {**imap_env, "IMAP_PORT": str(port)})
+    assert (r.returncode, r.stdout) == (3, "")
+    assert r.stderr == f"连不上 IMAP 服务器 127.0.0.1:{port}:Connection refused\n"
+    nothing_stored()
+
+
+def test_server_that_never_answers_times_out_instead_of_hanging(imap_env):
+    with socket.socket() as silent:  # 接受连接,但一个字节也不回
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        port = silent.getsockname()[1]
+        started = time.monotonic()
+        r = run(["email_poller.py"], {**imap_env, "IMAP_PORT": str(port), "IMAP_TIMEOUT_S": "1"}, timeout=30)
+    assert time.monotonic() - started < 15
+    assert (r.returncode, r.stdout) == (3, "")
+    assert r.stderr == f"连接 IMAP 服务器 127.0.0.1:{port} 超时(1 秒没有回应)\n"
+    nothing_stored()
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"IMAP_HOST": "", "IMAP_USER": "", "IMAP_PASSWORD": ""},
+     "缺少邮箱设置:IMAP_HOST、IMAP_USER、IMAP_PASSWORD(写进环境变量或 .env;IMAP_PASSWORD 填邮箱的授权码)"),
+    ({"IMAP_PASSWORD": ""}, "缺少邮箱设置:IMAP_PASSWORD(写进环境变量或 .env;IMAP_PASSWORD 填邮箱的授权码)"),
+    ({"IMAP_SSL": "yes"}, "IMAP_SSL 只能是 1(SSL 直连,默认)或 0(明文),现在是 'yes'"),
+    ({"IMAP_SSL": "1", "IMAP_CAFILE": "/nonexistent/ca.pem"}, "IMAP_CAFILE 指的 CA 证书文件不存在:/nonexistent/ca.pem"),
+    ({"IMAP_PORT": "abc"}, "配置错误:IMAP_PORT='abc' 不是数字"),
+    ({"IMAP_SSL": "1", "IMAP_CAFILE": str(LAB / "crontab.example")},
+     f"IMAP_CAFILE 不是能用的 CA 证书文件:{LAB / 'crontab.example'}(NO_CERTIFICATE_OR_CRL_FOUND)"),
+])
+def test_bad_settings_are_named_and_nothing_is_stored(imap_env, imap_server, change, message):
+    imap_server.append(ZHANG)
+    r = run(["email_poller.py"], {**imap_env, **change})
+    assert (r.returncode, r.stdout) == (2, "")
+    assert r.stderr == message + "\n"
+    nothing_stored(imap_server, [101])
+
+
+# ---------------------------------------------------------------- TLS:默认校验证书
+def make_ca_and_server_cert(tmp: Path) -> tuple[Path, Path, Path]:
+    """用 openssl 命令行造一个私有 CA,再签一张 127.0.0.1 / localhost 的服务器证书。"""
+    def openssl(*args):
+        subprocess.run(["openssl", *args], check=True, capture_output=True, cwd=tmp)
+
+    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem", "-days", "2",
+            "-subj", "/CN=CloudLedger Test CA")
+    openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "server.key", "-out", "server.csr",
+            "-subj", "/CN=localhost")
+    (tmp / "san.ext").write_text("subjectAltName=DNS:localhost,IP:127.0.0.1\n")
+    openssl("x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+            "-out", "server.pem", "-days", "2", "-extfile", "san.ext")
+    return tmp / "ca.pem", tmp / "server.pem", tmp / "server.key"
+
+
+def test_ssl_context_verifies_the_server_and_trusts_imap_cafile(tmp_path):
+    if not shutil.which("openssl"):
+        pytest.skip("没有 openssl 命令,造不了测试 CA")
+    default = email_poller.ssl_context()
+    assert (default.check_hostname, default.verify_mode) == (True, ssl.CERT_REQUIRED)
+    ca, _, _ = make_ca_and_server_cert(tmp_path)
+    private = email_poller.ssl_context(str(ca))
+    assert (private.check_hostname, private.verify_mode) == (True, ssl.CERT_REQUIRED)
+    assert {"commonName": "CloudLedger Test CA"} in [dict(x[0] for x in c["subject"]) for c in private.get_ca_certs()]
+    assert {"commonName": "CloudLedger Test CA"} not in [dict(x[0] for x in c["subject"]) for c in default.get_ca_certs()]
+
+
+class TlsFront:
+    """SSL 直连(IMAPS)的前端:在 127.0.0.1 上用测试证书做 TLS,把解密后的字节转给 pymap 的明文端口。
+    pymap 自己只支持 STARTTLS,所以 IMAP_SSL=1 的路径靠它测。"""
+
+    def __init__(self, cert: Path, key: Path, backend_port: int):
+        self.ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        self.ctx.load_cert_chain(cert, key)
+        self.backend_port = backend_port
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._relay, args=(conn,), daemon=True).start()
+
+    def _relay(self, conn: socket.socket) -> None:
+        try:
+            front = self.ctx.wrap_socket(conn, server_side=True)
+        except (ssl.SSLError, OSError):
+            conn.close()  # 客户端不信我们的证书,握手失败
+            return
+        back = socket.create_connection(("127.0.0.1", self.backend_port))
+        threading.Thread(target=self._pipe, args=(back, front), daemon=True).start()
+        self._pipe(front, back)
+
+    @staticmethod
+    def _pipe(src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                try:
+                    s.close()
+                except OSError:
+                    pass
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+def test_tls_poll_trusts_only_a_verified_certificate(imap_env, imap_server, tmp_path):
+    if not shutil.which("openssl"):
+        pytest.skip("没有 openssl 命令,造不了测试证书")
+    ca, cert, key = make_ca_and_server_cert(tmp_path)
+    front = TlsFront(cert, key, imap_server.port)
+    imap_server.append(ZHANG)
+    tls_env = {**imap_env, "IMAP_SSL": "1", "IMAP_PORT": str(front.port), "IMAP_HOST": "localhost"}
+    try:
+        refused = run(["email_poller.py"], tls_env)  # 不认识这个私有 CA:拒绝连接,一封信都不动
+        assert (refused.returncode, refused.stdout) == (3, "")
+        assert refused.stderr.startswith(f"IMAP 服务器 localhost:{front.port} 的证书校验失败:")
+        assert refused.stderr.endswith("(自建邮箱用私有 CA 的,把 CA 证书路径写进 IMAP_CAFILE)\n")
+        assert len(refused.stderr.splitlines()) == 1
+        nothing_stored(imap_server, [101])
+
+        ok = run(["email_poller.py"], {**tls_env, "IMAP_CAFILE": str(ca)})
+        assert (ok.returncode, ok.stderr) == (0, "")
+        assert ok.stdout.splitlines()[0] == f"{ticket_of('<t1@example.com>')}  UID 101"
+        assert imap_server.unseen() == []
+    finally:
+        front.close()
+
+
+def test_ssl_to_a_plain_imap_port_fails_the_handshake_clearly(imap_env, imap_server):
+    r = run(["email_poller.py"], {**imap_env, "IMAP_SSL": "1"})
+    assert (r.returncode, r.stdout) == (3, "")
+    assert r.stderr.startswith(f"和 IMAP 服务器 127.0.0.1:{imap_server.port} 的 TLS 握手失败:")
+    assert r.stderr.endswith("(这个端口是不是不支持 SSL 直连?)\n") and len(r.stderr.splitlines()) == 1
+    nothing_stored()
+
+
+# ---------------------------------------------------------------- 离线 .eml:各种真实邮件
+EXPECTED_SAMPLES = {  # 文件 → (Message-ID, 客户, 主题, 正文)
+    "01_utf8_plain.eml": ("<20261122090112.zw01@example.com>", "C001", "凭证导出 Excel 又失败了",
+                          "你好,\n今天导出 10 月的凭证,点「导出 Excel」还是提示失败,\n换了 Chrome 和 Edge 都一样。麻烦看一下。\n"
+                          "张伟\n北京启明文化传媒有限公司"),
+    "02_gbk_base64.eml": ("<GBK.20261122101540.lina@example.com>", "C002", "关闭自动续费后又被扣款",
+                          "客服你好:\n上个月已经关闭了自动续费,这个月 1 号还是扣了一年的费用。\n"
+                          "我们财务王喆核对过银行流水,确实扣了。请尽快处理退款。"),
+    "03_gb2312_qp.eml": ("<qp-gb2312-0001@qinghe-trade.cn>", "C003", "发票抬头写错了",
+                         "您好,上周开的电子发票抬头少了「有限公司」四个字,麻烦重开一张。\n经办人:财务蔡堃"),  # 堃 只在 GBK 里
+    "04_gb18030_base64.eml": ("<gb18030.7731@xingchen-tech.cn>", "C004", "子账号改名后显示乱码",
+                              "你好,我们新同事叫刘䶮,子账号名字改成他的名字以后,报表页眉里显示成了问号。"),
+    "05_big5_qp.eml": ("<big5-qp-20261122@mingyue-design.cn>", "C005", "發票郵寄地址要更改",
+                       "您好:\n我們公司搬家了,之後的紙本發票請寄到新地址,謝謝。"),
+    "06_multipart_alternative.eml": ("<alt-6f1c@hengtong-logistics.cn>", "C006", "账单里多了一项超量费用",
+                                     "您好,\n账单里多了一项超量费用,我们这个月的凭证数并没有超。"),  # 纯文本那份,不是 HTML
+    "07_html_only.eml": ("<html-only-77@lanshan-tea.cn>", "C007", "进销存同步失败",
+                         "您好:\n茶叶店的 进销存 & 凭证 同步失败,\n提示 <错误码 502>。\n赵敏\n福州岚山茶业"),
+    "08_no_message_id.eml": (None, "C008", "专票什么时候能开出来",
+                             "您好,上周申请的增值税专用发票还没收到,这封信是从老的邮件系统发的,没有 Message-ID。"),
+    "11_complaint.eml": ("<complaint-0915@huayang-edu.cn>", "C009", "银行流水导入报错一直没人管",
+                         "银行流水导入报错的问题提了一个月都没解决,再没人处理,我要投诉到消费者协会。\n周婷"),
+}
+
+
+def sample_id(name: str) -> str:
+    mid = EXPECTED_SAMPLES[name][0]
+    return mid or "no-message-id:" + hashlib.sha1(sample(name).replace(b"\r\n", b"\n")).hexdigest()
+
+
+def test_offline_samples_cover_charsets_encodings_html_and_missing_message_id(any_lab):
+    r = run(["email_poller.py", "--eml", "samples"], any_lab)
+    assert r.returncode == 1  # 有一封坏信
+    assert r.stderr == "无法解析:没有邮件头,不像一封邮件(文件被截断或损坏?)  samples/10_broken.eml\n"
+    expected_lines = [f"{ticket_of(sample_id(n))}  samples/{n}" for n in list(EXPECTED_SAMPLES)[:8]]
+    expected_lines += ["skip: 不是已知客户  samples/09_unknown_sender.eml",
+                       f"{ticket_of(sample_id('11_complaint.eml'))}  samples/11_complaint.eml",
+                       "本次收取 11 封:新工单 9,重复 0,跳过 1,无法解析 1,存储失败 0"]
+    assert r.stdout.splitlines() == expected_lines
+    assert biz_rows(MAIL_TICKETS) == sorted(
+        (ticket_of(sample_id(n)), cust, subj, body, "open") for n, (_, cust, subj, body) in EXPECTED_SAMPLES.items())
+    assert [e[0] for e in rows(EVENTS)] == sorted(sample_id(n) for n in EXPECTED_SAMPLES)
+
+    again = run(["email_poller.py", "--eml", "samples"], any_lab)
+    assert again.stdout.splitlines()[:8] == [f"duplicate  samples/{n}" for n in list(EXPECTED_SAMPLES)[:8]]
+    assert len(biz_rows(MAIL_TICKETS)) == 9 and len(rows(EVENTS)) == 9
+
+
+def test_missing_message_id_gives_the_same_id_from_imap_and_from_the_eml_file(imap_env, imap_server):
+    """imaplib 投信时把 LF 换成 CRLF;派生 id 先统一换行符,所以同一封信两条路进来还是同一个事件。"""
+    first = run(["email_poller.py", "--eml", "samples/08_no_message_id.eml"], imap_env)
+    assert first.stdout.splitlines()[0] == f"{ticket_of(sample_id('08_no_message_id.eml'))}  samples/08_no_message_id.eml"
+    imap_server.append(sample("08_no_message_id.eml"))
+    r = run(["email_poller.py"], imap_env)
+    assert r.stdout.splitlines()[0] == "duplicate  UID 101"
+    assert len(rows(EVENTS)) == 1
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--eml", "samples/01_utf8_plain.eml", "samples/nope.eml"], "找不到文件或目录:samples/nope.eml"),
+    (["--eml", "tests"], "目录里没有 .eml 文件:tests"),
+])
+def test_offline_bad_paths_are_rejected_before_anything_is_stored(lab, args, message):
+    r = run(["email_poller.py", *args], lab)
+    assert (r.returncode, r.stdout, r.stderr) == (2, "", message + "\n")
+    nothing_stored()
+
+
+def test_missing_business_database_is_rejected_without_creating_an_empty_one(lab, tmp_path):
+    missing = tmp_path / "nowhere" / "cloudledger.db"
+    r = run(["email_poller.py", "--eml", "samples"], {**lab, "BIZ_DB": str(missing)})
+    assert (r.returncode, r.stdout) == (2, "")
+    assert r.stderr == f"业务库不存在:{missing}(先运行 uv run python store.py 建库)\n"
+    assert not missing.exists() and rows(EVENTS) == []
+
+
+def colliding_message_ids() -> tuple[str, str]:
+    """找两个 sha1 前 6 位相同的 Message-ID(生日问题:几千个里就有一对)。"""
+    seen: dict[str, str] = {}
+    for i in range(1_000_000):
+        mid = f"<collide-{i}@example.com>"
+        prefix = hashlib.sha1(mid.encode()).hexdigest()[:6]
+        if prefix in seen:
+            return seen[prefix], mid
+        seen[prefix] = mid
+    raise AssertionError("没找到")
+
+
+def test_two_mails_whose_ticket_ids_collide_get_separate_tickets(lab, tmp_path):
+    """工单号只取 sha1 的前 6 位,几千封信里就会撞。撞了不能把第二封信的事件指到第一封信的工单上。"""
+    a, b = colliding_message_ids()
+    (tmp_path / "a.eml").write_bytes(mail(a, "zhang.wei@example.com", "第一封", "张伟的问题"))
+    (tmp_path / "b.eml").write_bytes(mail(b, "li.na@example.com", "第二封", "李娜的问题"))
+    r = run(["email_poller.py", "--eml", str(tmp_path)], lab)
+    ta, tb = ticket_of(a), ticket_of(b, 8)
+    assert ta == ticket_of(b) and ta != tb
+    assert r.stdout.splitlines()[:2] == [f"{ta}  {tmp_path}/a.eml", f"{tb}  {tmp_path}/b.eml"]
+    assert biz_rows(MAIL_TICKETS) == sorted([(ta, "C001", "第一封", "张伟的问题", "open"),
+                                             (tb, "C002", "第二封", "李娜的问题", "open")])
+    assert sorted(store.ticket_of(e[3]) for e in rows(EVENTS)) == sorted([ta, tb])
+    again = run(["email_poller.py", "--eml", str(tmp_path)], lab)  # 重跑:工单号不变,都是 duplicate
+    assert again.stdout.splitlines()[:2] == [f"duplicate  {tmp_path}/a.eml", f"duplicate  {tmp_path}/b.eml"]
+    assert len(biz_rows(MAIL_TICKETS)) == 2
+
+
+# ---------------------------------------------------------------- 解析的细节
+def test_raw_eight_bit_headers_and_unknown_charsets_still_decode():
+    raw = ("From: zhang.wei@example.com\nSubject: ".encode() + "退款进度".encode("gbk")
+           + b"\nContent-Type: text/plain; charset=x-made-up\n\n" + "正文是 utf-8".encode())
+    assert email_poller.parse(raw) == {"message_id": "no-message-id:" + hashlib.sha1(raw).hexdigest(),
+                                       "from": "zhang.wei@example.com", "subject": "退款进度", "body": "正文是 utf-8"}
+
+
+def test_mail_without_a_sender_address_cannot_be_parsed():
+    with pytest.raises(email_poller.BrokenMail, match=r"找不到发件人地址\(From: '客服系统'\)"):
+        email_poller.parse("From: =?utf-8?B?5a6i5pyN57O757uf?=\nSubject: x\n\nbody\n".encode())
+
+
+def test_body_is_cut_at_2000_characters():
+    parsed = email_poller.parse(mail("<long@x>", "zhang.wei@example.com", "长信", "很" * 5000))
+    assert parsed["body"] == "很" * 2000
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=2000) | st.text(max_size=500).map(lambda t: ("From: a@b.cn\nSubject: " + t).encode()))
+def test_any_bytes_either_parse_or_raise_broken_mail_never_anything_else(raw):
+    try:
+        parsed = email_poller.parse(raw)
+    except email_poller.BrokenMail as e:
+        assert str(e)
+        return
+    assert set(parsed) == {"message_id", "from", "subject", "body"}
+    assert parsed["message_id"] and "@" in parsed["from"] and parsed["subject"] and len(parsed["body"]) <= 2000
+
+
+# ---------------------------------------------------------------- 练习 5:投诉邮件只产生通知
+def test_complaint_mail_becomes_a_notification_that_only_allows_ignore(lab):
+    r = run(["email_poller.py", "--eml", "samples/11_complaint.eml"], lab)
+    ticket = ticket_of("<complaint-0915@huayang-edu.cn>")
+    assert (r.returncode, r.stdout.splitlines()[0]) == (0, f"{ticket}  samples/11_complaint.eml")
+
+    w = run(["worker.py", "--once"], lab)
+    assert (w.returncode, w.stdout) == (0, "<complaint-0915@huayang-edu.cn> → waiting_human\n")
+
+    listing = run(["inbox.py", "list"], lab)
+    assert listing.returncode == 0
+    assert listing.stdout.splitlines() == [
+        f"{ticket}  【通知】[bug] 工单提到「投诉到」,Agent 没有起草回复,请主管看一下",
+        "        工单:银行流水导入报错一直没人管:银行流水导入报错的问题提了一个月都没解决,再没人处理,我要投诉到消费者协会。",
+        "周婷",
+        "        只能 ignore(看过即可)",
+    ]
+
+    for command, args in (("accept", []), ("edit", ["您好,我们马上处理。"]), ("respond", ["先道歉"])):
+        refused = run(["inbox.py", command, ticket, *args], lab)
+        assert (refused.returncode, refused.stdout) == (1, "")
+        assert refused.stderr == f"{ticket} 是通知类待办,Agent 没有起草回复,不能 {command};只能 ignore(看过即可)\n"
+    assert rows("SELECT * FROM outbox") == []
+    assert rows("SELECT status FROM events") == [("waiting_human",)]
+
+    done = run(["inbox.py", "ignore", ticket], lab)
+    assert (done.returncode, done.stdout) == (0, f"{ticket} → ignored\n")
+    assert rows("SELECT * FROM outbox") == []
+    assert rows("SELECT status FROM events") == [("ignored",)]
