@@ -23,7 +23,6 @@ from llm import OFFLINE_MODEL, classify, get_llm, mask_pii
 MAX_REDRAFTS = 3  # 轮;一张工单最多让 Agent 按意见重写几次(每次都要再调一次模型,花钱也耗人的耐心)
 NOTIFY_WORDS = ("律师", "起诉", "投诉到")  # 练习 5:出现这些词不起草,只通知主管
 FINISHED = ("sent", "already_sent", "ignored")
-DECISIONS = ("accept", "edit", "response", "ignore")
 
 
 class PermanentError(Exception):

@@ -14,6 +14,7 @@ import re
 import socket
 import sqlite3
 import threading
+import time
 from contextlib import contextmanager
 from datetime import date, datetime, timedelta, timezone
 from pathlib import Path
@@ -25,7 +26,6 @@ SEED_FILE = HERE / "cloudledger_seed.json"  # 业务库的种子数据:30 个客
 BUSY_TIMEOUT_S = 30  # 秒;webhook、几个 worker、收件箱同时写库时,等锁而不是报 database is locked
 
 STATUSES = ("pending", "processing", "waiting_human", "done", "ignored", "dead")
-FINAL_STATUSES = ("done", "ignored", "dead")
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS events (
@@ -202,7 +202,8 @@ def init() -> None:
 
 
 # ---------------------------------------------------------------- PostgreSQL(设了 DATABASE_URL 时)
-SCHEMA_LOCK = 20261130  # advisory lock 的编号:建表、建 checkpoint 表时几个进程排队
+SCHEMA_LOCK = 20261130      # advisory lock 的编号:几个进程同时建事件表时排队
+CHECKPOINT_LOCK = 20261131  # 同上,建 checkpoint 表用;和上面分开,两件事互不等待
 _pools: dict = {}
 _pools_lock = threading.Lock()
 
@@ -279,11 +280,14 @@ def open_checkpointer():
         saver = PostgresSaver(pool)
         conn = connect()
         try:
-            conn.execute("SELECT pg_advisory_lock(?)", (SCHEMA_LOCK,))
+            # 用 try 轮询,不用 pg_advisory_lock 排队:排队的语句一直挂着快照,而 setup() 里的
+            # CREATE INDEX CONCURRENTLY 要等所有快照结束 —— 两边互等,PostgreSQL 还看不出这是死锁
+            while not conn.execute("SELECT pg_try_advisory_lock(?)", (CHECKPOINT_LOCK,)).fetchone()[0]:
+                time.sleep(0.05)
             try:
                 saver.setup()
             finally:
-                conn.execute("SELECT pg_advisory_unlock(?)", (SCHEMA_LOCK,))
+                conn.execute("SELECT pg_advisory_unlock(?)", (CHECKPOINT_LOCK,))
         finally:
             conn.close()
         return saver, pool

@@ -69,6 +69,7 @@ def pg_lab(lab, monkeypatch):
     yield {**lab, "DATABASE_URL": url}
     store.close_pools()
     with psycopg.connect(PG_URL, autocommit=True) as conn:
+        conn.execute("SET lock_timeout = '60s'")  # 还有进程占着锁时报错,不要一直等
         conn.execute(f"DROP SCHEMA {schema} CASCADE")
 
 
