@@ -93,6 +93,7 @@ committer = GroupCommitter()
 
 @asynccontextmanager
 async def lifespan(_: FastAPI):
+    standard_webhooks_key(config.get("WEBHOOK_SECRET", DEFAULT_SECRET))  # 密钥写错了就别启动,启动日志里说清楚
     store.init()
     committer.start()
     yield
@@ -135,11 +136,12 @@ def verify_cloudledger(raw: bytes, header: str, secret: str) -> None:
 
 
 def standard_webhooks_key(secret: str) -> bytes:
+    """Standard Webhooks 的密钥字节:whsec_ 开头按规范 base64 解码,否则就是字符串本身的字节。"""
     if secret.startswith("whsec_"):
         try:
             return base64.b64decode(secret[len("whsec_"):], validate=True)
         except ValueError:
-            raise fail(500, "WEBHOOK_SECRET 以 whsec_ 开头,但后面不是合法的 base64") from None
+            raise ValueError("配置错误:WEBHOOK_SECRET 以 whsec_ 开头,但后面不是合法的 base64") from None
     return secret.encode()
 
 
@@ -148,7 +150,11 @@ def verify_standard(raw: bytes, msg_id: str | None, ts: str | None, header: str,
         raise fail(400, "bad signature header")
     check_timestamp(ts)
     signed = f"{msg_id}.{ts}.".encode() + raw
-    expected = base64.b64encode(hmac.new(standard_webhooks_key(secret), signed, hashlib.sha256).digest())
+    try:
+        key = standard_webhooks_key(secret)
+    except ValueError as e:  # 启动后才改坏了环境变量:不会发生在正常部署里,但也别崩
+        raise fail(500, str(e)) from None
+    expected = base64.b64encode(hmac.new(key, signed, hashlib.sha256).digest())
     candidates = [value.encode() for version, _, value in (e.partition(",") for e in header.split()) if version == "v1"]
     if not candidates:
         raise fail(400, "bad signature header")

@@ -1,7 +1,10 @@
 """测试共用的东西:每个测试一套全新的临时数据库,环境变量只在这个测试里生效。"""
 import os
+import socket
 import subprocess
 import sys
+import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -77,3 +80,31 @@ def pg_lab(lab, monkeypatch):
 def any_lab(request):
     """跑两遍:SQLite(默认)和 PostgreSQL(练习 6)。"""
     return request.getfixturevalue("lab" if request.param == "sqlite" else "pg_lab")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@contextmanager
+def webhook_server(env: dict):
+    """起一个真的 uvicorn webhook 进程,等它能连上;返回 (进程, 基础 URL)。"""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "uvicorn", "webhook:app", "--port", str(port),
+                             "--log-level", "warning"], cwd=LAB, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.time() + 30
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                break
+            except OSError:
+                assert proc.poll() is None and time.time() < deadline, "webhook 服务没起来"
+                time.sleep(0.1)
+        yield proc, f"http://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)

@@ -7,14 +7,11 @@ import base64
 import hashlib
 import hmac
 import json
-import socket
-import subprocess
-import sys
 import time
 
 import httpx
 import pytest
-from conftest import LAB, rows
+from conftest import rows, webhook_server
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -46,30 +43,11 @@ modes = st.sampled_from(["valid", "wrong_secret", "garbage", "none", "standard",
 skews = st.one_of(st.just(0), st.integers(min_value=-100_000, max_value=100_000))
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def server(lab):
-    port = free_port()
-    env = {**lab, "WEBHOOK_SECRET": SECRET}
-    proc = subprocess.Popen([sys.executable, "-m", "uvicorn", "webhook:app", "--port", str(port),
-                             "--log-level", "warning"], cwd=LAB, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.time() + 30
-    while time.time() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            break
-        except OSError:
-            time.sleep(0.1)
-    with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
-        yield proc, client
-    proc.terminate()
-    proc.wait(timeout=10)
+    with webhook_server({**lab, "WEBHOOK_SECRET": SECRET}) as (proc, url):
+        with httpx.Client(base_url=url, timeout=30) as client:
+            yield proc, client
 
 
 def headers_for(mode: str, body: bytes, skew: int, junk: bytes) -> tuple[dict, bool]:

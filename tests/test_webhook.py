@@ -186,3 +186,11 @@ def test_many_concurrent_deliveries_are_group_committed_and_each_answered(client
     assert sum(a == {"accepted": True, "duplicate": False} for a in answers) == 60
     assert sum(a == {"accepted": True, "duplicate": True} for a in answers) == 60
     assert rows("SELECT COUNT(*), COUNT(DISTINCT event_id) FROM events") == [(60, 60)]
+
+
+def test_a_malformed_whsec_secret_stops_the_server_from_starting(lab, monkeypatch):
+    monkeypatch.setenv("WEBHOOK_SECRET", "whsec_not*base64")
+    with pytest.raises(ValueError, match="配置错误:WEBHOOK_SECRET 以 whsec_ 开头,但后面不是合法的 base64"):
+        with TestClient(webhook.app):
+            pass
+    assert stored() == []

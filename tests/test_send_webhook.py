@@ -1,0 +1,71 @@
+"""send_webhook.py 和 store.py 的命令行:坏参数、服务没起来、对方拒绝,都说清楚,什么都不存。"""
+import pytest
+from conftest import free_port, rows, run, webhook_server
+
+import store
+
+
+@pytest.mark.parametrize("args", [[], ["T1012", "0"], ["T1012", "two"], ["T1012", "2", "extra"]])
+def test_bad_arguments_print_usage_and_exit_2_without_sending(lab, args):
+    r = run(["send_webhook.py", *args], {**lab, "WEBHOOK_URL": f"http://127.0.0.1:{free_port()}/hooks/cloudledger"})
+    assert (r.returncode, r.stdout) == (2, "")
+    assert r.stderr == "用法:uv run python send_webhook.py 工单号 [重复次数,正整数]\n"
+
+
+def test_server_not_running_is_one_clear_message_and_exit_1(lab):
+    url = f"http://127.0.0.1:{free_port()}/hooks/cloudledger"
+    r = run(["send_webhook.py", "T1012"], {**lab, "WEBHOOK_URL": url})
+    assert (r.returncode, r.stdout) == (1, "")
+    assert r.stderr.startswith(f"发不出去:{url} 连不上(ConnectError: ")
+    assert r.stderr.endswith("webhook 服务起来了吗?先在另一个终端运行 uv run uvicorn webhook:app --port 8139\n")
+
+
+def test_duplicate_delivery_over_real_http_prints_the_lessons_lines(lab):
+    with webhook_server(lab) as (_, url):
+        r = run(["send_webhook.py", "T1012", "2"], {**lab, "WEBHOOK_URL": url + "/hooks/cloudledger"})
+    assert (r.returncode, r.stderr) == (0, "")
+    assert r.stdout == "202 {'accepted': True, 'duplicate': False}\n202 {'accepted': True, 'duplicate': True}\n"
+    assert rows("SELECT event_id, status, attempts FROM events") == [("evt_T1012_created", "pending", 0)]
+
+
+def test_rejected_delivery_is_printed_and_exits_1(lab):
+    with webhook_server({**lab, "WEBHOOK_SECRET": "server-secret"}) as (_, url):
+        r = run(["send_webhook.py", "T1012"], {**lab, "WEBHOOK_URL": url + "/hooks/cloudledger",
+                                               "WEBHOOK_SECRET": "client-secret"})
+    assert (r.returncode, r.stdout) == (1, "401 {'detail': 'bad signature'}\n")
+    assert rows("SELECT COUNT(*) FROM events") == [(0,)]
+
+
+def test_store_builds_missing_databases_and_prints_row_counts(tmp_path):
+    env = {"EVENTS_DB": str(tmp_path / "e.db"), "CHECKPOINTS_DB": str(tmp_path / "c.db"),
+           "BIZ_DB": str(tmp_path / "b.db"), "AMBIENT_NO_DOTENV": "1", "PATH": "/usr/bin:/bin"}
+    first = run(["store.py"], env)
+    assert first.returncode == 0, first.stderr
+    assert first.stdout == (f"已新建业务库 {tmp_path / 'b.db'}\n"
+                            f"事件库 {tmp_path / 'e.db'}:events 0 行,outbox 0 行,review_log 0 行,llm_usage 0 行\n"
+                            f"业务库 {tmp_path / 'b.db'}:customers 30 行,tickets 41 行\n")
+    again = run(["store.py"], env)  # 已经有了就不动,也不重建
+    assert again.stdout == first.stdout.split("\n", 1)[1]
+    assert rows("SELECT COUNT(*) FROM tickets WHERE status = 'open'", path=tmp_path / "b.db") == [(29,)]
+
+
+def test_stale_scan_finds_some_but_not_all_open_tickets_whatever_the_build_date(tmp_path):
+    from datetime import date
+
+    for day in (date(2026, 1, 1), date(2030, 6, 15)):
+        path = tmp_path / f"{day}.db"
+        store.build_biz_db(path, today=day)
+        ages = [(day - date.fromisoformat(r[0])).days
+                for r in rows("SELECT created_at FROM tickets WHERE status = 'open'", path=path)]
+        assert 0 < sum(a > 20 for a in ages) < len(ages)
+
+
+def test_a_learners_own_business_database_is_left_alone(tmp_path):
+    own = tmp_path / "mine.db"
+    conn = store.connect(own)
+    conn.executescript(store.BIZ_SCHEMA)
+    conn.close()
+    env = {"EVENTS_DB": str(tmp_path / "e.db"), "BIZ_DB": str(own), "AMBIENT_NO_DOTENV": "1", "PATH": "/usr/bin:/bin"}
+    r = run(["store.py"], env)
+    assert r.returncode == 0
+    assert f"业务库 {own}:customers 0 行,tickets 0 行" in r.stdout
