@@ -15,7 +15,6 @@ import json
 import signal
 import sys
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import openai

@@ -4,8 +4,12 @@
 测试和 bench/ 都用它:能让某个 key 或某个模型返回 401/400/500,能故意慢,能记下收到的每个请求。
 """
 import json
+import re
+import select
+import socket
 import threading
 import time
+from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from llm import offline_draft
@@ -17,6 +21,9 @@ class OpenAIStub:
         self.fail: dict[str, tuple[int, str]] = {}   # 模型名或 "key:<api key>" → (状态码, 错误类型)
         self.fail_times: dict[str, int] = {}    # 同上的键 → 还要失败几次(不在里面就一直失败)
         self.requests: list[dict] = []          # 每个请求:{"model", "body", "headers", "at"}
+        self.in_flight: Counter = Counter()     # 工单号 → 正在等回答、客户端还活着的请求数
+        self.overlaps: list[str] = []           # 同一张工单同时有两个活着的起草请求:工单号
+        self.abandoned = 0                      # 客户端在等回答时断开了(worker 被 kill -9)
         self.lock = threading.Lock()
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.server.daemon_threads = True
@@ -56,16 +63,43 @@ class OpenAIStub:
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers.get("content-length", 0))))
                 key = self.headers.get("authorization", "").removeprefix("Bearer ")
+                prompt = "\n".join(str(m.get("content") or "") for m in body.get("messages", []))
+                ticket = (re.search(r"工单 ([A-Za-z0-9_-]+):", prompt) or [None, None])[1]
                 with stub.lock:
-                    stub.requests.append({"model": body.get("model"), "body": body,
+                    stub.requests.append({"model": body.get("model"), "body": body, "ticket": ticket,
                                           "headers": dict(self.headers), "at": time.time()})
-                if stub.delay:
-                    time.sleep(stub.delay)
+                    if stub.in_flight[ticket]:
+                        stub.overlaps.append(ticket)
+                    stub.in_flight[ticket] += 1
+                try:
+                    if stub.delay and self._client_left(stub.delay):
+                        with stub.lock:
+                            stub.abandoned += 1
+                        return
+                    self._answer(body, key, prompt)
+                finally:
+                    with stub.lock:
+                        stub.in_flight[ticket] -= 1
+
+            def _client_left(self, seconds: float) -> bool:
+                """等 seconds 秒再回答;期间客户端断开(进程被杀,内核关了连接)就返回 True。"""
+                deadline = time.time() + seconds
+                while (left := deadline - time.time()) > 0:
+                    readable, _, _ = select.select([self.connection], [], [], left)
+                    if readable:
+                        try:
+                            if self.connection.recv(1, socket.MSG_PEEK) == b"":
+                                return True
+                        except OSError:
+                            return True
+                        time.sleep(min(left, 0.05))  # 有数据但没断开(不该发生):照常等
+                return False
+
+            def _answer(self, body: dict, key: str, prompt: str):
                 failure = stub._failure_for(body.get("model", ""), key)
                 if failure:
                     status, kind = failure
                     return self._send(status, {"error": {"message": f"stub says {kind}", "type": kind, "code": kind}})
-                prompt = "\n".join(str(m.get("content") or "") for m in body.get("messages", []))
                 draft = offline_draft(prompt)
                 tools = body.get("tools") or []
                 message = {"role": "assistant", "content": draft["reply"]}

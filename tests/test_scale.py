@@ -34,6 +34,23 @@ def queue(tickets: list[str]) -> None:
                       for t in tickets])
 
 
+def accept_twice_at_once(tickets: list[str]) -> None:
+    """每张工单同时批准两次(两个人同时点):回复也只能发一次,outbox 的 UNIQUE 说了算。"""
+    graph, conn = open_graph()
+
+    def accept(ticket_id: str) -> None:
+        try:
+            graph.invoke(Command(resume={"type": "accept", "args": None}), thread_of(ticket_id))
+        except Exception:  # noqa: BLE001 —— 同一 thread 被两个线程同时恢复时后到的可能失败;判据是 outbox
+            pass
+
+    try:
+        with ThreadPoolExecutor(8) as pool:
+            list(pool.map(accept, tickets * 2))
+    finally:
+        conn.close()
+
+
 def start_workers(env: dict, n: int, *args: str) -> list[subprocess.Popen]:
     return [subprocess.Popen([sys.executable, "worker.py", *args], cwd=LAB, env=env, text=True,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(n)]
@@ -111,16 +128,5 @@ def test_four_workers_500_events_one_killed_then_restart_finishes_with_one_reply
     per_ticket = rows("SELECT ticket_id, COUNT(*) FROM llm_usage GROUP BY ticket_id HAVING COUNT(*) > 1")
     assert len(per_ticket) <= 1 and all(n == 2 for _, n in per_ticket)
 
-    def accept(ticket_id: str) -> None:  # 两个人同时批准同一张:回复也只能发一次
-        try:
-            graph.invoke(Command(resume={"type": "accept", "args": None}), thread_of(ticket_id))
-        except Exception:  # noqa: BLE001 —— 并发恢复同一个 thread 时后到的可能失败,outbox 才是判据
-            pass
-
-    graph, conn = open_graph()
-    try:
-        with ThreadPoolExecutor(8) as pool:
-            list(pool.map(accept, tickets[:100] * 2))
-    finally:
-        conn.close()
+    accept_twice_at_once(tickets[:100])
     assert rows("SELECT COUNT(*), COUNT(DISTINCT ticket_id) FROM outbox") == [(100, 100)]

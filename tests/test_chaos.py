@@ -1,0 +1,76 @@
+"""混沌测试:几个 worker 进程对着一个慢模型干活,随机时刻 kill -9,再用 STALE_MINUTES=0 重启。
+
+最后:每个事件都在等人(或者已经结束);没有一张工单被两个活着的 worker 同时起草;
+续跑的 thread 没有从头来过;人批准时每张工单只发一封回复。SQLite 和 PostgreSQL 各一遍,限时。
+"""
+import random
+import signal
+import subprocess
+import sys
+import time
+
+from conftest import LAB, rows
+from openai_stub import OpenAIStub
+from test_scale import accept_twice_at_once, add_tickets, handled, queue
+
+from agent import open_graph, thread_of
+
+EVENTS = 200
+WORKERS = 3
+MAX_KILLS = 8
+TIME_LIMIT_S = 150
+
+
+def start(env: dict) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "worker.py", "--concurrency", "2"], cwd=LAB, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def unfinished() -> int:
+    return rows("SELECT COUNT(*) FROM events WHERE status IN ('pending', 'processing')")[0][0]
+
+
+def test_random_kill_9_loses_nothing_duplicates_nothing_and_resumes_where_it_stopped(any_lab):
+    rng = random.Random(20261130)
+    with OpenAIStub(delay=0.15) as stub:
+        env = {**any_lab, "LLM_API_KEY": "sk-test", "LLM_BASE_URL": stub.base_url, "LLM_MAX_RETRIES": "0",
+               "STALE_MINUTES": "0", "POLL_SECONDS": "0.2", "BACKOFF_BASE_MINUTES": "0"}
+        tickets = add_tickets(any_lab, EVENTS)
+        queue(tickets)
+        procs = [start(env) for _ in range(WORKERS)]
+        outputs, kills, deadline = [], 0, time.time() + TIME_LIMIT_S
+        while unfinished() and time.time() < deadline:
+            time.sleep(rng.uniform(0.3, 1.5))
+            if kills < MAX_KILLS:
+                i = rng.randrange(WORKERS)
+                procs[i].send_signal(signal.SIGKILL)
+                outputs.append(procs[i].communicate()[0])
+                procs[i] = start(env)  # STALE_MINUTES=0:新进程马上把死掉的那个手上的事件放回队列
+                kills += 1
+        for p in procs:
+            p.send_signal(signal.SIGTERM)
+        outputs += [p.communicate(timeout=60)[0] for p in procs]
+        assert [p.returncode for p in procs] == [0] * WORKERS
+        assert unfinished() == 0, f"{TIME_LIMIT_S} 秒内没做完"
+        assert kills >= 3
+
+        assert stub.overlaps == []  # 没有一张工单被两个活着的 worker 同时起草
+        drafts = [r["ticket"] for r in stub.requests]
+        extra = len(drafts) - len(set(drafts))
+        assert set(drafts) == set(tickets)
+        assert extra <= stub.abandoned <= kills * 2  # 多出来的起草都是被杀的 worker 没等到回答的那次
+    assert rows("SELECT status, COUNT(*) FROM events GROUP BY status") == [("waiting_human", EVENTS)]
+    finished = [e for out in outputs for e in handled(out)]
+    assert len(finished) == len(set(finished))  # 事件表里没有哪个事件被两个 worker 都做完
+
+    graph, conn = open_graph()
+    try:
+        for t in tickets:  # 续跑的 thread 没有从头来:只有一次输入,load 只排过一次
+            nexts = [h.next for h in graph.get_state_history(thread_of(t))]
+            sources = [h.metadata["source"] for h in graph.get_state_history(thread_of(t))]
+            assert sources.count("input") == 1 and nexts.count(("load",)) == 1, t
+
+    finally:
+        conn.close()
+    accept_twice_at_once(tickets)
+    assert rows("SELECT COUNT(*), COUNT(DISTINCT ticket_id) FROM outbox") == [(EVENTS, EVENTS)]

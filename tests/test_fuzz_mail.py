@@ -1,0 +1,67 @@
+"""邮件模糊测试:把样例邮件截断、改坏字节、删行、重复邮件头,和一封好邮件一起交给轮询。
+
+轮询从不崩:坏邮件被报告、跳过(退出码 1),好邮件照样变成工单和事件。
+"""
+import contextlib
+import io
+import uuid
+
+import pytest
+from conftest import LAB, rows
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import email_poller
+
+SAMPLES = sorted((LAB / "samples").glob("*.eml"))
+
+
+def good_mail(message_id: str) -> bytes:
+    return (f"From: li.na@example.com\nSubject: =?utf-8?B?5Y+R56Wo5oqs5aS0?=\nMessage-ID: <{message_id}>\n"
+            "Content-Type: text/plain; charset=utf-8\n\n发票抬头写错了,麻烦重开。\n").encode()
+
+
+@st.composite
+def mutated(draw) -> bytes:
+    raw = bytearray(draw(st.sampled_from(SAMPLES)).read_bytes())
+    for _ in range(draw(st.integers(1, 4))):
+        kind = draw(st.sampled_from(["truncate", "flip", "delete_lines", "repeat_header", "insert"]))
+        if kind == "truncate":
+            del raw[draw(st.integers(0, len(raw))):]
+        elif kind == "flip" and raw:
+            i = draw(st.integers(0, len(raw) - 1))
+            raw[i] = draw(st.integers(0, 255))
+        elif kind == "delete_lines":
+            lines = bytes(raw).split(b"\n")
+            a = draw(st.integers(0, len(lines)))
+            raw = bytearray(b"\n".join(lines[:a] + lines[a + draw(st.integers(1, 5)):]))
+        elif kind == "repeat_header":
+            raw = bytearray(b"Content-Type: multipart/mixed; boundary=\"x\"\nFrom: \n" + bytes(raw))
+        else:
+            i = draw(st.integers(0, len(raw)))
+            raw[i:i] = draw(st.binary(min_size=1, max_size=50))
+    return bytes(raw)
+
+
+@pytest.fixture
+def mail_dir(lab, tmp_path):
+    return tmp_path
+
+
+@settings(max_examples=150, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(bad=st.lists(mutated(), min_size=1, max_size=3))
+def test_mutated_and_truncated_mail_never_crashes_the_poller_and_good_mail_is_still_stored(mail_dir, bad):
+    case = mail_dir / uuid.uuid4().hex
+    case.mkdir()
+    good_id = f"{uuid.uuid4().hex}@example.com"
+    for i, raw in enumerate(bad):
+        (case / f"bad_{i}.eml").write_bytes(raw)
+    (case / "zz_good.eml").write_bytes(good_mail(good_id))
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = email_poller.main(["--eml", str(case)])
+    assert code in (0, 1), err.getvalue()
+    assert "Traceback" not in err.getvalue()
+    assert rows("SELECT status, source FROM events WHERE event_id = ?", (f"<{good_id}>",)) == [("pending", "email")]
+    assert out.getvalue().splitlines()[-1].startswith(f"本次收取 {len(bad) + 1} 封:")
