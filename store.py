@@ -166,10 +166,19 @@ def connect(path: Path | str | None = None):
 
 
 @contextmanager
-def transaction(path: Path | str | None = None):
-    """唯一的事务写法:BEGIN IMMEDIATE 一开始就拿写锁,避免两个写者读完再抢锁时死锁。"""
+def opened(path: Path | str | None = None):
+    """with opened() as conn:用完就关的连接(PostgreSQL 时还回连接池)。"""
     conn = connect(path)
     try:
+        yield conn
+    finally:
+        conn.close()
+
+
+@contextmanager
+def transaction(path: Path | str | None = None):
+    """唯一的事务写法:BEGIN IMMEDIATE 一开始就拿写锁,避免两个写者读完再抢锁时死锁。"""
+    with opened(path) as conn:
         conn.execute(DIALECTS[dialect(path)]["begin"])
         try:
             yield conn
@@ -177,8 +186,6 @@ def transaction(path: Path | str | None = None):
             conn.execute("ROLLBACK")
             raise
         conn.execute("COMMIT")
-    finally:
-        conn.close()
 
 
 def init() -> None:
@@ -188,12 +195,9 @@ def init() -> None:
             conn.execute("SELECT pg_advisory_xact_lock(?)", (SCHEMA_LOCK,))  # 几个 worker 同时第一次启动
             conn.executescript(sql("SCHEMA"))
         return
-    conn = connect()
-    try:
+    with opened() as conn:
         conn.execute("PRAGMA journal_mode = WAL")  # 写进库文件,之后每个连接都是 WAL;不能放在事务里
         conn.executescript(sql("SCHEMA"))
-    finally:
-        conn.close()
     with transaction() as conn:
         have = {r["name"] for r in conn.execute("PRAGMA table_info(events)")}
         for column, kind in ADDED_COLUMNS.items():
@@ -278,8 +282,7 @@ def open_checkpointer():
                               kwargs={"autocommit": True, "prepare_threshold": 0, "row_factory": dict_row}, open=False)
         pool.open(wait=True, timeout=10)
         saver = PostgresSaver(pool)
-        conn = connect()
-        try:
+        with opened() as conn:
             # 用 try 轮询,不用 pg_advisory_lock 排队:排队的语句一直挂着快照,而 setup() 里的
             # CREATE INDEX CONCURRENTLY 要等所有快照结束 —— 两边互等,PostgreSQL 还看不出这是死锁
             while not conn.execute("SELECT pg_try_advisory_lock(?)", (CHECKPOINT_LOCK,)).fetchone()[0]:
@@ -288,8 +291,6 @@ def open_checkpointer():
                 saver.setup()
             finally:
                 conn.execute("SELECT pg_advisory_unlock(?)", (CHECKPOINT_LOCK,))
-        finally:
-            conn.close()
         return saver, pool
     from langgraph.checkpoint.sqlite import SqliteSaver
 
@@ -356,25 +357,19 @@ def claim(owner: str | None = None) -> dict | None:
     """原子地领一个到点的 pending 事件:挑选和标记在同一条语句里,两个 worker 不会领到同一个。
     同一张工单已经有事件在处理时先不领它,免得两个 worker 同时往一个 thread 里写。"""
     stamp_ = now()
-    conn = connect()
-    try:
+    with opened() as conn:
         row = conn.execute(sql("CLAIM_SQL"), (owner or worker_id(), stamp_, stamp_)).fetchone()
-    finally:
-        conn.close()
     return dict(row) if row else None
 
 
 def take_for_review(event_id: str, owner: str | None = None) -> bool:
     """收件箱处理一条待办前先把它从 waiting_human 拿走。两个人同时点同一条,只有一个拿得到。"""
-    conn = connect()
-    try:
+    with opened() as conn:
         cur = conn.execute(
             "UPDATE events SET status = 'processing', claimed_by = ?, updated_at = ? "
             "WHERE event_id = ? AND status = 'waiting_human'",
             (owner or worker_id(), now(), event_id),
         )
-    finally:
-        conn.close()
     return cur.rowcount == 1
 
 
@@ -383,34 +378,28 @@ def set_status(event_id: str, status: str, error: str | None = None, *,
     """改状态。给了 owner 时只改「还在这个进程手里」的事件:卡住被放回队列、又被别人领走的,不去覆盖;
     给了 expect 时只在当前状态是它的时候才改。返回改没改成。"""
     assert status in STATUSES, status
-    sql = "UPDATE events SET status = ?, last_error = ?, not_before = ?, updated_at = ?"
-    sql += ", claimed_by = NULL" if status != "processing" else ""
-    sql += " WHERE event_id = ?"
+    query = "UPDATE events SET status = ?, last_error = ?, not_before = ?, updated_at = ?"
+    query += ", claimed_by = NULL" if status != "processing" else ""
+    query += " WHERE event_id = ?"
     args = [status, error, not_before, now(), event_id]
     if owner is not None:
-        sql += " AND status = 'processing' AND claimed_by = ?"
+        query += " AND status = 'processing' AND claimed_by = ?"
         args.append(owner)
     if expect is not None:
-        sql += " AND status = ?"
+        query += " AND status = ?"
         args.append(expect)
-    conn = connect()
-    try:
-        return conn.execute(sql, args).rowcount == 1
-    finally:
-        conn.close()
+    with opened() as conn:
+        return conn.execute(query, args).rowcount == 1
 
 
 def hand_back(event_id: str, owner: str) -> bool:
     """worker 被打断时交回手上的事件:回到 pending,这次尝试不算数。"""
-    conn = connect()
-    try:
+    with opened() as conn:
         return conn.execute(
             "UPDATE events SET status = 'pending', attempts = attempts - 1, claimed_by = NULL, updated_at = ? "
             "WHERE event_id = ? AND status = 'processing' AND claimed_by = ?",
             (now(), event_id, owner),
         ).rowcount == 1
-    finally:
-        conn.close()
 
 
 def _owner_state(owner: str | None) -> str:
@@ -464,23 +453,17 @@ def requeue_dead(event_ids: list[str] | None = None) -> int:
     if event_ids:
         sql += f" AND event_id IN ({', '.join('?' for _ in event_ids)})"
         args += event_ids
-    conn = connect()
-    try:
+    with opened() as conn:
         return conn.execute(sql, args).rowcount
-    finally:
-        conn.close()
 
 
 def events_by_status(status: str) -> list[dict]:
-    conn = connect()
-    try:
+    with opened() as conn:
         rows = conn.execute(
             "SELECT event_id, kind, payload, ticket_id, attempts, claimed_by, updated_at FROM events "
             "WHERE status = ? ORDER BY received_at, event_id",
             (status,),
         ).fetchall()
-    finally:
-        conn.close()
     return [dict(r) for r in rows]
 
 
@@ -512,26 +495,20 @@ def record_ignore(ticket_id: str, review: dict) -> None:
 
 
 def record_usage(event_id: str | None, ticket_id: str | None, model: str, input_tokens: int, output_tokens: int) -> None:
-    conn = connect()
-    try:
+    with opened() as conn:
         conn.execute(
             "INSERT INTO llm_usage (event_id, ticket_id, model, input_tokens, output_tokens, created_at) "
             "VALUES (?, ?, ?, ?, ?, ?)",
             (event_id, ticket_id, model, input_tokens, output_tokens, now()),
         )
-    finally:
-        conn.close()
 
 
 # ---------------------------------------------------------------- 业务库(云簿的客户和工单)
 def ticket(ticket_id: str) -> dict | None:
-    conn = connect(biz_db())
-    try:
+    with opened(biz_db()) as conn:
         row = conn.execute(
             "SELECT id, customer_id, subject, body, status, created_at FROM tickets WHERE id = ?", (ticket_id,)
         ).fetchone()
-    finally:
-        conn.close()
     return dict(row) if row else None
 
 
@@ -565,11 +542,8 @@ def _safe_url(url: str) -> str:
 
 
 def counts(path: Path | None, tables: tuple[str, ...]) -> dict[str, int]:
-    conn = connect(path)
-    try:
+    with opened(path) as conn:
         return {t: conn.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0] for t in tables}
-    finally:
-        conn.close()
 
 
 # ---------------------------------------------------------------- 邮件和定时任务用的查询
@@ -579,11 +553,8 @@ def biz_db_problem() -> str | None:
     if not path.exists():
         return f"业务库不存在:{path}(先运行 uv run python store.py 建库)"
     try:
-        conn = connect(path)
-        try:
+        with opened(path) as conn:
             have = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-        finally:
-            conn.close()
     except sqlite3.Error as e:
         return f"业务库打不开:{path}:{e}"
     missing = [t for t in ("customers", "tickets") if t not in have]
@@ -592,11 +563,8 @@ def biz_db_problem() -> str | None:
 
 def customer_by_email(address: str) -> str | None:
     """发件地址对应的客户 id;不是已知客户返回 None。比较时不分大小写。"""
-    conn = connect(biz_db())
-    try:
+    with opened(biz_db()) as conn:
         row = conn.execute("SELECT id FROM customers WHERE lower(email) = ?", (address.lower(),)).fetchone()
-    finally:
-        conn.close()
     return row["id"] if row else None
 
 
@@ -618,21 +586,17 @@ def add_mail_ticket(candidates: list[str], customer_id: str, subject: str, body:
 
 def open_tickets_created_by(last_day: str) -> list[str]:
     """业务库里 created_at 不晚于 last_day(YYYY-MM-DD)、还开着的工单,最老的在前。"""
-    conn = connect(biz_db())
-    try:
+    with opened(biz_db()) as conn:
         rows = conn.execute(
             "SELECT id FROM tickets WHERE status = 'open' AND created_at <= ? ORDER BY created_at, id", (last_day,)
         ).fetchall()
-    finally:
-        conn.close()
     return [r["id"] for r in rows]
 
 
 def followup_blockers() -> dict[str, set]:
     """定时扫描要避开的工单。replied:outbox 里有回复;ignored:客服在收件箱里选了不回;
     queued:(工单号, 事件 id),这张工单已经有事件在队列里、处理中或在收件箱里等人。"""
-    conn = connect()
-    try:
+    with opened() as conn:
         replied = conn.execute("SELECT ticket_id FROM outbox").fetchall()
         ignored = conn.execute(
             "SELECT ticket_id FROM events WHERE status = 'ignored' AND ticket_id IS NOT NULL "
@@ -642,16 +606,13 @@ def followup_blockers() -> dict[str, set]:
             "SELECT ticket_id, event_id FROM events "
             "WHERE status IN ('pending', 'processing', 'waiting_human') AND ticket_id IS NOT NULL"
         ).fetchall()
-    finally:
-        conn.close()
     return {"replied": {r[0] for r in replied}, "ignored": {r[0] for r in ignored},
             "queued": {(r[0], r[1]) for r in queued}}
 
 
 def report_numbers() -> dict:
     """日报要的数,都从事件库来:各状态事件数、收件箱里等得最久的、死信、按类别的处理结果、模型用量。"""
-    conn = connect()
-    try:
+    with opened() as conn:
         by_status = conn.execute("SELECT status, COUNT(*) FROM events GROUP BY status").fetchall()
         oldest = conn.execute(
             "SELECT event_id, ticket_id, updated_at FROM events WHERE status = 'waiting_human' "
@@ -666,8 +627,6 @@ def report_numbers() -> dict:
             "COALESCE(SUM(output_tokens), 0) AS output_tokens, "
             "COUNT(DISTINCT COALESCE(event_id, 'ticket:' || ticket_id)) AS events FROM llm_usage"
         ).fetchone()
-    finally:
-        conn.close()
     return {"by_status": {r[0]: int(r[1]) for r in by_status}, "oldest_waiting": dict(oldest) if oldest else None,
             "dead": [dict(r) for r in dead], "outcomes": _outcomes_by_category(reviews),
             "usage": {k: int(usage[k]) for k in ("calls", "input_tokens", "output_tokens", "events")}}

@@ -42,6 +42,17 @@ def run(args: list[str], env: dict, timeout: float = 120, input: str | None = No
                           timeout=timeout, input=input)
 
 
+def drain(concurrency: int | None = None) -> list[tuple[str, str]]:
+    """在本进程里开一个 worker,把现在能领的事件处理完:[(event_id, 新状态)]。"""
+    import worker
+
+    w = worker.Worker(concurrency)
+    try:
+        return w.run_once()
+    finally:
+        w.close()
+
+
 def rows(sql: str, args: tuple = (), path=None) -> list[tuple]:
     conn = store.connect(path)
     try:

@@ -2,12 +2,11 @@
 import json
 import re
 
-from conftest import rows
+from conftest import drain, rows
 from openai_stub import OpenAIStub
 
 import llm
 import store
-import worker as worker_mod
 from agent import Draft, build_prompt, open_graph, thread_of
 
 
@@ -15,11 +14,7 @@ def queue_and_run(*tickets: str) -> list[tuple[str, str]]:
     for t in tickets:
         payload = json.dumps({"id": f"evt_{t}_created", "type": "ticket.created", "data": {"ticket_id": t}})
         store.add_event(f"evt_{t}_created", "webhook", "ticket.created", payload)
-    w = worker_mod.Worker()
-    try:
-        return w.run_once()
-    finally:
-        w.close()
+    return drain()
 
 
 def real_model(monkeypatch, stub: OpenAIStub, **extra) -> None:

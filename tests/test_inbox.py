@@ -4,10 +4,9 @@ import subprocess
 import sys
 
 import pytest
-from conftest import LAB, rows, run
+from conftest import LAB, drain, rows, run
 
 import store
-import worker as worker_mod
 from agent import open_graph, send, thread_of
 
 T1041_FEEDBACK = "这张已确认是重复扣款,直接告诉客户退款申请已提交、原路退回,别写金额"
@@ -18,11 +17,7 @@ def queue(*tickets: str) -> None:
     for t in tickets:
         payload = json.dumps({"id": f"evt_{t}_created", "type": "ticket.created", "data": {"ticket_id": t}})
         store.add_event(f"evt_{t}_created", "webhook", "ticket.created", payload)
-    w = worker_mod.Worker()
-    try:
-        w.run_once()
-    finally:
-        w.close()
+    drain()
 
 
 def inbox(env, *args, **kw) -> subprocess.CompletedProcess:

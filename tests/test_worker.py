@@ -6,7 +6,7 @@ import subprocess
 import sys
 import time
 
-from conftest import LAB, rows, run
+from conftest import LAB, drain, rows, run
 from openai_stub import OpenAIStub
 
 import store
@@ -34,11 +34,7 @@ def use_stub(monkeypatch, stub: OpenAIStub, retries: int = 0) -> None:
 
 def test_missing_ticket_is_dead_after_one_attempt_with_reason(any_lab, capsys):
     add("T1012"), add("T9999")
-    w = worker_mod.Worker()
-    try:
-        assert w.run_once() == [("evt_T1012_created", "waiting_human"), ("evt_T9999_created", "dead")]
-    finally:
-        w.close()
+    assert drain() == [("evt_T1012_created", "waiting_human"), ("evt_T9999_created", "dead")]
     assert capsys.readouterr().out.splitlines() == [
         "evt_T1012_created → waiting_human",
         "evt_T9999_created 第 1 次失败 → dead: 工单不存在:T9999",
@@ -49,11 +45,7 @@ def test_missing_ticket_is_dead_after_one_attempt_with_reason(any_lab, capsys):
 
 def test_malformed_payload_is_dead_at_once(lab, capsys):
     store.add_event("evt_bad", "webhook", "ticket.created", '{"id": "evt_bad", "data": {}}')
-    w = worker_mod.Worker()
-    try:
-        assert w.run_once() == [("evt_bad", "dead")]
-    finally:
-        w.close()
+    assert drain() == [("evt_bad", "dead")]
     assert rows("SELECT status, attempts FROM events") == [("dead", 1)]
     assert "payload 格式不对" in capsys.readouterr().out
 
@@ -107,11 +99,7 @@ def test_transient_server_errors_are_retried_inside_one_attempt(lab, monkeypatch
         stub.fail["stub-model"] = (500, "server_error")
         stub.fail_times["stub-model"] = 2  # 前两次 500,第三次成功
         add("T1012")
-        w = worker_mod.Worker()
-        try:
-            assert w.run_once() == [("evt_T1012_created", "waiting_human")]
-        finally:
-            w.close()
+        assert drain() == [("evt_T1012_created", "waiting_human")]
         assert len(stub.requests) == 3
     assert events() == [("evt_T1012_created", "waiting_human", 1)]
 
@@ -121,22 +109,14 @@ def test_request_the_model_rejects_as_invalid_is_dead_at_once(lab, monkeypatch):
         use_stub(monkeypatch, stub, retries=2)
         stub.fail["stub-model"] = (400, "invalid_request_error")
         add("T1012")
-        w = worker_mod.Worker()
-        try:
-            assert w.run_once() == [("evt_T1012_created", "dead")]
-        finally:
-            w.close()
+        assert drain() == [("evt_T1012_created", "dead")]
         assert len(stub.requests) == 1
     assert rows("SELECT status, attempts FROM events") == [("dead", 1)]
 
 
 def test_requeue_dead_puts_dead_events_back_and_refuses_unknown_ids(any_lab):
     add("T9999"), add("T9998")
-    w = worker_mod.Worker()
-    try:
-        w.run_once()
-    finally:
-        w.close()
+    drain()
     bad = run(["worker.py", "--requeue-dead", "evt_T9999_created", "evt_nope"], any_lab)
     assert (bad.returncode, bad.stdout) == (1, "")
     assert bad.stderr == "这些事件不是死信(不存在,或者状态不是 dead),一个都没动: evt_nope\n"
