@@ -68,6 +68,16 @@ def build_prompt(state: TicketState) -> str:
     return prompt
 
 
+_structured: dict[int, tuple] = {}
+
+
+def structured(llm):
+    """llm.with_structured_output(Draft, …),每个模型对象只包一次:每张工单都重新包要多花好几毫秒。"""
+    if id(llm) not in _structured:  # 连 llm 一起存着,它就不会被回收、id 也不会被别的对象重用
+        _structured[id(llm)] = (llm, llm.with_structured_output(Draft, method="function_calling", include_raw=True))
+    return _structured[id(llm)][1]
+
+
 def draft(state: TicketState, config: RunnableConfig) -> dict:
     text = state["ticket_text"]
     if word := needs_supervisor(text):
@@ -75,8 +85,7 @@ def draft(state: TicketState, config: RunnableConfig) -> dict:
         d = {"category": classify(text), "summary": f"工单提到「{word}」,Agent 没有起草回复,请主管看一下",
              "reply": "", "action": "notify_supervisor"}
         return {"draft": d, "first_draft": d}
-    structured = get_llm().with_structured_output(Draft, method="function_calling", include_raw=True)
-    out = structured.invoke(build_prompt(state))
+    out = structured(get_llm()).invoke(build_prompt(state))
     raw = out["raw"]
     if usage := getattr(raw, "usage_metadata", None):
         # 记账在 interrupt 之前也没关系:它在 draft 节点里,每一行对应一次真实发生的模型调用
