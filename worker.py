@@ -12,6 +12,7 @@
 """
 import argparse
 import json
+import os
 import signal
 import sys
 import threading
@@ -168,6 +169,9 @@ def main(argv: list[str] | None = None) -> int:
         worker.run_once() if args.once else worker.run()
     except KeyboardInterrupt:
         worker.hand_back()
+        # 立即退出:别等还卡在模型调用里的线程(它们的事件已经交回队列了)
+        sys.stdout.flush(), sys.stderr.flush()
+        os._exit(0)
     finally:
         worker.close()
     return 0

@@ -130,3 +130,20 @@ def test_four_workers_500_events_one_killed_then_restart_finishes_with_one_reply
 
     accept_twice_at_once(tickets[:100])
     assert rows("SELECT COUNT(*), COUNT(DISTINCT ticket_id) FROM outbox") == [(100, 100)]
+
+
+def test_second_ctrl_c_exits_at_once_and_hands_the_event_back(any_lab):
+    with OpenAIStub(delay=30) as stub:
+        env = {**any_lab, "LLM_API_KEY": "sk-test", "LLM_BASE_URL": stub.base_url, "LLM_MAX_RETRIES": "0"}
+        queue(add_tickets(any_lab, 1))
+        (proc,) = start_workers(env, 1)
+        deadline = time.time() + 60
+        while not stub.requests and time.time() < deadline:
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    assert "evt_T5000_created 交回队列" in err
+    assert rows("SELECT status, attempts, claimed_by FROM events") == [("pending", 0, None)]
