@@ -78,6 +78,15 @@ def describe(error: Exception) -> str:
     return mask_pii(f"{text}({hint})" if hint else text)
 
 
+_say_lock = threading.Lock()
+
+
+def say(line: str) -> None:
+    """几个线程同时打印时一行一行地出来:print 的几段和换行是分开写的,不加锁会拼在一起。"""
+    with _say_lock:
+        print(line, flush=True)
+
+
 def process(graph, ev: dict, owner: str) -> str:
     """处理一个领到的事件,改好状态,打印一行,返回新状态。"""
     try:
@@ -89,12 +98,12 @@ def process(graph, ev: dict, owner: str) -> str:
         not_before = store.minutes_from_now(delay) if status == "pending" else None
         store.set_status(ev["event_id"], status, describe(e), not_before=not_before, owner=owner)
         shown = str(e) if isinstance(e, PermanentError) else describe(e)
-        print(f"{ev['event_id']} 第 {ev['attempts']} 次失败 → {status}: {mask_pii(shown)}", flush=True)
+        say(f"{ev['event_id']} 第 {ev['attempts']} 次失败 → {status}: {mask_pii(shown)}")
         return status
     if store.set_status(ev["event_id"], status, owner=owner):
-        print(ev["event_id"], "→", status, flush=True)
+        say(f"{ev['event_id']} → {status}")
     else:
-        print(ev["event_id"], "→", status, "(这期间事件被放回了队列,状态留给接手的 worker 改)", flush=True)
+        say(f"{ev['event_id']} → {status}(这期间事件被放回了队列,状态留给接手的 worker 改)")
     return status
 
 
