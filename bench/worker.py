@@ -192,6 +192,19 @@ def floor(agent, tickets: list[str]) -> float:
 
 
 # ---------------------------------------------------------------- 父进程:准备数据、指挥子进程
+def seed_templates() -> list[tuple]:
+    """业务库里可以拿来抄的种子工单 (customer_id, subject, body)。
+    提到「律师」之类的工单不调模型,拿它们当模板会让积压变快,挑掉。"""
+    import agent
+
+    conn = store.connect(store.biz_db())
+    try:
+        rows = conn.execute("SELECT customer_id, subject, body FROM tickets ORDER BY id").fetchall()
+    finally:
+        conn.close()
+    return [tuple(r) for r in rows if not agent.needs_supervisor(r["subject"] + r["body"])]
+
+
 class Lab:
     """一套临时库(SQLite 文件,或者 PostgreSQL 里的一个新 schema)和往里放工单、放事件的方法。"""
 
@@ -207,17 +220,13 @@ class Lab:
             sep = "&" if "?" in pg_base else "?"
             self.env["DATABASE_URL"] = f"{pg_base}{sep}options=-csearch_path%3D{self.schema}"
         common.use_env(self.env)
-        store.init()  # checkpoint 的表由子进程里的 Worker 建(几个同时第一次启动,正是 worker 平时的样子)
-        store.build_biz_db(store.biz_db())
-        conn = store.connect(store.biz_db())
         try:
-            import agent  # 提到「律师」之类的工单不调模型,拿它们当模板会让积压变快,挑掉
-
-            rows = conn.execute("SELECT customer_id, subject, body FROM tickets ORDER BY id").fetchall()
-            self.templates = [tuple(r) for r in rows
-                              if not agent.needs_supervisor(r["subject"] + r["body"])]
-        finally:
-            conn.close()
+            store.init()  # checkpoint 的表由子进程里的 Worker 建(几个同时第一次启动,正是 worker 平时的样子)
+            store.build_biz_db(store.biz_db())
+        except BaseException:
+            self.close()  # 建了一半:schema 也删掉,不留垃圾
+            raise
+        self.templates = seed_templates()
         self.next_ticket = 0
         self.expected = 0
 
