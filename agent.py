@@ -10,15 +10,17 @@ send 靠 outbox 的 UNIQUE 幂等:重跑一次只会得到 already_sent。
 """
 from typing import Literal
 
+from langchain_core.callbacks import UsageMetadataCallbackHandler
+from langchain_core.exceptions import OutputParserException
 from langchain_core.runnables import RunnableConfig
 from langgraph.graph import END, START, StateGraph
 from langgraph.types import interrupt
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 from typing_extensions import TypedDict
 
 import config as settings
 import store
-from llm import OFFLINE_MODEL, classify, get_llm, mask_pii
+from llm import classify, get_llm, mask_pii
 
 MAX_REDRAFTS = 3  # 轮;一张工单最多让 Agent 按意见重写几次(每次都要再调一次模型,花钱也耗人的耐心)
 NOTIFY_WORDS = ("律师", "起诉", "投诉到")  # 练习 5:出现这些词不起草,只通知主管
@@ -72,9 +74,11 @@ _structured: dict[int, tuple] = {}
 
 
 def structured(llm):
-    """llm.with_structured_output(Draft, …),每个模型对象只包一次:每张工单都重新包要多花好几毫秒。"""
+    """llm.with_structured_output(Draft, method="function_calling"),每个模型对象只包一次:每张工单都重新包要多花好几毫秒。
+    不用 include_raw=True:那样会多一层 RunnableParallel,每次调用都新开线程池,一张工单多花约 4 ms;
+    用量改由回调 UsageMetadataCallbackHandler 收集。"""
     if id(llm) not in _structured:  # 连 llm 一起存着,它就不会被回收、id 也不会被别的对象重用
-        _structured[id(llm)] = (llm, llm.with_structured_output(Draft, method="function_calling", include_raw=True))
+        _structured[id(llm)] = (llm, llm.with_structured_output(Draft, method="function_calling"))
     return _structured[id(llm)][1]
 
 
@@ -85,16 +89,23 @@ def draft(state: TicketState, config: RunnableConfig) -> dict:
         d = {"category": classify(text), "summary": f"工单提到「{word}」,Agent 没有起草回复,请主管看一下",
              "reply": "", "action": "notify_supervisor"}
         return {"draft": d, "first_draft": d}
-    out = structured(get_llm()).invoke(build_prompt(state))
-    raw = out["raw"]
-    if usage := getattr(raw, "usage_metadata", None):
-        # 记账在 interrupt 之前也没关系:它在 draft 节点里,每一行对应一次真实发生的模型调用
-        store.record_usage(config["configurable"].get("event_id"), state["ticket_id"],
-                           raw.response_metadata.get("model_name") or OFFLINE_MODEL,
-                           usage.get("input_tokens", 0), usage.get("output_tokens", 0))
-    if out["parsed"] is None:
-        raise ValueError(f"模型没有按 Draft 格式回答:{out.get('parsing_error')}")
-    d = out["parsed"].model_dump()
+    usage = UsageMetadataCallbackHandler()  # 按真正回答的模型(主模型或备用模型)累计 token
+    try:
+        parsed = structured(get_llm()).invoke(build_prompt(state), {"callbacks": [usage]})
+    except ValidationError as e:  # 调了 Draft 工具,但参数不合规则(类别不在列表里、少了字段……)
+        problems = ";".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
+        raise ValueError(f"模型没有按 Draft 格式回答:{problems}") from None
+    except OutputParserException as e:  # 工具参数不是合法 JSON
+        raise ValueError(f"模型没有按 Draft 格式回答:{str(e).splitlines()[0]}") from None
+    finally:
+        # 记账在 interrupt 之前也没关系:它在 draft 节点里,每一行对应一次真实发生的模型调用;
+        # 模型回答了但格式不对(下面抛错)也照样花了钱,所以放在 finally 里
+        for model, u in usage.usage_metadata.items():
+            store.record_usage(config["configurable"].get("event_id"), state["ticket_id"], model,
+                               u.get("input_tokens", 0), u.get("output_tokens", 0))
+    if parsed is None:
+        raise ValueError("模型没有按 Draft 格式回答:回答里没有 Draft 工具调用")
+    d = parsed.model_dump()
     return {"draft": d, "first_draft": state.get("first_draft") or d}
 
 

@@ -288,6 +288,14 @@ class PgConnection:
         self.pool.putconn(self.raw)
 
 
+def _checkpoint_session(conn) -> None:
+    """checkpoint 连接的提交不等 WAL 落盘,和 SQLite 那边的 synchronous=NORMAL 同一个取舍:
+    worker 崩溃(kill -9)一个不丢,只有 PostgreSQL 服务器自己崩溃或断电时可能丢最后几百毫秒的 checkpoint,
+    那张工单从更早的节点重跑(节点幂等,outbox 有 UNIQUE)。事件表、发件箱的连接不受影响,照常等落盘。
+    实测每个事件省 0.7 ms 左右(bench/worker.py)。"""
+    conn.execute("SET synchronous_commit = off")
+
+
 def open_checkpointer():
     """LangGraph 的 checkpointer:SQLite 文件(默认)或 PostgreSQL。返回 (saver, 用完要 close 的东西)。"""
     if dialect() == "postgres":
@@ -296,7 +304,8 @@ def open_checkpointer():
         from psycopg_pool import ConnectionPool
 
         pool = ConnectionPool(database_url(), min_size=1, max_size=config.integer("PG_POOL_SIZE", PG_POOL_SIZE),
-                              kwargs={"autocommit": True, "prepare_threshold": 0, "row_factory": dict_row}, open=False)
+                              kwargs={"autocommit": True, "prepare_threshold": 0, "row_factory": dict_row},
+                              configure=_checkpoint_session, open=False)
         pool.open(wait=True, timeout=10)
         saver = PostgresSaver(pool)
         with opened() as conn:

@@ -20,6 +20,7 @@ class OpenAIStub:
         self.delay = delay                      # 秒;每个请求先等这么久再回答
         self.fail: dict[str, tuple[int, str]] = {}   # 模型名或 "key:<api key>" → (状态码, 错误类型)
         self.fail_times: dict[str, int] = {}    # 同上的键 → 还要失败几次(不在里面就一直失败)
+        self.malformed: dict[str, str] = {}     # 模型名 → "text"(不调工具,只回一段话)或 "args"(工具参数不合 Draft)
         self.requests: list[dict] = []          # 每个请求:{"model", "body", "headers", "at"}
         self.in_flight: Counter = Counter()     # 工单号 → 正在等回答、客户端还活着的请求数
         self.overlaps: list[str] = []           # 同一张工单同时有两个活着的起草请求:工单号
@@ -102,6 +103,11 @@ class OpenAIStub:
                     return self._send(status, {"error": {"message": f"stub says {kind}", "type": kind, "code": kind}})
                 draft = offline_draft(prompt)
                 tools = body.get("tools") or []
+                malformed = stub.malformed.get(body.get("model", ""))
+                if malformed == "text":
+                    tools = []
+                elif malformed == "args":
+                    draft = {**draft, "category": "not-a-category"}
                 message = {"role": "assistant", "content": draft["reply"]}
                 if tools:
                     message = {"role": "assistant", "content": None, "tool_calls": [{

@@ -2,6 +2,8 @@
 import json
 import re
 
+import pytest
+
 from conftest import drain, rows
 from openai_stub import OpenAIStub
 
@@ -66,6 +68,23 @@ def test_real_chatopenai_path_end_to_end_with_extra_body(lab, monkeypatch):
     assert item["action_request"]["action"] == "send_reply"
     assert item["description"].startswith("[invoice] ")
     assert rows("SELECT event_id, ticket_id, model FROM llm_usage") == [("evt_T1012_created", "T1012", "stub-model")]
+
+
+@pytest.mark.parametrize("malformed, message", [
+    ("text", "ValueError: 模型没有按 Draft 格式回答:回答里没有 Draft 工具调用"),  # 只回了一段话
+    ("args", "ValueError: 模型没有按 Draft 格式回答:category: Input should be 'refund', 'billing', 'invoice', 'bug', "
+             "'account' or 'other'"),
+])
+def test_answer_not_in_draft_format_is_retried_later_and_its_tokens_still_counted(lab, monkeypatch, malformed, message):
+    with OpenAIStub() as stub:
+        real_model(monkeypatch, stub)
+        stub.malformed["stub-model"] = malformed
+        assert queue_and_run("T1012") == [("evt_T1012_created", "pending")]  # 退避后重试,不进收件箱
+        assert len(stub.requests) == 1
+    (status, attempts, error, not_before), = rows("SELECT status, attempts, last_error, not_before FROM events")
+    assert (status, attempts, error) == ("pending", 1, message) and not_before
+    assert rows("SELECT event_id, ticket_id, model FROM llm_usage") == [("evt_T1012_created", "T1012", "stub-model")]
+    assert rows("SELECT COUNT(*) FROM outbox") == [(0,)]
 
 
 def test_pii_is_masked_in_the_prompt_but_not_in_the_business_db(lab, monkeypatch):
