@@ -10,6 +10,7 @@ from conftest import rows
 from fastapi.testclient import TestClient
 
 import send_webhook
+import store
 import webhook
 
 SECRET = "test-secret"
@@ -42,6 +43,7 @@ def test_signed_event_is_stored_and_acknowledged_with_202(client):
     body = body_for("T1012")
     r = post(client, body, send_webhook.sign(body, SECRET))
     assert (r.status_code, r.json()) == (202, {"accepted": True, "duplicate": False})
+    assert (r.headers["content-type"], r.content) == ("application/json", b'{"accepted":true,"duplicate":false}')
     assert stored() == [("evt_T1012_created", "webhook", "ticket.created", "pending", 0)]
     assert rows("SELECT payload, ticket_id FROM events") == [(body.decode(), "T1012")]
 
@@ -186,6 +188,34 @@ def test_many_concurrent_deliveries_are_group_committed_and_each_answered(client
     assert sum(a == {"accepted": True, "duplicate": False} for a in answers) == 60
     assert sum(a == {"accepted": True, "duplicate": True} for a in answers) == 60
     assert rows("SELECT COUNT(*), COUNT(DISTINCT event_id) FROM events") == [(60, 60)]
+
+
+def test_event_store_failure_answers_503_and_the_retry_is_stored(client):
+    """写库失败(这里用触发器让 INSERT 失败,和磁盘满时一样是真的 SQLite 错误):回 503,什么都没存;上游重试就收下。"""
+    body = body_for("T1012")
+    with store.opened() as conn:
+        conn.execute("CREATE TRIGGER refuse BEFORE INSERT ON events BEGIN SELECT RAISE(ABORT, 'disk is full'); END")
+    r = post(client, body, send_webhook.sign(body, SECRET))
+    assert (r.status_code, r.json()) == (
+        503, {"detail": "event store unavailable (IntegrityError: disk is full), retry later"})
+    assert stored() == []
+    with store.opened() as conn:
+        conn.execute("DROP TRIGGER refuse")
+    r = post(client, body, send_webhook.sign(body, SECRET))
+    assert (r.status_code, r.json()) == (202, {"accepted": True, "duplicate": False})
+    assert stored() == [("evt_T1012_created", "webhook", "ticket.created", "pending", 0)]
+
+
+def test_a_batch_reports_each_event_as_new_or_duplicate(any_lab):
+    """组提交写的一批里:已经在库里的、同一批里出现两次的(只有第一次算新的)、超过一条 INSERT 能带的行数。"""
+    def event(n: int) -> tuple[str, str, str, str]:
+        return (f"evt_{n}", "webhook", "ticket.created", body_for(f"T{n}", f"evt_{n}").decode())
+
+    assert store.add_events([event(1)]) == [True]
+    batch = [event(1), event(2), event(2), event(3)] + [event(n) for n in range(10, 10 + store.INSERT_CHUNK + 5)]
+    assert store.add_events(batch) == [False, True, False, True] + [True] * (store.INSERT_CHUNK + 5)
+    assert rows("SELECT COUNT(*), COUNT(DISTINCT event_id) FROM events") == [(store.INSERT_CHUNK + 8,) * 2]
+    assert rows("SELECT ticket_id FROM events WHERE event_id = 'evt_2'") == [("T2",)]
 
 
 def test_a_malformed_whsec_secret_stops_the_server_from_starting(lab, monkeypatch):
