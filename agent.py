@@ -13,6 +13,7 @@ from typing import Literal
 from langchain_core.callbacks import UsageMetadataCallbackHandler
 from langchain_core.exceptions import OutputParserException
 from langchain_core.runnables import RunnableConfig
+from langchain_core.utils.function_calling import convert_to_openai_tool
 from langgraph.graph import END, START, StateGraph
 from langgraph.types import interrupt
 from pydantic import BaseModel, Field, ValidationError
@@ -70,15 +71,20 @@ def build_prompt(state: TicketState) -> str:
     return prompt
 
 
+# Draft 的工具定义(OpenAI tools 格式)只算一次。直接把 Draft 类交给 with_structured_output 的话,LangChain 每次调用
+# 都要为追踪元数据重新生成一遍 Pydantic JSON schema,占了跑图时间的一成(bench/worker.py,py-spy 采样);
+# 发给模型的工具定义两种写法一模一样,回答由 draft() 自己用 Draft.model_validate 校验。
+DRAFT_TOOL = convert_to_openai_tool(Draft)
 _structured: dict[int, tuple] = {}
 
 
 def structured(llm):
-    """llm.with_structured_output(Draft, method="function_calling"),每个模型对象只包一次:每张工单都重新包要多花好几毫秒。
+    """llm.with_structured_output(DRAFT_TOOL, method="function_calling"),每个模型对象只包一次:每张工单都重新包要多花好几毫秒。
+    回答是 Draft 工具的参数(dict),没调工具时是 None。
     不用 include_raw=True:那样会多一层 RunnableParallel,每次调用都新开线程池,一张工单多花约 4 ms;
     用量改由回调 UsageMetadataCallbackHandler 收集。"""
     if id(llm) not in _structured:  # 连 llm 一起存着,它就不会被回收、id 也不会被别的对象重用
-        _structured[id(llm)] = (llm, llm.with_structured_output(Draft, method="function_calling"))
+        _structured[id(llm)] = (llm, llm.with_structured_output(DRAFT_TOOL, method="function_calling"))
     return _structured[id(llm)][1]
 
 
@@ -91,11 +97,8 @@ def draft(state: TicketState, config: RunnableConfig) -> dict:
         return {"draft": d, "first_draft": d}
     usage = UsageMetadataCallbackHandler()  # 按真正回答的模型(主模型或备用模型)累计 token
     try:
-        parsed = structured(get_llm()).invoke(build_prompt(state), {"callbacks": [usage]})
-    except ValidationError as e:  # 调了 Draft 工具,但参数不合规则(类别不在列表里、少了字段……)
-        problems = ";".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
-        raise ValueError(f"模型没有按 Draft 格式回答:{problems}") from None
-    except OutputParserException as e:  # 工具参数不是合法 JSON
+        args = structured(get_llm()).invoke(build_prompt(state), {"callbacks": [usage]})
+    except OutputParserException as e:  # 模型拒答(refusal)之类,解析器直接报错
         raise ValueError(f"模型没有按 Draft 格式回答:{str(e).splitlines()[0]}") from None
     finally:
         # 记账在 interrupt 之前也没关系:它在 draft 节点里,每一行对应一次真实发生的模型调用;
@@ -103,9 +106,13 @@ def draft(state: TicketState, config: RunnableConfig) -> dict:
         for model, u in usage.usage_metadata.items():
             store.record_usage(config["configurable"].get("event_id"), state["ticket_id"], model,
                                u.get("input_tokens", 0), u.get("output_tokens", 0))
-    if parsed is None:
-        raise ValueError("模型没有按 Draft 格式回答:回答里没有 Draft 工具调用")
-    d = parsed.model_dump()
+    if args is None:  # ChatOpenAI 把解析不了的工具参数放进 invalid_tool_calls,解析器看到的就是「没调工具」
+        raise ValueError("模型没有按 Draft 格式回答:回答里没有能用的 Draft 工具调用(只回了一段话,或者工具参数不是完整的 JSON)")
+    try:
+        d = Draft.model_validate(args).model_dump()
+    except ValidationError as e:  # 调了 Draft 工具,但参数不合规则(类别不在列表里、少了字段……)
+        problems = ";".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
+        raise ValueError(f"模型没有按 Draft 格式回答:{problems}") from None
     return {"draft": d, "first_draft": state.get("first_draft") or d}
 
 

@@ -20,7 +20,8 @@ class OpenAIStub:
         self.delay = delay                      # 秒;每个请求先等这么久再回答
         self.fail: dict[str, tuple[int, str]] = {}   # 模型名或 "key:<api key>" → (状态码, 错误类型)
         self.fail_times: dict[str, int] = {}    # 同上的键 → 还要失败几次(不在里面就一直失败)
-        self.malformed: dict[str, str] = {}     # 模型名 → "text"(不调工具,只回一段话)或 "args"(工具参数不合 Draft)
+        self.malformed: dict[str, str] = {}     # 模型名 → "text"(不调工具,只回一段话)、"args"(工具参数不合 Draft)
+                                                # 或 "json"(工具参数被截断,不是合法 JSON)
         self.requests: list[dict] = []          # 每个请求:{"model", "body", "headers", "at"}
         self.in_flight: Counter = Counter()     # 工单号 → 正在等回答、客户端还活着的请求数
         self.overlaps: list[str] = []           # 同一张工单同时有两个活着的起草请求:工单号
@@ -108,12 +109,15 @@ class OpenAIStub:
                     tools = []
                 elif malformed == "args":
                     draft = {**draft, "category": "not-a-category"}
+                arguments = json.dumps(draft, ensure_ascii=False)
+                if malformed == "json":
+                    arguments = arguments[: len(arguments) // 2]
                 message = {"role": "assistant", "content": draft["reply"]}
                 if tools:
                     message = {"role": "assistant", "content": None, "tool_calls": [{
                         "id": "call_stub", "type": "function",
                         "function": {"name": tools[0]["function"]["name"],
-                                     "arguments": json.dumps(draft, ensure_ascii=False)}}]}
+                                     "arguments": arguments}}]}
                 self._send(200, {
                     "id": "chatcmpl-stub", "object": "chat.completion", "created": int(time.time()),
                     "model": body.get("model"),

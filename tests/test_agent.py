@@ -3,6 +3,7 @@ import json
 import re
 
 import pytest
+from langchain_core.utils.function_calling import convert_to_openai_tool
 
 from conftest import drain, rows
 from openai_stub import OpenAIStub
@@ -62,7 +63,10 @@ def test_real_chatopenai_path_end_to_end_with_extra_body(lab, monkeypatch):
     body = request["body"]
     assert body["model"] == "stub-model"
     assert body["thinking"] == {"type": "disabled"}  # LLM_EXTRA_BODY 原样透传
-    assert body["tools"][0]["function"]["name"] == "Draft"
+    # 发给模型的工具定义和把 Draft 类直接交给 with_structured_output 时一模一样(agent.py 预先算好了它)
+    assert body["tools"] == [convert_to_openai_tool(Draft)]
+    assert body["tool_choice"] == {"type": "function", "function": {"name": "Draft"}}
+    assert body["parallel_tool_calls"] is False
     assert {k.lower(): v for k, v in request["headers"].items()}["authorization"] == "Bearer sk-test"
     item = inbox_item("T1012")
     assert item["action_request"]["action"] == "send_reply"
@@ -71,9 +75,10 @@ def test_real_chatopenai_path_end_to_end_with_extra_body(lab, monkeypatch):
 
 
 @pytest.mark.parametrize("malformed, message", [
-    ("text", "ValueError: 模型没有按 Draft 格式回答:回答里没有 Draft 工具调用"),  # 只回了一段话
+    ("text", "ValueError: 模型没有按 Draft 格式回答:回答里没有能用的 Draft 工具调用(只回了一段话,或者工具参数不是完整的 JSON)"),  # 只回了一段话
     ("args", "ValueError: 模型没有按 Draft 格式回答:category: Input should be 'refund', 'billing', 'invoice', 'bug', "
              "'account' or 'other'"),
+    ("json", "ValueError: 模型没有按 Draft 格式回答:回答里没有能用的 Draft 工具调用(只回了一段话,或者工具参数不是完整的 JSON)"),  # 工具参数被截断
 ])
 def test_answer_not_in_draft_format_is_retried_later_and_its_tokens_still_counted(lab, monkeypatch, malformed, message):
     with OpenAIStub() as stub:
