@@ -238,7 +238,8 @@ def _pg_pool(url: str):
             except ImportError:
                 raise SystemExit("设置了 DATABASE_URL,但没装 PostgreSQL 的依赖:运行 uv sync --extra postgres") from None
             pool = ConnectionPool(url, min_size=1, max_size=config.integer("PG_POOL_SIZE", PG_POOL_SIZE),
-                                  kwargs={"autocommit": True, "row_factory": _pg_rows}, open=False)
+                                  kwargs={"autocommit": True, "row_factory": _pg_rows,
+                                          "application_name": pg_application_name()}, open=False)
             pool.open(wait=True, timeout=10)
             _pools[url] = pool
         return _pools[url]
@@ -304,7 +305,8 @@ def open_checkpointer():
         from psycopg_pool import ConnectionPool
 
         pool = ConnectionPool(database_url(), min_size=1, max_size=config.integer("PG_POOL_SIZE", PG_POOL_SIZE),
-                              kwargs={"autocommit": True, "prepare_threshold": 0, "row_factory": dict_row},
+                              kwargs={"autocommit": True, "prepare_threshold": 0, "row_factory": dict_row,
+                                      "application_name": pg_application_name()},
                               configure=_checkpoint_session, open=False)
         pool.open(wait=True, timeout=10)
         saver = PostgresSaver(pool)
@@ -383,6 +385,12 @@ def worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
+def pg_application_name(owner: str | None = None) -> str:
+    """这个进程(或 owner)连 PostgreSQL 时用的 application_name:就是 worker_id,最长 63 字节(再长服务器会截断)。
+    进程被 kill -9 之后,它发出去的最后一条语句服务器还会执行完、提交;凭这个名字能看出它的连接还在不在。"""
+    return (owner or worker_id()).encode()[:63].decode(errors="ignore")
+
+
 CLAIM_SQL = """
 UPDATE events SET status = 'processing', attempts = attempts + 1, claimed_by = ?, updated_at = ?
 WHERE event_id = (
@@ -448,22 +456,42 @@ def hand_back(event_id: str, owner: str) -> bool:
         ).rowcount == 1
 
 
-def _owner_state(owner: str | None) -> str:
-    """alive:本机上还活着(不算僵尸);dead:本机上已经不在了;unknown:别的机器上的,看不到,只能靠时间判断。"""
+def _owner_state(owner: str | None, conn=None) -> str:
+    """alive:本机上还活着(不算僵尸);dead:本机上已经不在了;unknown:别的机器上的,看不到,只能靠时间判断。
+    PostgreSQL 时,进程死了但它的连接还在服务器上(正在执行它死前发出的最后一条语句)也算 alive:
+    这时把它的事件交给别人,那条语句(比如写 checkpoint)可能在别人读完状态之后才提交,同一张工单就会被从头再跑一遍。"""
     host, _, pid = (owner or "").rpartition(":")
     if host != socket.gethostname() or not pid.isdigit():
         return "unknown"
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return "dead"
-    except PermissionError:
+    if _process_alive(int(pid)):
         return "alive"
+    if dialect() == "postgres" and _has_pg_sessions(owner, conn):
+        return "alive"
+    return "dead"
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
-        return "alive"
-    return "dead" if stat.rpartition(")")[2].split()[0] in ("Z", "X") else "alive"
+        return True
+    return stat.rpartition(")")[2].split()[0] not in ("Z", "X")
+
+
+PG_SESSIONS_SQL = "SELECT COUNT(*) FROM pg_stat_activity WHERE datname = current_database() AND application_name = ?"
+
+
+def _has_pg_sessions(owner: str, conn=None) -> bool:
+    if conn is None:
+        with opened() as own:
+            return _has_pg_sessions(owner, own)
+    return conn.execute(PG_SESSIONS_SQL, (pg_application_name(owner),)).fetchone()[0] > 0
 
 
 def requeue_stale(minutes: float) -> int:
@@ -476,7 +504,7 @@ def requeue_stale(minutes: float) -> int:
             "SELECT event_id, claimed_by, updated_at FROM events WHERE status = 'processing'"
         ).fetchall()
         stale = [r for r in rows
-                 if (state := _owner_state(r["claimed_by"])) == "dead"
+                 if (state := _owner_state(r["claimed_by"], conn)) == "dead"
                  or (state == "unknown" and parse_time(r["updated_at"]) <= parse_time(cutoff))]
         for r in stale:
             conn.execute(

@@ -152,11 +152,66 @@ def test_stale_processing_event_of_a_dead_process_is_requeued_but_a_live_ones_is
                         ("evt_T1003_created", "pending", 1)]
 
 
+def test_a_killed_workers_event_waits_until_its_last_postgres_statement_is_finished(pg_lab):
+    """kill -9 之后,服务器还在执行那个进程发出的最后一条语句:这时不能把它的事件交给别人,
+    否则那条语句(比如写 checkpoint)可能在接手的 worker 读完状态之后才提交。"""
+    add("T1012")
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import psycopg, store\n"
+         "conn = psycopg.connect(store.database_url(), autocommit=True, application_name=store.pg_application_name())\n"
+         "print('ready', flush=True)\n"
+         "conn.execute('SELECT pg_sleep(3)')"],
+        cwd=LAB, env=pg_lab, text=True, stdout=subprocess.PIPE)
+    assert child.stdout.readline() == "ready\n"
+    owner = f"{store.socket.gethostname()}:{child.pid}"
+    conn = store.connect()
+    conn.execute("UPDATE events SET status = 'processing', attempts = 1, claimed_by = ?", (owner,))
+    conn.close()
+    time.sleep(0.3)  # 让 pg_sleep 开始执行
+    child.kill()
+    child.wait()  # 进程已经不在了(也不是僵尸)……
+    assert store.requeue_stale(10) == 0  # ……但它的连接还在执行 pg_sleep:不放回
+    assert events() == [("evt_T1012_created", "processing", 1)]
+    deadline = time.monotonic() + 15
+    while not store.requeue_stale(10):  # pg_sleep 做完、服务器发现客户端断了,连接才消失
+        assert time.monotonic() < deadline, "被杀进程的连接 15 秒后还在"
+        time.sleep(0.1)
+    assert events() == [("evt_T1012_created", "pending", 1)]
+
+
+def waiting_for_events_table(pids: list[int]) -> bool:
+    """这几个进程是不是都已经走到事件表、在等 events_locked() 拿着的锁。"""
+    if store.dialect() == "postgres":
+        import psycopg
+
+        with psycopg.connect(store.database_url(), autocommit=True) as conn:
+            waiting = conn.execute("SELECT COUNT(*) FROM pg_stat_activity WHERE datname = current_database() "
+                                   "AND wait_event_type = 'Lock'").fetchone()[0]
+        return waiting >= len(pids)
+    # SQLite 没有「谁在等锁」的视图:进程打开了事件库文件,下一步就是等写锁(busy_timeout 里重试)
+    db = str(store.events_db())
+    def opened(pid: int) -> bool:
+        fds = f"/proc/{pid}/fd"
+        return any(os.path.realpath(os.path.join(fds, fd)) == db for fd in os.listdir(fds))
+    return all(opened(pid) for pid in pids)
+
+
 def test_two_worker_processes_claim_each_of_200_events_exactly_once(any_lab):
     for i in range(200):
         add(f"T9{i:03d}")  # 都不存在:每个事件一次失败就死信,重点是领取
-    procs = [subprocess.Popen([sys.executable, "worker.py", "--once"], cwd=LAB, env=any_lab, text=True,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(2)]
+    # 先拿住事件表的写锁,等两个 worker 都启动完、都在等这把锁,再一起放开:
+    # 不然先导入完的那个可能在另一个起来之前就把 200 个都做完了(一个 3 ms 左右),测不到两个进程抢同一批事件
+    with store.transaction() as conn:
+        if store.dialect() == "postgres":
+            conn.execute("LOCK TABLE events IN EXCLUSIVE MODE")
+        procs = [subprocess.Popen([sys.executable, "worker.py", "--once"], cwd=LAB, env=any_lab, text=True,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(2)]
+        deadline = time.monotonic() + 60
+        while not waiting_for_events_table([p.pid for p in procs]):
+            assert time.monotonic() < deadline, "worker 进程 60 秒内没走到事件表"
+            assert all(p.poll() is None for p in procs), [p.communicate() for p in procs]
+            time.sleep(0.05)
+        time.sleep(0.2)  # SQLite:打开库文件之后到开始等锁,只差几条语句
     outs = [p.communicate(timeout=120)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0]
     seen = [line.split()[0] for out in outs for line in out.splitlines()]
