@@ -153,18 +153,26 @@ def sql(name: str) -> str:
     return globals()[name].format(**DIALECTS[dialect()])
 
 
-def connect(path: Path | str | None = None):
+def connect(path: Path | str | None = None, *, durable: bool = True):
     """打开一个连接(默认事件库)。autocommit 模式:单条语句自己就是一个事务,多条用 transaction()。
-    PostgreSQL 时返回一个接口和 sqlite3 连接一样的包装(? 占位符、按列名取值),用完 close() 还回连接池。"""
+    PostgreSQL 时返回一个接口和 sqlite3 连接一样的包装(? 占位符、按列名取值),用完 close() 还回连接池。
+
+    durable=True(默认):每次提交都等落盘(SQLite synchronous=FULL,PostgreSQL synchronous_commit=on)。
+    外面送进来的东西(webhook / 邮件 / cron 的事件)、发出去的回复、审核记录都这样写:回了 202 的事件断电也在。
+    durable=False:提交不等落盘,只给 worker 自己的记账用 —— 领取、改状态、交回、记用量。
+    进程被 kill -9 时它们一样一个不丢;只有数据库所在的机器断电、或者 PostgreSQL 服务器崩溃时,
+    最后几百毫秒的这种提交可能没了:事件退回更早的状态(pending / processing),按平常的规则被放回队列、
+    从 checkpoint 续跑,发件箱的 UNIQUE 保证回复不会发两次。和 checkpoint 是同一个取舍。
+    两种提交写的是同一个 WAL,后面任何一次等落盘的提交都会把前面的一起落盘。每个事件省 3 次等盘(bench/worker.py)。"""
     if dialect(path) == "postgres":
-        return PgConnection(_pg_pool(database_url()))
-    key = str(path or events_db())
+        return PgConnection(_pg_pool(database_url(), durable))
+    key = (str(path or events_db()), durable)
     kept = _kept.__dict__.setdefault("conns", {})
     if (conn := kept.get(key)) is None:
-        conn = sqlite3.connect(key, timeout=BUSY_TIMEOUT_S, isolation_level=None, factory=KeptConnection)
+        conn = sqlite3.connect(key[0], timeout=BUSY_TIMEOUT_S, isolation_level=None, factory=KeptConnection)
         conn.row_factory = sqlite3.Row
-        # WAL:读写不互相挡;synchronous=FULL:每次提交都落盘,回了 202 的事件断电也在(不用 OFF/NORMAL)
-        conn.execute("PRAGMA synchronous = FULL")
+        # WAL 模式(init 写进库文件):读写不互相挡
+        conn.execute(f"PRAGMA synchronous = {'FULL' if durable else 'NORMAL'}")
         kept[key] = conn
     return conn
 
@@ -183,9 +191,9 @@ class KeptConnection(sqlite3.Connection):
 
 
 @contextmanager
-def opened(path: Path | str | None = None):
-    """with opened() as conn:用完就关的连接(PostgreSQL 时还回连接池)。"""
-    conn = connect(path)
+def opened(path: Path | str | None = None, *, durable: bool = True):
+    """with opened() as conn:用完就关的连接(PostgreSQL 时还回连接池)。durable 见 connect()。"""
+    conn = connect(path, durable=durable)
     try:
         yield conn
     finally:
@@ -229,20 +237,21 @@ _pools: dict = {}
 _pools_lock = threading.Lock()
 
 
-def _pg_pool(url: str):
-    """每个进程、每个 URL 一个连接池,第一次用到时才建(import 时不连数据库)。"""
+def _pg_pool(url: str, durable: bool = True):
+    """每个进程、每个 URL 两个连接池(提交等不等落盘,见 connect()),第一次用到时才建(import 时不连数据库)。"""
     with _pools_lock:
-        if url not in _pools:
+        if (url, durable) not in _pools:
             try:
                 from psycopg_pool import ConnectionPool
             except ImportError:
                 raise SystemExit("设置了 DATABASE_URL,但没装 PostgreSQL 的依赖:运行 uv sync --extra postgres") from None
             pool = ConnectionPool(url, min_size=1, max_size=config.integer("PG_POOL_SIZE", PG_POOL_SIZE),
                                   kwargs={"autocommit": True, "row_factory": _pg_rows,
-                                          "application_name": pg_application_name()}, open=False)
+                                          "application_name": pg_application_name()},
+                                  configure=None if durable else _no_flush_wait, open=False)
             pool.open(wait=True, timeout=10)
-            _pools[url] = pool
-        return _pools[url]
+            _pools[url, durable] = pool
+        return _pools[url, durable]
 
 
 def close_pools() -> None:
@@ -289,11 +298,11 @@ class PgConnection:
         self.pool.putconn(self.raw)
 
 
-def _checkpoint_session(conn) -> None:
-    """checkpoint 连接的提交不等 WAL 落盘,和 SQLite 那边的 synchronous=NORMAL 同一个取舍:
-    worker 崩溃(kill -9)一个不丢,只有 PostgreSQL 服务器自己崩溃或断电时可能丢最后几百毫秒的 checkpoint,
-    那张工单从更早的节点重跑(节点幂等,outbox 有 UNIQUE)。事件表、发件箱的连接不受影响,照常等落盘。
-    实测每个事件省 0.7 ms 左右(bench/worker.py)。"""
+def _no_flush_wait(conn) -> None:
+    """这个连接的提交不等 WAL 落盘,和 SQLite 的 synchronous=NORMAL 同一个取舍(见 connect()):
+    checkpoint 连接和 worker 记账的连接用它。worker 崩溃(kill -9)一个不丢,只有 PostgreSQL 服务器自己崩溃或断电时
+    可能丢最后几百毫秒的提交,那张工单从更早的节点重跑(节点幂等,outbox 有 UNIQUE)。
+    checkpoint 这样写,实测每个事件省 0.7 ms 左右(bench/worker.py)。"""
     conn.execute("SET synchronous_commit = off")
 
 
@@ -307,7 +316,7 @@ def open_checkpointer():
         pool = ConnectionPool(database_url(), min_size=1, max_size=config.integer("PG_POOL_SIZE", PG_POOL_SIZE),
                               kwargs={"autocommit": True, "prepare_threshold": 0, "row_factory": dict_row,
                                       "application_name": pg_application_name()},
-                              configure=_checkpoint_session, open=False)
+                              configure=_no_flush_wait, open=False)
         pool.open(wait=True, timeout=10)
         saver = PostgresSaver(pool)
         with opened() as conn:
@@ -411,7 +420,7 @@ def claim(owner: str | None = None) -> dict | None:
     """原子地领一个到点的 pending 事件:挑选和标记在同一条语句里,两个 worker 不会领到同一个。
     同一张工单已经有事件在处理时先不领它,免得两个 worker 同时往一个 thread 里写。"""
     stamp_ = now()
-    with opened() as conn:
+    with opened(durable=False) as conn:
         row = conn.execute(sql("CLAIM_SQL"), (owner or worker_id(), stamp_, stamp_)).fetchone()
     return dict(row) if row else None
 
@@ -442,13 +451,13 @@ def set_status(event_id: str, status: str, error: str | None = None, *,
     if expect is not None:
         query += " AND status = ?"
         args.append(expect)
-    with opened() as conn:
+    with opened(durable=False) as conn:
         return conn.execute(query, args).rowcount == 1
 
 
 def hand_back(event_id: str, owner: str) -> bool:
     """worker 被打断时交回手上的事件:回到 pending,这次尝试不算数。"""
-    with opened() as conn:
+    with opened(durable=False) as conn:
         return conn.execute(
             "UPDATE events SET status = 'pending', attempts = attempts - 1, claimed_by = NULL, updated_at = ? "
             "WHERE event_id = ? AND status = 'processing' AND claimed_by = ?",
@@ -569,7 +578,7 @@ def record_ignore(ticket_id: str, review: dict) -> None:
 
 
 def record_usage(event_id: str | None, ticket_id: str | None, model: str, input_tokens: int, output_tokens: int) -> None:
-    with opened() as conn:
+    with opened(durable=False) as conn:
         conn.execute(
             "INSERT INTO llm_usage (event_id, ticket_id, model, input_tokens, output_tokens, created_at) "
             "VALUES (?, ?, ?, ?, ?, ?)",

@@ -267,3 +267,41 @@ def test_crashed_thread_is_resumed_and_waiting_thread_is_left_alone(any_lab, mon
         finally:
             w.close()
         assert len(stub.requests) == 2
+
+
+def test_outside_events_and_replies_wait_for_the_disk_but_worker_bookkeeping_does_not(any_lab, monkeypatch):
+    """store.connect() 的 durable:事件入队、发件箱、收件箱拿走待办的提交等落盘;领取、改状态、记用量不等。
+    看的是真连接上的设置:SQLite 的 PRAGMA synchronous(2 = FULL,1 = NORMAL),PostgreSQL 的 synchronous_commit。"""
+    def flush_setting(conn) -> str:
+        if store.dialect() == "postgres":
+            return {"on": "waits", "off": "no wait"}[conn.execute("SHOW synchronous_commit").fetchone()[0]]
+        return {2: "waits", 1: "no wait"}[conn.execute("PRAGMA synchronous").fetchone()[0]]
+
+    seen: list[str] = []
+    real_connect = store.connect
+
+    def spy(path=None, *, durable=True):
+        conn = real_connect(path, durable=durable)
+        if path is None:  # 只看事件库(业务库是另一个 SQLite 文件)
+            seen.append(flush_setting(conn))
+        return conn
+
+    monkeypatch.setattr(store, "connect", spy)
+
+    def settings(action) -> list[str]:
+        seen.clear()
+        action()
+        return sorted(set(seen))
+
+    owner = store.worker_id()
+    assert settings(lambda: add("T1012")) == ["waits"]
+    assert settings(lambda: store.claim(owner)) == ["no wait"]
+    assert settings(lambda: store.record_usage("evt_T1012_created", "T1012", "m", 1, 2)) == ["no wait"]
+    assert settings(lambda: store.set_status("evt_T1012_created", "waiting_human", owner=owner)) == ["no wait"]
+    assert settings(lambda: store.take_for_review("evt_T1012_created")) == ["waits"]
+    review = {"category": "billing", "draft": "d", "final": "d", "action": "accept"}
+    assert settings(lambda: store.record_reply("T1012", "d", "agent+reviewer", review)) == ["waits"]
+    assert rows("SELECT event_id, status FROM events") == [("evt_T1012_created", "processing")]
+    assert rows("SELECT ticket_id, body FROM outbox") == [("T1012", "d")]
+    assert rows("SELECT event_id, model, input_tokens, output_tokens FROM llm_usage") == [
+        ("evt_T1012_created", "m", 1, 2)]
