@@ -22,7 +22,7 @@ import openai
 
 import config
 import store
-from agent import FINISHED, PermanentError, open_graph, thread_of
+from agent import FINISHED, PermanentError, known_new, open_graph, thread_of
 from llm import mask_pii
 
 MAX_ATTEMPTS = 3            # 次;暂时性失败最多试几次,之后进死信
@@ -66,7 +66,8 @@ def handle(graph, ev: dict) -> str:
         # 崩溃的 thread:checkpoint 停在失败的节点前面。不给新输入,从那里接着跑
         result = graph.invoke(None, cfg)
     else:
-        result = graph.invoke({"ticket_id": ticket_id, "kind": ev["kind"]}, cfg)
+        empty = snap.created_at is None  # 没有任何 checkpoint:新工单(最常见的情况)
+        result = graph.invoke({"ticket_id": ticket_id, "kind": ev["kind"]}, known_new(cfg) if empty else cfg)
     if "__interrupt__" in result:
         return "waiting_human"
     return "ignored" if result.get("outcome") == "ignored" else "done"

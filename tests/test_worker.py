@@ -269,6 +269,41 @@ def test_crashed_thread_is_resumed_and_waiting_thread_is_left_alone(any_lab, mon
         assert len(stub.requests) == 2
 
 
+def test_a_new_tickets_thread_is_read_once_and_a_crashed_one_is_read_again_to_resume(any_lab, monkeypatch):
+    """新工单:worker 的 get_state 已经看到 thread 是空的,LangGraph 开跑时不再读第二遍;
+    崩在半路的 thread 照常读出来,从失败的节点续跑。标记不写进 checkpoint 的 metadata。"""
+    graph, conn = open_graph()
+    saver_class = type(graph.checkpointer)  # SqliteSaver 或 PostgresSaver
+    conn.close()
+    reads = []
+    real_read = saver_class.get_tuple
+    monkeypatch.setattr(saver_class, "get_tuple",
+                        lambda self, config: reads.append(config["configurable"]["thread_id"]) or real_read(self, config))
+    with OpenAIStub() as stub:
+        use_stub(monkeypatch, stub)
+        stub.fail["stub-model"] = (500, "server_error")
+        stub.fail_times["stub-model"] = 1
+        monkeypatch.setenv("BACKOFF_BASE_MINUTES", "0")
+        add("T1012")
+        w = worker_mod.Worker()
+        try:
+            assert w.run_once() == [("evt_T1012_created", "pending"), ("evt_T1012_created", "waiting_human")]
+        finally:
+            w.close()
+        assert len(stub.requests) == 2
+    # 第一次:只有 get_state 读了一次(空的),draft 失败;第二次:get_state 读一次,续跑时 LangGraph 再读一次
+    assert reads == ["ticket-T1012"] * 3
+    graph, conn = open_graph()
+    try:
+        history = list(graph.get_state_history(thread_of("T1012")))
+    finally:
+        conn.close()
+    assert [h.metadata["source"] for h in history].count("input") == 1
+    assert [h.next for h in history].count(("load",)) == 1
+    assert all(not any(k.startswith("__") for k in h.metadata) for h in history)
+    assert history[0].interrupts and history[0].values["ticket_id"] == "T1012"
+
+
 def test_outside_events_and_replies_wait_for_the_disk_but_worker_bookkeeping_does_not(any_lab, monkeypatch):
     """store.connect() 的 durable:事件入队、发件箱、收件箱拿走待办的提交等落盘;领取、改状态、记用量不等。
     看的是真连接上的设置:SQLite 的 PRAGMA synchronous(2 = FULL,1 = NORMAL),PostgreSQL 的 synchronous_commit。"""
