@@ -40,6 +40,12 @@ def print_header(title: str, command: str) -> None:
     print(f"- 命令:`{command}`\n", flush=True)
 
 
+def command_line(script: str) -> str:
+    """这次运行的命令,照着能原样再跑一遍(带上参数;设了 TEST_DATABASE_URL 的也写出来,值不写)。"""
+    prefix = "TEST_DATABASE_URL=… " if os.environ.get("TEST_DATABASE_URL") else ""
+    return " ".join([f"{prefix}uv run python {script}", *sys.argv[1:]])
+
+
 def clean_env(**extra: str) -> dict:
     """给子进程用的环境:去掉 FOREIGN_ENV,再加上 extra。"""
     env = {k: v for k, v in os.environ.items() if k not in FOREIGN_ENV}

@@ -169,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     n = args.requests or (QUICK_REQUESTS if args.quick else REQUESTS)
     rounds = args.rounds or (QUICK_ROUNDS if args.quick else ROUNDS)
     common.print_header("webhook 吞吐:我们的 webhook.py 对比只回 202 的空 FastAPI",
-                        "uv run python bench/webhook.py" + (" --quick" if args.quick else ""))
+                        common.command_line("bench/webhook.py"))
     print(f"设置:{CONNECTIONS} 条并发 keep-alive 连接;每种负载 {rounds} 轮 × {n} 个请求,取中位数;"
           f"uvicorn {' '.join(UVICORN_ARGS)}(单进程);事件库是临时 SQLite 文件"
           "(WAL、synchronous=FULL,组提交)。\n", flush=True)

@@ -634,7 +634,7 @@ def main(argv: list[str] | None = None) -> int:
     events, overhead_rounds = QUICK_OVERHEAD if args.quick else (OVERHEAD_EVENTS, OVERHEAD_ROUNDS)
     rounds = args.rounds or (1 if args.quick else BACKLOG_ROUNDS)
     scale = QUICK_BACKLOG_SCALE if args.quick else 1.0
-    common.print_header("worker:每个事件的固定开销和并发吞吐", "uv run python bench/worker.py" + (" --quick" if args.quick else ""))
+    common.print_header("worker:每个事件的固定开销和并发吞吐", common.command_line("bench/worker.py"))
     print(f"设置:(a) {overhead_rounds} 轮 × {events} 个事件;(b) {rounds} 轮,模型每次 {MODEL_DELAY_S * 1000:.0f} ms;"
           f"数据库:{'、'.join(dbs)}" + (f"(PostgreSQL:{store._safe_url(pg_base)},每次运行一个新 schema)" if pg_base and
                                       "postgres" in dbs else "(没有设置 TEST_DATABASE_URL / DATABASE_URL,不测 PostgreSQL)")
