@@ -352,12 +352,13 @@ def ticket_of(payload: str) -> str | None:
 
 
 # 一批事件一条 INSERT:SQLite 每执行一条语句都要放开、再抢一次 GIL,webhook 的事件循环正忙时每抢一次都要排队;
-# 一行一条的写法在组提交里是主要开销(bench/webhook.py)。{rows} 是若干个 (?, ?, ?, ?, ?, ?, ?)
+# 一行一条的写法在组提交里是主要开销(bench/webhook.py)。{rows} 是若干个 (?, ?, ?, ?, ?, ?, ?)。
+# RETURNING 只返回真插进去的行:哪些是新的由数据库在插入时判断,不是先查再插 —— 另一个 webhook 进程
+# 正在写同一个 event_id、还没提交时,PostgreSQL 等它提交完再判断,先查的话两边都会以为自己收到的是新的。
 ADD_EVENTS_SQL = (
     "INSERT INTO events (event_id, source, kind, payload, ticket_id, received_at, updated_at) "
-    "VALUES {rows} ON CONFLICT (event_id) DO NOTHING"  # 即 SQLite 的 INSERT OR IGNORE
+    "VALUES {rows} ON CONFLICT (event_id) DO NOTHING RETURNING event_id"  # 即 SQLite 的 INSERT OR IGNORE
 )
-EXISTING_EVENTS_SQL = "SELECT event_id FROM events WHERE event_id IN ({marks})"
 INSERT_CHUNK = 500  # 行;一条 INSERT 最多带这么多行(7 × 500 个参数,远低于 SQLite 的 32766、PostgreSQL 的 65535)
 
 
@@ -368,24 +369,23 @@ def add_event(event_id: str, source: str, kind: str, payload: str) -> bool:
 
 def add_events(events: list[tuple[str, str, str, str]]) -> list[bool]:
     """一个事务写一批事件(webhook 的组提交用它):一次落盘,逐条告诉你是不是新的。
-    先查哪些已经在库里,再一条 INSERT 写其余的;同一批里重复的 event_id 只有第一个算新的。"""
+    同一批里重复的 event_id 只写第一个,也只有第一个算新的。"""
     stamp_ = now()
+    rows: dict[str, tuple] = {}
+    for eid, source, kind, payload in events:
+        if eid not in rows:
+            rows[eid] = (eid, source, kind, payload, ticket_of(payload), stamp_, stamp_)
+    fresh, inserted = list(rows.values()), set()
     with transaction() as conn:
-        seen: set[str] = set()
-        for i in range(0, len(events), INSERT_CHUNK):
-            ids = list({eid for eid, *_ in events[i:i + INSERT_CHUNK]})
-            marks = ", ".join("?" * len(ids))
-            seen.update(r[0] for r in conn.execute(EXISTING_EVENTS_SQL.format(marks=marks), ids))
-        fresh, is_new = [], []
-        for eid, source, kind, payload in events:
-            is_new.append(eid not in seen)
-            if eid not in seen:
-                seen.add(eid)
-                fresh.append((eid, source, kind, payload, ticket_of(payload), stamp_, stamp_))
         for i in range(0, len(fresh), INSERT_CHUNK):
             chunk = fresh[i:i + INSERT_CHUNK]
-            rows = ", ".join(["(?, ?, ?, ?, ?, ?, ?)"] * len(chunk))
-            conn.execute(ADD_EVENTS_SQL.format(rows=rows), [value for row in chunk for value in row])
+            marks = ", ".join(["(?, ?, ?, ?, ?, ?, ?)"] * len(chunk))
+            cur = conn.execute(ADD_EVENTS_SQL.format(rows=marks), [value for row in chunk for value in row])
+            inserted.update(r[0] for r in cur.fetchall())
+    is_new = []
+    for eid, *_ in events:
+        is_new.append(eid in inserted)
+        inserted.discard(eid)  # 同一批里再出现就是重复
     return is_new
 
 

@@ -218,6 +218,34 @@ def test_a_batch_reports_each_event_as_new_or_duplicate(any_lab):
     assert rows("SELECT ticket_id FROM events WHERE event_id = 'evt_2'") == [("T2",)]
 
 
+
+def test_an_event_another_process_has_not_committed_yet_is_reported_as_a_duplicate(pg_lab):
+    """两个 webhook 进程几乎同时收到同一个事件(PostgreSQL):先到的那个插入了、还没提交,后到的等它提交完,
+    得到「重复」(duplicate=true);库里只有一行。先查再插的话,后到的看不见没提交的行,两边都会说是新的。"""
+    import threading
+
+    import psycopg
+
+    payload = body_for("T1012", "evt_race").decode()
+    stamp = store.now()
+    result: list = []
+    with psycopg.connect(pg_lab["DATABASE_URL"]) as first, psycopg.connect(pg_lab["DATABASE_URL"],
+                                                                          autocommit=True) as watcher:
+        first.execute("INSERT INTO events (event_id, source, kind, payload, ticket_id, received_at, updated_at) "
+                      "VALUES ('evt_race', 'webhook', 'ticket.created', %s, 'T1012', %s, %s)", (payload, stamp, stamp))
+        second = threading.Thread(target=lambda: result.append(
+            store.add_events([("evt_race", "webhook", "ticket.created", payload)])))
+        second.start()
+        deadline = time.time() + 30
+        while not watcher.execute("SELECT COUNT(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                                  "AND application_name = %s", (store.pg_application_name(),)).fetchone()[0]:
+            assert time.time() < deadline, "后到的 INSERT 应该在等先到的事务"
+            time.sleep(0.02)
+        first.commit()
+        second.join(30)
+    assert result == [[False]]
+    assert rows("SELECT event_id, source, status FROM events") == [("evt_race", "webhook", "pending")]
+
 def test_a_malformed_whsec_secret_stops_the_server_from_starting(lab, monkeypatch):
     monkeypatch.setenv("WEBHOOK_SECRET", "whsec_not*base64")
     with pytest.raises(ValueError, match="配置错误:WEBHOOK_SECRET 以 whsec_ 开头,但后面不是合法的 base64"):
