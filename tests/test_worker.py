@@ -25,6 +25,15 @@ def events() -> list[tuple]:
     return rows("SELECT event_id, status, attempts FROM events ORDER BY received_at")
 
 
+def thread_history(ticket_id: str) -> list:
+    """这张工单的 thread 的全部 checkpoint,新的在前。"""
+    graph, conn = open_graph()
+    try:
+        return list(graph.get_state_history(thread_of(ticket_id)))
+    finally:
+        conn.close()
+
+
 def use_stub(monkeypatch, stub: OpenAIStub, retries: int = 0) -> None:
     monkeypatch.setenv("LLM_API_KEY", "sk-test")
     monkeypatch.setenv("LLM_BASE_URL", stub.base_url)
@@ -241,37 +250,16 @@ def test_worker_killed_inside_draft_resumes_at_draft_without_rerunning_load(any_
         assert r.stdout.splitlines() == ["放回队列 1 个卡住的事件", "evt_T1012_created → waiting_human"]
         assert len(stub.requests) == 2  # draft 跑了两次(第一次被杀),load 不调模型
     assert events() == [("evt_T1012_created", "waiting_human", 2)]
-    graph, conn = open_graph()
-    try:
-        history = list(graph.get_state_history(thread_of("T1012")))
-    finally:
-        conn.close()
+    history = thread_history("T1012")
     assert [h.metadata["source"] for h in history].count("input") == 1
     assert [h.next for h in history].count(("load",)) == 1
     assert [h.next for h in history].count(("draft",)) == 1  # 续跑时没有从 load 重新来一遍
 
 
 def test_crashed_thread_is_resumed_and_waiting_thread_is_left_alone(any_lab, monkeypatch):
-    """常见误区:把「中断」和「崩溃」当成一回事。等人的 thread 跳过,崩溃的 thread 续跑。"""
-    with OpenAIStub() as stub:
-        use_stub(monkeypatch, stub)
-        stub.fail["stub-model"] = (500, "server_error")
-        stub.fail_times["stub-model"] = 1
-        monkeypatch.setenv("BACKOFF_BASE_MINUTES", "0")
-        add("T1012")
-        w = worker_mod.Worker()
-        try:
-            assert w.run_once() == [("evt_T1012_created", "pending"), ("evt_T1012_created", "waiting_human")]
-            add("T1012", event_id="evt_T1012_again")  # 同一张工单,上游换个 event_id 又通知一次
-            assert w.run_once() == [("evt_T1012_again", "done")]
-        finally:
-            w.close()
-        assert len(stub.requests) == 2
-
-
-def test_a_new_tickets_thread_is_read_once_and_a_crashed_one_is_read_again_to_resume(any_lab, monkeypatch):
-    """新工单:worker 的 get_state 已经看到 thread 是空的,LangGraph 开跑时不再读第二遍;
-    崩在半路的 thread 照常读出来,从失败的节点续跑。标记不写进 checkpoint 的 metadata。"""
+    """常见误区:把「中断」和「崩溃」当成一回事。等人的 thread 跳过,崩溃的 thread 续跑。
+    另外数了 checkpoint 真正被读了几次:新工单只读一次(worker 的 get_state 已经看到 thread 是空的,
+    LangGraph 开跑时不再读第二遍);崩在半路的 thread 照常读出来续跑。标记不写进 checkpoint 的 metadata。"""
     graph, conn = open_graph()
     saver_class = type(graph.checkpointer)  # SqliteSaver 或 PostgresSaver
     conn.close()
@@ -288,21 +276,19 @@ def test_a_new_tickets_thread_is_read_once_and_a_crashed_one_is_read_again_to_re
         w = worker_mod.Worker()
         try:
             assert w.run_once() == [("evt_T1012_created", "pending"), ("evt_T1012_created", "waiting_human")]
+            # 第一次:只有 get_state 读了一次(空的),draft 失败;第二次:get_state 读一次,续跑时 LangGraph 再读一次
+            assert reads == ["ticket-T1012"] * 3
+            add("T1012", event_id="evt_T1012_again")  # 同一张工单,上游换个 event_id 又通知一次
+            assert w.run_once() == [("evt_T1012_again", "done")]
+            assert reads == ["ticket-T1012"] * 4  # 等人的 thread:get_state 看一眼,不跑图
         finally:
             w.close()
         assert len(stub.requests) == 2
-    # 第一次:只有 get_state 读了一次(空的),draft 失败;第二次:get_state 读一次,续跑时 LangGraph 再读一次
-    assert reads == ["ticket-T1012"] * 3
-    graph, conn = open_graph()
-    try:
-        history = list(graph.get_state_history(thread_of("T1012")))
-    finally:
-        conn.close()
+    history = thread_history("T1012")
     assert [h.metadata["source"] for h in history].count("input") == 1
     assert [h.next for h in history].count(("load",)) == 1
     assert all(not any(k.startswith("__") for k in h.metadata) for h in history)
     assert history[0].interrupts and history[0].values["ticket_id"] == "T1012"
-
 
 def test_outside_events_and_replies_wait_for_the_disk_but_worker_bookkeeping_does_not(any_lab, monkeypatch):
     """store.connect() 的 durable:事件入队、发件箱、收件箱拿走待办的提交等落盘;领取、改状态、记用量不等。
