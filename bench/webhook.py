@@ -3,6 +3,7 @@
 运行:
     uv run python bench/webhook.py            # 完整:每种 7 轮 × 3000 个请求,1 分钟左右
     uv run python bench/webhook.py --quick    # 冒烟:每种 3 轮 × 500 个请求,10 秒左右
+    uv run python bench/webhook.py --parts    # 另外量两个拆开的 webhook,看比空端点多出来的 CPU 花在哪一步
 
 你会看到:日期、nproc、Python 版本,然后一张表,每行一种负载(空端点 / 新事件 / 重复投递):
 req/s 和 p50/p99 延迟(各轮的中位数)、相对空端点的比值、服务进程每个请求用的 CPU、峰值内存(VmHWM);
@@ -165,6 +166,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help=f"冒烟:{QUICK_ROUNDS} 轮 × {QUICK_REQUESTS} 个请求")
     parser.add_argument("--requests", type=int, help=f"每轮每种负载的请求数(默认 {REQUESTS})")
     parser.add_argument("--rounds", type=int, help=f"轮数(默认 {ROUNDS})")
+    parser.add_argument("--parts", action="store_true",
+                        help="另外起两个拆开的 webhook(bench/webhook_parts.py),看多出来的 CPU 花在哪一步")
     args = parser.parse_args(argv)
     n = args.requests or (QUICK_REQUESTS if args.quick else REQUESTS)
     rounds = args.rounds or (QUICK_ROUNDS if args.quick else ROUNDS)
@@ -178,31 +181,39 @@ def main(argv: list[str] | None = None) -> int:
         env = common.clean_env(**common.lab_env(Path(tmp)), WEBHOOK_SECRET=SECRET)
         ours = Server("webhook:app", env, Path(tmp) / "webhook.log")
         bare = Server("bench.bare_app:app", env, Path(tmp) / "bare.log")
+        parts = {part: Server("bench.webhook_parts:app", {**env, "BENCH_WEBHOOK_PART": part}, Path(tmp) / f"{part}.log")
+                 for part in (PARTS if args.parts else ())}
         try:
-            results, acknowledged, wrong = run_rounds(ours, bare, n, rounds)
+            results, acknowledged, wrong = run_rounds(ours, bare, n, rounds, parts)
             rss = {"bare": common.peak_rss_mb(bare.proc.pid), "new": common.peak_rss_mb(ours.proc.pid)}
+            rss |= {part: common.peak_rss_mb(server.proc.pid) for part, server in parts.items()}
         finally:
-            ours.kill()
-            bare.kill()
+            for server in (ours, bare, *parts.values()):
+                server.kill()
         # webhook 已经被 kill -9:现在库里有的,就是它崩溃前真正落了盘的
         missing = acknowledged - stored_ids(Path(env["EVENTS_DB"]))
     report(results, rss, rounds, n, acknowledged, missing, wrong)
     return 0
 
 
-def run_rounds(ours: Server, bare: Server, n: int, rounds: int):
-    """预热(也把重复投递要用的事件先存进去),然后每轮把三种负载各跑一遍;每轮换一下先后次序,抵消机器负载的漂移。"""
+def run_rounds(ours: Server, bare: Server, n: int, rounds: int, parts: dict[str, Server]):
+    """预热(也把重复投递要用的事件先存进去),然后每轮把每种负载各跑一遍;每轮换一下先后次序,抵消机器负载的漂移。"""
     seeded = event_bodies("seed", n)
     load(bare, seeded)
     warm = load(ours, seeded)
+    for server in parts.values():
+        load(server, seeded)
     acknowledged = {json.loads(seeded[i])["id"] for i, (s, _) in enumerate(warm["answers"]) if s == 202}
-    kinds = ["bare", "new", "duplicate"]
+    kinds = ["bare", "new", "duplicate", *parts]
     results: dict[str, list[dict]] = {k: [] for k in kinds}
     wrong = {k: 0 for k in kinds}
     for r in range(rounds):
         fresh = event_bodies(f"round{r}", n)
-        for kind in kinds[r % 3:] + kinds[:r % 3]:
-            if kind == "duplicate":  # 预热时存过的事件原样再发一次(重新签名,就像上游重试)
+        for kind in kinds[r % len(kinds):] + kinds[:r % len(kinds)]:
+            if kind in parts:  # 拆开的 webhook 不存事件,回的都是 duplicate=false
+                res = load(parts[kind], fresh)
+                wrong[kind] += check_answers(res["answers"], duplicate=False)
+            elif kind == "duplicate":  # 预热时存过的事件原样再发一次(重新签名,就像上游重试)
                 res = load(ours, seeded)
                 wrong[kind] += check_answers(res["answers"], duplicate=True)
             elif kind == "new":
@@ -256,7 +267,28 @@ def report(results, rss, rounds, n, acknowledged, missing, wrong) -> None:
     print(f"- {mark(not bad)} 回错的请求:{bad} 个(新事件应是 duplicate=false,重复投递应是 duplicate=true)")
     if new_ratio < TARGET_RATIO:
         print("\n没达标:看上表「服务端 CPU ms/请求」一栏,webhook 每个请求比空端点多用的 CPU 就是差距所在。")
+    if any(part in results for part in PARTS):
+        report_parts(results)
     sys.stdout.flush()
+
+
+PARTS = {"no_store": "读请求体、验签、解析,不存(bench/webhook_parts.py no_store)",
+         "await_only": "同上,再挂起一次等下一轮事件循环(await_only)"}
+
+
+def report_parts(results: dict[str, list[dict]]) -> None:
+    """--parts:从空端点一步步加到真 webhook,每一步多用多少服务端 CPU、吞吐是空端点的几成。"""
+    steps = [("bare", "空 FastAPI(基线)"), ("no_store", PARTS["no_store"]), ("await_only", PARTS["await_only"]),
+             ("new", "webhook.py:新事件(再交给写库线程,组提交落盘)")]
+    print("\n## 差距在哪(--parts):从空端点一步步加到真 webhook\n")
+    rows, before = [], None
+    for kind, label in steps:
+        cpu = median(r["server_cpu_ms"] for r in results[kind])
+        rows.append([label, f"{cpu:.3f}", "—" if before is None else f"{cpu - before:+.3f}",
+                     f"{paired_ratio(results[kind], results['bare']):.2f}"])
+        before = cpu
+    table(["这一步", "服务端 CPU ms/请求", "比上一步多", "req/s ÷ 空端点(逐轮)"], rows)
+    print("服务端 CPU 是 uvicorn 进程的用户态 + 内核态时间(/proc/<pid>/stat),含写库线程。")
 
 
 if __name__ == "__main__":
