@@ -87,7 +87,7 @@ DIALECTS = {
         "skip_locked": "FOR UPDATE SKIP LOCKED",                 # 别的 worker 锁着的行跳过,不排队等
     },
 }
-PG_POOL_SIZE = 10  # 个;每个进程最多开几个 PostgreSQL 连接(≥ worker 的并发数)
+PG_POOL_SIZE = 10  # 个;每个连接池最多开几个连接(≥ worker 的并发数);一个进程最多三个池:等落盘的、不等落盘的、checkpoint
 
 BIZ_SCHEMA = """
 CREATE TABLE IF NOT EXISTS customers (
