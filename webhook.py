@@ -13,19 +13,20 @@
 签名不对 401,请求体不是带 id/type/data.ticket_id 的 JSON 对象 400,请求体超过 1 MiB 413;
 事件库写不进去时 503(什么都没存,上游照常重试即可)。
 
-SQLite 写入不在事件循环里做:请求把事件交给一个写库线程,它把同一时刻到达的一批事件放进一个事务、
+写库不在这个进程里做:启动时拉起一个写库子进程(event_writer.py),同一时刻到达的一批事件交给它放进一个事务、
 一次落盘(组提交),提交成功后这一批请求才各自回 202。所以回了 202 的事件,断电也还在。
+写库进程被杀了,手上那一批回 503,下一批到来时重新拉起一个;webhook 退出(哪怕被 kill -9)时它也跟着退出。
 """
 import asyncio
 import base64
 import hashlib
 import hmac
 import json
-import queue
 import re
-import threading
+import sys
 import time
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 from fastapi import FastAPI, HTTPException, Request, Response
 from fastapi.responses import JSONResponse
@@ -37,61 +38,114 @@ DEFAULT_SECRET = "dev-secret-change-me"
 TOLERANCE_S = 300             # 秒;时间戳离现在超过这么多就当重放拒掉
 MAX_BODY_BYTES = 1024 * 1024  # 字节;正常的工单通知不到 1 KB,超过 1 MiB 的不读完就拒
 MAX_BATCH = 500               # 个;一次组提交最多写多少个事件
+MAX_BATCH_CHARS = 8 * 1024 * 1024  # 字符;一批的请求体加起来最多这么长(一个 1 MiB 的请求体也能自己成一批)
+WRITER_EXIT_TIMEOUT_S = 10    # 秒;关服务时等写库进程写完最后一批、退出,超时就杀掉
+WRITER = Path(__file__).with_name("event_writer.py")
 TICKET_ID = re.compile(r"[A-Za-z0-9_-]{1,64}", re.ASCII)
 TIMESTAMP = re.compile(r"-?\d{1,12}", re.ASCII)
 
 
+class StoreUnavailable(Exception):
+    """这一批没写进去(写库进程报错,或者它退出了):这一批的请求都回 503。"""
+
+
 class GroupCommitter:
-    """一个写库线程:把排队的事件成批写进一个事务,再把每个事件「是不是新的」交回给各自的请求。"""
+    """把事件交给写库进程(event_writer.py)成批写。同一时刻只有一批在写,写的时候到达的请求排队,
+    等这一批提交完,排着的一起成为下一批。所有的活都在事件循环里做,不另开线程。"""
 
     def __init__(self) -> None:
-        self.queue: queue.SimpleQueue = queue.SimpleQueue()
-        self.thread: threading.Thread | None = None
+        self.pending: list[tuple[tuple, asyncio.Future]] = []
+        self.proc: asyncio.subprocess.Process | None = None
+        self.wake: asyncio.Event | None = None
+        self.pump: asyncio.Task | None = None
+        self.stopping = False
+        self.in_flight = 0  # 正在写的这一批有几个事件
 
-    def start(self) -> None:
-        self.thread = threading.Thread(target=self._run, name="group-commit", daemon=True)
-        self.thread.start()
+    async def start(self) -> None:
+        self.pending, self.stopping, self.wake = [], False, asyncio.Event()
+        self.proc = await self._spawn()
+        self.pump = asyncio.create_task(self._run())
 
-    def stop(self) -> None:
-        self.queue.put(None)
-        self.thread.join()
+    async def stop(self) -> None:
+        """写完排着的,关掉写库进程的输入,它读到结尾就退出。"""
+        self.stopping = True
+        self.wake.set()
+        await self.pump
+        if self.proc.returncode is None:
+            self.proc.stdin.close()
+            try:
+                await asyncio.wait_for(self.proc.wait(), WRITER_EXIT_TIMEOUT_S)
+            except asyncio.TimeoutError:
+                self.proc.kill()
+                await self.proc.wait()
 
     async def add(self, event: tuple[str, str, str, str]) -> bool:
-        loop = asyncio.get_running_loop()
-        future = loop.create_future()
-        self.queue.put((event, future, loop))
+        if self.stopping:
+            raise StoreUnavailable("shutting down")
+        future = asyncio.get_running_loop().create_future()
+        self.pending.append((event, future))
+        self.wake.set()
         return await future
 
-    def _run(self) -> None:
-        while (first := self.queue.get()) is not None:
-            batch = [first]
-            while len(batch) < MAX_BATCH:
+    async def _run(self) -> None:
+        while not (self.stopping and not self.pending):
+            await self.wake.wait()
+            self.wake.clear()
+            while self.pending:
+                batch = self._take()
+                self.in_flight = len(batch)
                 try:
-                    item = self.queue.get_nowait()
-                except queue.Empty:
-                    break
-                if item is None:
-                    self.queue.put(None)  # 先把这一批写完,下一圈再退出
-                    break
-                batch.append(item)
+                    results, error = await self._write([event for event, _ in batch]), None
+                except Exception as e:  # noqa: BLE001 —— 不管出了什么错,这一批的请求都要有个回答,这个循环不能停
+                    error = e if isinstance(e, StoreUnavailable) else StoreUnavailable(f"{type(e).__name__}: {e}")
+                    results = [None] * len(batch)
+                self.in_flight = 0
+                for (_, future), is_new in zip(batch, results):
+                    if future.done():  # 客户端已经断开,请求被取消了;事件照样已经落库
+                        continue
+                    future.set_exception(error) if error else future.set_result(is_new)
+
+    def _take(self) -> list:
+        """从排队的请求里取一批:最多 MAX_BATCH 个,请求体加起来最多 MAX_BATCH_CHARS 个字符(至少取一个)。"""
+        size, n = 0, 0
+        for event, _ in self.pending[:MAX_BATCH]:
+            size += len(event[3])
+            if n and size > MAX_BATCH_CHARS:
+                break
+            n += 1
+        batch, self.pending = self.pending[:n], self.pending[n:]
+        return batch
+
+    async def _spawn(self) -> asyncio.subprocess.Process:
+        return await asyncio.create_subprocess_exec(sys.executable, str(WRITER), stdin=asyncio.subprocess.PIPE,
+                                                    stdout=asyncio.subprocess.PIPE)
+
+    async def _write(self, events: list[tuple]) -> list[bool]:
+        """把一批交给写库进程,等它提交完回话。它不在了(被杀、崩了)就先重新拉起一个。"""
+        if self.proc.returncode is not None:
             try:
-                results, error = store.add_events([event for event, _, _ in batch]), None
-            except Exception as e:  # noqa: BLE001 —— 写库失败:这一批请求都回 503,上游会重试
-                results, error = [None] * len(batch), e
-            # 一批只叫醒事件循环一次(每个请求叫一次的话,光是跨线程唤醒就让吞吐掉三成,见 bench/webhook.py)
-            by_loop: dict = {}
-            for (_, future, loop), is_new in zip(batch, results):
-                by_loop.setdefault(loop, []).append((future, is_new))
-            for loop, outcomes in by_loop.items():
-                loop.call_soon_threadsafe(_settle, outcomes, error)
-
-
-def _settle(outcomes: list[tuple[asyncio.Future, bool | None]], error: Exception | None) -> None:
-    """在事件循环里把一批结果交给各自的请求。"""
-    for future, is_new in outcomes:
-        if future.done():  # 客户端已经断开,请求被取消了;事件照样已经落库
-            continue
-        future.set_exception(error) if error else future.set_result(is_new)
+                self.proc = await self._spawn()
+            except OSError as e:
+                raise StoreUnavailable(f"cannot start writer process: {e}") from None
+        try:
+            self.proc.stdin.write(json.dumps(events).encode() + b"\n")
+            await self.proc.stdin.drain()
+            reply = await self.proc.stdout.readline()
+        except OSError:  # 写的时候它正好退出了(管道断了):当作没写进去
+            reply = b""
+        if not reply:
+            # 它在这一批写完之前退出了:这一批可能已经提交,也可能没有;都回 503,上游重发时已提交的会得到 duplicate
+            raise StoreUnavailable(f"writer process exited with code {await self.proc.wait()}")
+        try:
+            answer = json.loads(reply)
+            error, is_new = answer.get("error"), answer.get("new")
+        except (ValueError, AttributeError):
+            error, is_new = None, None
+        if error is not None:
+            raise StoreUnavailable(error)
+        if not isinstance(is_new, list) or len(is_new) != len(events):
+            raise StoreUnavailable(f"writer process answered {reply[:200]!r}")
+        return is_new
 
 
 committer = GroupCommitter()
@@ -103,9 +157,9 @@ ACCEPTED = {is_new: JSONResponse({"accepted": True, "duplicate": not is_new}).bo
 async def lifespan(_: FastAPI):
     standard_webhooks_key(config.get("WEBHOOK_SECRET", DEFAULT_SECRET))  # 密钥写错了就别启动,启动日志里说清楚
     store.init()
-    committer.start()
+    await committer.start()
     yield
-    committer.stop()
+    await committer.stop()
 
 
 app = FastAPI(title="CloudLedger webhook", lifespan=lifespan)
@@ -221,6 +275,6 @@ async def receive(request: Request):
         raise fail(400, "data.ticket_id must be a string of letters, digits, _ or - (at most 64)")
     try:
         is_new = await committer.add((event["id"], "webhook", event["type"], raw.decode("utf-8")))
-    except Exception as e:  # noqa: BLE001 —— 事件库写不进去(磁盘满、库被锁太久……):没存,让上游稍后重试
-        raise fail(503, f"event store unavailable ({type(e).__name__}: {e}), retry later") from None
+    except StoreUnavailable as e:  # 事件库写不进去(磁盘满、库被锁太久、写库进程没了……):让上游稍后重试
+        raise fail(503, f"event store unavailable ({e}), retry later") from None
     return Response(ACCEPTED[is_new], status_code=202, media_type="application/json")

@@ -67,10 +67,27 @@ def wait_for_port(port: int, proc: subprocess.Popen, log: Path, timeout: float) 
     raise RuntimeError(f"{timeout} 秒内端口 {port} 没有开始监听")
 
 
+def descendants(pid: int) -> list[int]:
+    """还活着的子孙进程(webhook 的写库进程)。"""
+    found = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        for child in (task / "children").read_text().split():
+            found += [int(child), *descendants(int(child))]
+    return found
+
+
 def cpu_seconds(pid: int) -> float:
-    """进程累计用掉的 CPU 时间(用户态 + 内核态),秒。"""
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """服务累计用掉的 CPU 时间(用户态 + 内核态),秒:进程自己、已经退出并被它收回的子进程、还活着的子孙进程。"""
+    total = 0
+    for i, p in enumerate([pid, *descendants(pid)]):
+        fields = Path(f"/proc/{p}/stat").read_text().rpartition(")")[2].split()
+        total += sum(int(f) for f in fields[11:15 if i == 0 else 13])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def peak_rss_mb(pid: int) -> float:
+    """服务的峰值常驻内存,MiB:进程自己和它的子孙进程(写库进程)各自的 VmHWM 加起来。"""
+    return sum(common.peak_rss_mb(p) for p in [pid, *descendants(pid)])
 
 
 class Server:
@@ -185,8 +202,8 @@ def main(argv: list[str] | None = None) -> int:
                  for part in (PARTS if args.parts else ())}
         try:
             results, acknowledged, wrong = run_rounds(ours, bare, n, rounds, parts)
-            rss = {"bare": common.peak_rss_mb(bare.proc.pid), "new": common.peak_rss_mb(ours.proc.pid)}
-            rss |= {part: common.peak_rss_mb(server.proc.pid) for part, server in parts.items()}
+            rss = {"bare": peak_rss_mb(bare.proc.pid), "new": peak_rss_mb(ours.proc.pid)}
+            rss |= {part: peak_rss_mb(server.proc.pid) for part, server in parts.items()}
         finally:
             for server in (ours, bare, *parts.values()):
                 server.kill()
@@ -251,7 +268,8 @@ def report(results, rss, rounds, n, acknowledged, missing, wrong) -> None:
         print(f"- {label}:" + "、".join(f"{r['rps']:.0f}" for r in results[kind]))
     print("\n「÷ 基线(逐轮)」:每轮用这一轮的 req/s 除以同一轮空端点的 req/s,再取各轮的中位数"
           "(同一轮里前后脚量的,机器负载的起伏大体抵消)。")
-    print("峰值 RSS 是整个运行(全部轮次)里服务进程的 VmHWM;新事件和重复投递是同一个 webhook 进程。")
+    print("服务端 CPU 和峰值 RSS 都算上了 webhook 的写库进程(event_writer.py)。峰值 RSS 是整个运行(全部轮次)里"
+          "各进程 VmHWM 的和;新事件和重复投递是同一个 webhook。")
     client_busy = max(median(r["client_cpu"] for r in results[k]) for k in results)
     if client_busy > 0.9:
         print(f"注意:客户端 CPU 占到 {client_busy:.0%},客户端可能成了瓶颈,比值会偏高。")
@@ -279,7 +297,7 @@ PARTS = {"no_store": "读请求体、验签、解析,不存(bench/webhook_parts.
 def report_parts(results: dict[str, list[dict]]) -> None:
     """--parts:从空端点一步步加到真 webhook,每一步多用多少服务端 CPU、吞吐是空端点的几成。"""
     steps = [("bare", "空 FastAPI(基线)"), ("no_store", PARTS["no_store"]), ("await_only", PARTS["await_only"]),
-             ("new", "webhook.py:新事件(再交给写库线程,组提交落盘)")]
+             ("new", "webhook.py:新事件(再交给写库进程,组提交落盘)")]
     print("\n## 差距在哪(--parts):从空端点一步步加到真 webhook\n")
     rows, before = [], None
     for kind, label in steps:
@@ -288,7 +306,7 @@ def report_parts(results: dict[str, list[dict]]) -> None:
                      f"{paired_ratio(results[kind], results['bare']):.2f}"])
         before = cpu
     table(["这一步", "服务端 CPU ms/请求", "比上一步多", "req/s ÷ 空端点(逐轮)"], rows)
-    print("服务端 CPU 是 uvicorn 进程的用户态 + 内核态时间(/proc/<pid>/stat),含写库线程。")
+    print("服务端 CPU 是 uvicorn 进程和它的写库进程的用户态 + 内核态时间(/proc/<pid>/stat)。")
 
 
 if __name__ == "__main__":

@@ -3,10 +3,15 @@ import base64
 import hashlib
 import hmac
 import json
+import os
+import signal
 import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
-from conftest import rows
+from conftest import rows, run, webhook_server
 from fastapi.testclient import TestClient
 
 import send_webhook
@@ -180,8 +185,6 @@ def test_bad_standard_webhooks_headers_are_rejected_and_nothing_stored(client, c
 
 def test_many_concurrent_deliveries_are_group_committed_and_each_answered(client):
     """组提交:并发到达的请求一批写进一个事务,每个请求拿到的都是自己那条的结果。"""
-    from concurrent.futures import ThreadPoolExecutor
-
     bodies = [body_for(f"T{2000 + i}") for i in range(60)] * 2
     with ThreadPoolExecutor(16) as pool:
         answers = list(pool.map(lambda b: post(client, b, send_webhook.sign(b, SECRET)).json(), bodies))
@@ -252,3 +255,70 @@ def test_a_malformed_whsec_secret_stops_the_server_from_starting(lab, monkeypatc
         with TestClient(webhook.app):
             pass
     assert stored() == []
+
+
+def writer_pids(pid: int) -> list[int]:
+    """webhook 进程的子进程(它的写库进程)。"""
+    return [int(c) for task in Path(f"/proc/{pid}/task").iterdir() for c in (task / "children").read_text().split()]
+
+
+def running(pid: int) -> bool:
+    """进程还在跑(不存在或者已经是僵尸都算不在)。"""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] not in ("Z", "X")
+    except FileNotFoundError:
+        return False
+
+
+def test_writer_process_killed_mid_batch_answers_503_then_a_new_one_takes_the_retry(client):
+    """写库进程在一批写完之前没了:这一批回 503,什么都没存;下一个请求到来时拉起新的写库进程,上游重试就收下。"""
+    old = webhook.committer.proc.pid
+    os.kill(old, signal.SIGSTOP)  # 先让它停住:请求交过去的这一批它来不及读
+    body = body_for("T1012")
+    with ThreadPoolExecutor(1) as pool:
+        answer = pool.submit(post, client, body, send_webhook.sign(body, SECRET))
+        deadline = time.time() + 10
+        while webhook.committer.in_flight != 1 and time.time() < deadline:
+            time.sleep(0.01)
+        os.kill(old, signal.SIGKILL)
+        r = answer.result(timeout=30)
+    assert (r.status_code, r.json()) == (
+        503, {"detail": "event store unavailable (writer process exited with code -9), retry later"})
+    assert stored() == []
+    r = post(client, body, send_webhook.sign(body, SECRET))
+    assert (r.status_code, r.json()) == (202, {"accepted": True, "duplicate": False})
+    assert stored() == [("evt_T1012_created", "webhook", "ticket.created", "pending", 0)]
+    assert webhook.committer.proc.pid != old and running(webhook.committer.proc.pid)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+def test_the_writer_process_exits_with_the_webhook(lab, sig):
+    """webhook 被 kill -9 或者正常停掉,写库进程都跟着退出,不留下孤儿进程;回过 202 的事件都在库里。"""
+    with webhook_server({**lab, "WEBHOOK_SECRET": SECRET}) as (proc, url):
+        body = body_for("T1012")
+        request = urllib.request.Request(url + URL, data=body, method="POST", headers={
+            "content-type": "application/json", "x-cloudledger-signature": send_webhook.sign(body, SECRET)})
+        with urllib.request.urlopen(request, timeout=10) as r:
+            assert (r.status, json.loads(r.read())) == (202, {"accepted": True, "duplicate": False})
+        (writer,) = writer_pids(proc.pid)
+        assert running(writer)
+        proc.send_signal(sig)
+        proc.wait(timeout=30)
+        deadline = time.time() + 10
+        while running(writer) and time.time() < deadline:
+            time.sleep(0.05)
+        assert not running(writer)
+    assert stored() == [("evt_T1012_created", "webhook", "ticket.created", "pending", 0)]
+
+
+def test_event_writer_answers_each_batch_and_survives_a_bad_line(lab):
+    """event_writer.py 单独运行(docstring 里的命令):一行一批,一批回一行;坏的一行回 error,接着读下一行。"""
+    payload = json.dumps({"data": {"ticket_id": "T1012"}})
+    batch = json.dumps([["evt_demo", "webhook", "ticket.created", payload]])
+    r = run(["event_writer.py"], lab, input=f"{batch}\n{batch}\nnot json\n[[1, 2]]\n")
+    assert (r.returncode, r.stderr) == (0, "")
+    assert [json.loads(line) for line in r.stdout.splitlines()] == [
+        {"new": [True]}, {"new": [False]},
+        {"error": "JSONDecodeError: Expecting value: line 1 column 1 (char 0)"},
+        {"error": "ValueError: not enough values to unpack (expected 4, got 2)"}]
+    assert rows("SELECT event_id, ticket_id, status FROM events") == [("evt_demo", "T1012", "pending")]
