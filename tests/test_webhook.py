@@ -262,14 +262,6 @@ def writer_pids(pid: int) -> list[int]:
     return [int(c) for task in Path(f"/proc/{pid}/task").iterdir() for c in (task / "children").read_text().split()]
 
 
-def running(pid: int) -> bool:
-    """进程还在跑(不存在或者已经是僵尸都算不在)。"""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] not in ("Z", "X")
-    except FileNotFoundError:
-        return False
-
-
 def test_writer_process_killed_mid_batch_answers_503_then_a_new_one_takes_the_retry(client):
     """写库进程在一批写完之前没了:这一批回 503,什么都没存;下一个请求到来时拉起新的写库进程,上游重试就收下。"""
     old = webhook.committer.proc.pid
@@ -288,7 +280,7 @@ def test_writer_process_killed_mid_batch_answers_503_then_a_new_one_takes_the_re
     r = post(client, body, send_webhook.sign(body, SECRET))
     assert (r.status_code, r.json()) == (202, {"accepted": True, "duplicate": False})
     assert stored() == [("evt_T1012_created", "webhook", "ticket.created", "pending", 0)]
-    assert webhook.committer.proc.pid != old and running(webhook.committer.proc.pid)
+    assert webhook.committer.proc.pid != old and store._process_alive(webhook.committer.proc.pid)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
@@ -301,13 +293,13 @@ def test_the_writer_process_exits_with_the_webhook(lab, sig):
         with urllib.request.urlopen(request, timeout=10) as r:
             assert (r.status, json.loads(r.read())) == (202, {"accepted": True, "duplicate": False})
         (writer,) = writer_pids(proc.pid)
-        assert running(writer)
+        assert store._process_alive(writer)
         proc.send_signal(sig)
         proc.wait(timeout=30)
         deadline = time.time() + 10
-        while running(writer) and time.time() < deadline:
+        while store._process_alive(writer) and time.time() < deadline:
             time.sleep(0.05)
-        assert not running(writer)
+        assert not store._process_alive(writer)
     assert stored() == [("evt_T1012_created", "webhook", "ticket.created", "pending", 0)]
 
 
