@@ -199,9 +199,16 @@ def waiting_for_events_table(pids: list[int]) -> bool:
         return waiting >= len(pids)
     # SQLite 没有「谁在等锁」的视图:进程打开了事件库文件,下一步就是等写锁(busy_timeout 里重试)
     db = str(store.events_db())
+
+    def target(link: str) -> str:
+        try:
+            return os.readlink(link)
+        except FileNotFoundError:  # 列目录和读链接之间,进程正好关掉了这个文件(导入模块时常有)
+            return ""
+
     def opened(pid: int) -> bool:
         fds = f"/proc/{pid}/fd"
-        return any(os.path.realpath(os.path.join(fds, fd)) == db for fd in os.listdir(fds))
+        return any(target(os.path.join(fds, fd)) == db for fd in os.listdir(fds))
     return all(opened(pid) for pid in pids)
 
 
