@@ -71,7 +71,11 @@ def descendants(pid: int) -> list[int]:
     """还活着的子孙进程(webhook 的写库进程)。"""
     found = []
     for task in Path(f"/proc/{pid}/task").iterdir():
-        for child in (task / "children").read_text().split():
+        try:
+            children = (task / "children").read_text().split()
+        except FileNotFoundError:  # 这个线程刚好退出了
+            continue
+        for child in children:
             found += [int(child), *descendants(int(child))]
     return found
 
