@@ -10,7 +10,8 @@
 你会看到:日期、nproc、Python 版本,然后几张表:
 - (a) 模型瞬间回答(离线模型)时,领取 + 跑图到收件箱 + 改状态,每个事件多少 ms;各环节的墙钟和 CPU;
   基线是「同一张图,InMemorySaver,不碰事件表」;另有一行参考「课文的写法」(lesson_style,SQLite,
-  每次新建 ChatOpenAI 连本机不等待的模型服务),在同一次运行里量,报我们是它的几倍。
+  每次新建 ChatOpenAI 连本机不等待的模型服务),在同一次运行里量,报我们是它的几倍;另一行参考是
+  CHECKPOINT_DURABILITY=exit(只在运行停下时写一次 checkpoint,不是默认,代价见 worker.py 顶部)。
 - (b) 本机的 OpenAI 兼容服务(tests/openai_stub.py,每次回答前等 500 ms)面前堆着一批事件:
   并发 1 / 4 / 16 和 3 个进程(各并发 16)每秒处理几个事件、是并发 1 的几倍、每个 worker 进程的峰值内存。
 - SQLite 的 checkpoint 锁(SqliteSaver 一个进程一个连接、一把 threading.Lock)在并发 16 时是不是瓶颈。
@@ -451,8 +452,10 @@ def overhead(lab: Lab, stub_url: str, events: int, rounds: int) -> dict[str, lis
     """(a):并发 1,离线模型(瞬间回答)和本机模型服务(不等待,走真 HTTP)。"""
     stub_env = model_env(stub_url)
     # 离线模型那一组顺便量「课文的写法」:课文没有离线模型,它的 get_llm() 每次新建一个 ChatOpenAI,连同一个本机服务
+    # exit:同样的离线模型,只换 CHECKPOINT_DURABILITY(worker.py 顶部说了它的代价),看 checkpoint 每步都写要多少
     groups = start_children(lab, {"offline": (1, 1, {LESSON_URL_ENV: stub_url}, "default"),
-                                  "stub": (1, 1, stub_env, "default")})
+                                  "stub": (1, 1, stub_env, "default"),
+                                  "exit": (1, 1, {"CHECKPOINT_DURABILITY": "exit"}, "default")})
     out: dict[str, list[dict]] = {name: [] for name in groups}
     try:
         for _ in range(rounds):
@@ -525,7 +528,8 @@ def report_overhead(results: dict[str, dict[str, list[dict]]]) -> dict[str, tupl
         base = [r["floor_ms"] for r in runs["offline"]]
         stub = [r["elapsed"] / r["events"] * 1000 for r in runs["stub"]]
         per_db[db] = (median(off), lesson_ratio(runs["offline"], lesson) if lesson else None)
-        cpu = {name: median(r["cpu_ms"] for r in runs[name]) for name in ("offline", "stub")}
+        exit_ = [r["elapsed"] / r["events"] * 1000 for r in runs["exit"]]
+        cpu = {name: median(r["cpu_ms"] for r in runs[name]) for name in ("offline", "stub", "exit")}
         if db == "SQLite" and lesson:
             rows.append([db, "参考:课文的写法,本机模型服务(见 lesson_style;issue 6 写目标时约 20 ms)", median(lesson),
                          f"{median(x / b for x, b in zip(lesson, base)):.2f}", "—", ""])
@@ -534,15 +538,19 @@ def report_overhead(results: dict[str, dict[str, list[dict]]]) -> dict[str, tupl
                      f"{median(o / b for o, b in zip(off, base)):.2f}", cpu["offline"], mark(median(off) <= TARGET_MS)])
         rows.append([db, "worker:同上,本机模型服务(不等待,走真 HTTP + ChatOpenAI)", median(stub),
                      f"{median(s / b for s, b in zip(stub, base)):.2f}", cpu["stub"], "(参考)"])
+        rows.append([db, "worker:离线模型,CHECKPOINT_DURABILITY=exit(不是默认:被 kill -9 时从头重跑)", median(exit_),
+                     f"{median(e / b for e, b in zip(exit_, base)):.2f}", cpu["exit"], "(参考)"])
     table(["数据库", "测的是什么", "ms/事件", "÷ 基线(逐轮)", "worker CPU ms/事件", f"≤ {TARGET_MS:.0f} ms"], rows)
     if lesson:
         print(f"同一次运行里 worker ÷ 课文的写法(逐轮中位数;issue 6 的目标 {TARGET_MS:.0f} ms ÷ 20 ms = "
               f"{TARGET_MS / 20:.2f}):" + ";".join(
                   f"{db} 离线模型 {lesson_ratio(runs['offline'], lesson):.2f}、本机模型服务 {lesson_ratio(runs['stub'], lesson):.2f}"
+                  f"、exit {lesson_ratio(runs['exit'], lesson):.2f}"
                   for db, runs in results.items()))
-    print("各轮 ms/事件(worker,离线模型):" + ";".join(
-        f"{db} " + "、".join(f"{r['elapsed'] / r['events'] * 1000:.1f}" for r in runs["offline"])
-        for db, runs in results.items()))
+    for name, label in (("offline", "worker,离线模型"), ("exit", "exit")):
+        print(f"各轮 ms/事件({label}):" + ";".join(
+            f"{db} " + "、".join(f"{r['elapsed'] / r['events'] * 1000:.1f}" for r in runs[name])
+            for db, runs in results.items()))
     print("\n各环节 ms/事件(离线模型,各轮中位数;「LangGraph / LangChain 自身」= 跑图的总时间减去图里量到的几步)。\n"
           "墙钟里含等 GIL、等网络、等磁盘;CPU 是这段代码在自己线程里真正用掉的(time.thread_time)。\n"
           "一个进程只有一把 GIL,处理线程和后台线程的 CPU 加起来,大体就是一个事件墙钟的下限:\n")

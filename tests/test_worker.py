@@ -236,20 +236,25 @@ def test_two_worker_processes_claim_each_of_200_events_exactly_once(any_lab):
     assert rows("SELECT status, attempts, COUNT(*) FROM events GROUP BY status, attempts") == [("dead", 1, 200)]
 
 
+def kill_worker_inside_draft(env: dict, stub: OpenAIStub) -> None:
+    """起一个 worker.py --once 进程,等它在 draft 里把请求发给(不回答的)模型,kill -9。"""
+    proc = subprocess.Popen([sys.executable, "worker.py", "--once"], cwd=LAB, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.time() + 60
+    while not stub.requests and time.time() < deadline:
+        time.sleep(0.05)
+    assert stub.requests, "worker 应该已经在 draft 里调模型了"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+
+
 def test_worker_killed_inside_draft_resumes_at_draft_without_rerunning_load(any_lab, monkeypatch):
     """kill -9 在 draft 里(模型还没回):重启后从 draft 接着跑,load 不重跑,也没有第二个 input checkpoint。"""
     with OpenAIStub(delay=30) as stub:
         env = {**any_lab, "LLM_API_KEY": "sk-test", "LLM_BASE_URL": stub.base_url, "LLM_MODEL": "stub-model",
                "LLM_MAX_RETRIES": "0"}
         add("T1012")
-        proc = subprocess.Popen([sys.executable, "worker.py", "--once"], cwd=LAB, env=env,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        deadline = time.time() + 60
-        while not stub.requests and time.time() < deadline:
-            time.sleep(0.05)
-        assert stub.requests, "worker 应该已经在 draft 里调模型了"
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
+        kill_worker_inside_draft(env, stub)
         assert events() == [("evt_T1012_created", "processing", 1)]
         stub.delay = 0
         r = run(["worker.py", "--once"], env)
@@ -333,3 +338,78 @@ def test_outside_events_and_replies_wait_for_the_disk_but_worker_bookkeeping_doe
     assert rows("SELECT ticket_id, body FROM outbox") == [("T1012", "d")]
     assert rows("SELECT event_id, model, input_tokens, output_tokens FROM llm_usage") == [
         ("evt_T1012_created", "m", 1, 2)]
+
+
+def count_checkpoint_writes(monkeypatch) -> list[str]:
+    """数 checkpointer 真正写了几次(put 是一个 checkpoint,put_writes 是一个节点交出的一组写入)。"""
+    graph, conn = open_graph()
+    saver_class = type(graph.checkpointer)  # SqliteSaver 或 PostgresSaver
+    conn.close()
+    writes: list[str] = []
+    for name in ("put", "put_writes"):
+        real = getattr(saver_class, name)
+        monkeypatch.setattr(saver_class, name,
+                            lambda self, *a, _real=real, _name=name, **k: writes.append(_name) or _real(self, *a, **k))
+    return writes
+
+
+def test_durability_exit_writes_once_per_run_and_a_failed_draft_still_resumes_at_draft(any_lab, monkeypatch):
+    """CHECKPOINT_DURABILITY=exit:新工单到收件箱只写一个 checkpoint 加一组写入(默认的 async 是 4 + 4);
+    draft 出错时退出也会写,重试从 draft 接着跑,load 只跑一次。"""
+    writes = count_checkpoint_writes(monkeypatch)
+    loads: list[str] = []
+    real_ticket = store.ticket
+    monkeypatch.setattr(store, "ticket", lambda ticket_id: loads.append(ticket_id) or real_ticket(ticket_id))
+    add("T1003")
+    assert drain() == [("evt_T1003_created", "waiting_human")]  # 默认 async,做对照
+    assert writes.count("put") == 4 and writes.count("put_writes") == 4
+
+    monkeypatch.setenv("CHECKPOINT_DURABILITY", "exit")
+    writes.clear()
+    add("T1041")
+    assert drain() == [("evt_T1041_created", "waiting_human")]
+    assert writes == ["put", "put_writes"]
+    assert [h.next for h in thread_history("T1041")] == [("review",)]
+
+    with OpenAIStub() as stub:
+        use_stub(monkeypatch, stub)
+        stub.fail["stub-model"] = (500, "server_error")
+        stub.fail_times["stub-model"] = 1
+        monkeypatch.setenv("BACKOFF_BASE_MINUTES", "0")
+        loads.clear()
+        add("T1012")
+        assert drain() == [("evt_T1012_created", "pending"), ("evt_T1012_created", "waiting_human")]
+        assert len(stub.requests) == 2
+    assert loads == ["T1012"]  # 重试没有从 load 重新来
+    history = thread_history("T1012")
+    assert [h.next for h in history] == [("review",), ("draft",)]  # 出错退出时写下的停在 draft 前面
+    assert history[0].interrupts and history[0].values["ticket_id"] == "T1012"
+    assert events()[-1] == ("evt_T1012_created", "waiting_human", 2)
+
+
+def test_durability_exit_worker_killed_inside_draft_starts_the_ticket_over(any_lab):
+    """exit 的代价(worker.py 顶部写明了):kill -9 在 draft 里,这次运行什么都没记下,重启后从 load 重新来;
+    结果和默认的一样 —— 一个事件等人、一条待办。对照 test_worker_killed_inside_draft_resumes_at_draft_without_rerunning_load。"""
+    with OpenAIStub(delay=30) as stub:
+        env = {**any_lab, "LLM_API_KEY": "sk-test", "LLM_BASE_URL": stub.base_url, "LLM_MODEL": "stub-model",
+               "LLM_MAX_RETRIES": "0", "CHECKPOINT_DURABILITY": "exit"}
+        add("T1012")
+        kill_worker_inside_draft(env, stub)
+        assert thread_history("T1012") == []  # 被杀的这次运行一个 checkpoint 也没写
+        stub.delay = 0
+        r = run(["worker.py", "--once"], env)
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.splitlines() == ["放回队列 1 个卡住的事件", "evt_T1012_created → waiting_human"]
+        assert len(stub.requests) == 2
+    assert events() == [("evt_T1012_created", "waiting_human", 2)]
+    history = thread_history("T1012")
+    assert [h.next for h in history] == [("review",)]
+    assert history[0].interrupts and history[0].values["ticket_id"] == "T1012"
+
+
+def test_unknown_durability_stops_the_worker_before_it_claims_anything(lab):
+    add("T1012")
+    r = run(["worker.py", "--once"], {**lab, "CHECKPOINT_DURABILITY": "fast"})
+    assert (r.returncode, r.stdout) == (1, "")
+    assert r.stderr == "配置错误:CHECKPOINT_DURABILITY='fast',只能是 async、exit、sync 之一\n"
+    assert events() == [("evt_T1012_created", "pending", 0)]
