@@ -79,8 +79,10 @@ def handle(graph, ev: dict) -> str:
         return "done" if ticket_id in waiting else "waiting_human"
     if snap.values.get("outcome") in FINISHED:
         return "done"  # 这张工单已经处理完了(上游换了个 event_id 又通知了一次)
-    if snap.next:
-        # 崩溃的 thread:checkpoint 停在失败的节点前面。不给新输入,从那里接着跑
+    if snap.tasks:
+        # 崩溃的 thread:checkpoint 停在失败的节点前面。不给新输入,从那里接着跑。
+        # 看 tasks 不看 next:节点的结果写下了、下一个 checkpoint 还没写就被杀时,next 是空的(那个任务已经有结果),
+        # tasks 里还有它;续跑时 LangGraph 直接用写下的结果,不重跑这个节点
         result = graph.invoke(None, cfg, durability=durability())
     else:
         empty = snap.created_at is None  # 没有任何 checkpoint:新工单(最常见的情况)

@@ -42,6 +42,32 @@ def run(args: list[str], env: dict, timeout: float = 120, input: str | None = No
                           timeout=timeout, input=input)
 
 
+# 在第 step 步的 checkpoint 要写(put)的那一刻让进程消失,像 kill -9 一样不清理、不回滚。这时上一步各节点的结果
+# (put_writes)已经写下了:默认的 async 下两次写入在后台线程里按顺序做,kill -9 真会落在这中间(test_chaos 碰到过)。
+DIE_BEFORE_CHECKPOINT = """
+import os, runpy, sys
+from agent import open_graph
+graph, conn = open_graph()
+saver_class = type(graph.checkpointer)
+conn.close()
+real_put, step = saver_class.put, int(sys.argv.pop(1))
+def put(self, config, checkpoint, metadata, new_versions):
+    if metadata.get("step") == step:
+        os._exit(9)
+    return real_put(self, config, checkpoint, metadata, new_versions)
+saver_class.put = put
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def die_before_checkpoint(env: dict, step: int, *args: str) -> subprocess.CompletedProcess:
+    """跑实验目录里的一个脚本(args 同 run),在写第 step 步的 checkpoint 之前死掉;断言它确实是这样死的。"""
+    r = run(["-c", DIE_BEFORE_CHECKPOINT, str(step), *args], env)
+    assert r.returncode == 9, r.stderr
+    return r
+
+
 def drain(concurrency: int | None = None) -> list[tuple[str, str]]:
     """在本进程里开一个 worker,把现在能领的事件处理完:[(event_id, 新状态)]。"""
     import worker

@@ -4,7 +4,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import LAB, drain, rows, run
+from conftest import LAB, die_before_checkpoint, drain, rows, run
 
 import store
 from agent import open_graph, send, thread_of
@@ -179,6 +179,23 @@ def test_list_and_actions_reconcile_after_a_resume_that_crashed_before_the_statu
     assert rows("SELECT event_id, status FROM events ORDER BY received_at") == [
         ("evt_T1012_created", "done"), ("evt_T1041_created", "waiting_human")]
     assert rows("SELECT COUNT(*) FROM outbox") == [(1,)]
+
+
+def test_inbox_killed_after_the_decision_is_saved_is_finished_by_the_worker_not_asked_again(any_lab):
+    """accept 之后、review 的结果写下了、下一个 checkpoint 还没写时收件箱命令被杀:人已经做了决定。
+    下一次 list 把事件交回 worker;worker 用写下的决定把它发完 —— 不再把同一张工单放回收件箱问第二遍,只发一封。"""
+    queue("T1012")
+    die_before_checkpoint(any_lab, 3, "inbox.py", "accept", "T1012")  # 第 2 步停在 review,第 3 步是 review 之后
+    listing = inbox(any_lab, "list")
+    assert (listing.returncode, listing.stdout, listing.stderr) == (
+        0, "收件箱是空的\n", "(更正:T1012 上次处理中途中断,事件 evt_T1012_created 改为 pending)\n")
+    assert drain() == [("evt_T1012_created", "done")]
+    listing = inbox(any_lab, "list")
+    assert (listing.returncode, listing.stdout, listing.stderr) == (0, "收件箱是空的\n", "")
+    assert rows("SELECT event_id, status FROM events") == [("evt_T1012_created", "done")]
+    assert rows("SELECT ticket_id, sent_by FROM outbox") == [("T1012", "agent+reviewer")]
+    assert rows("SELECT ticket_id, action FROM review_log") == [("T1012", "accept")]
+    assert state("T1012")["outcome"] in ("sent", "already_sent")  # send 有没有在被杀之前跑完,看时机
 
 
 def test_two_inbox_commands_on_one_ticket_at_once_send_one_reply(any_lab):

@@ -6,7 +6,8 @@ import subprocess
 import sys
 import time
 
-from conftest import LAB, drain, rows, run
+import pytest
+from conftest import LAB, die_before_checkpoint, drain, rows, run
 from openai_stub import OpenAIStub
 
 import store
@@ -266,6 +267,32 @@ def test_worker_killed_inside_draft_resumes_at_draft_without_rerunning_load(any_
     assert [h.metadata["source"] for h in history].count("input") == 1
     assert [h.next for h in history].count(("load",)) == 1
     assert [h.next for h in history].count(("draft",)) == 1  # 续跑时没有从 load 重新来一遍
+
+
+@pytest.mark.parametrize("step, done_node", [(0, "__start__"), (1, "load")])
+def test_worker_killed_after_a_node_saved_its_result_resumes_after_that_node(any_lab, monkeypatch, step, done_node):
+    """被杀在「节点的结果写下了、下一个 checkpoint 还没写」之间:最新的 checkpoint 上 next 是空的(那个任务已经有结果),
+    但这不是跑完了的 thread。重启后照样续跑 —— 不再给一次输入,写下结果的节点不重跑。"""
+    add("T1012")
+    die_before_checkpoint(any_lab, step, "worker.py", "--once")
+    assert events() == [("evt_T1012_created", "processing", 1)]
+    graph, conn = open_graph()
+    try:
+        snap = graph.get_state(thread_of("T1012"))
+    finally:
+        conn.close()
+    assert snap.next == () and [t.name for t in snap.tasks] == [done_node]  # 这就是看起来「没有下一步」的样子
+
+    loads: list[str] = []
+    real_ticket = store.ticket
+    monkeypatch.setattr(store, "ticket", lambda ticket_id: loads.append(ticket_id) or real_ticket(ticket_id))
+    assert drain() == [("evt_T1012_created", "waiting_human")]
+    assert loads == ([] if done_node == "load" else ["T1012"])  # load 写下了结果就不再跑
+    assert events() == [("evt_T1012_created", "waiting_human", 2)]
+    history = thread_history("T1012")
+    assert [h.metadata["source"] for h in history] == ["loop", "loop", "loop", "input"]
+    assert [h.next for h in history] == [("review",), ("draft",), ("load",), ("__start__",)]
+    assert history[0].interrupts and history[0].values["ticket_id"] == "T1012"
 
 
 def test_crashed_thread_is_resumed_and_waiting_thread_is_left_alone(any_lab, monkeypatch):
