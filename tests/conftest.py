@@ -42,30 +42,42 @@ def run(args: list[str], env: dict, timeout: float = 120, input: str | None = No
                           timeout=timeout, input=input)
 
 
-# 在第 step 步的 checkpoint 要写(put)的那一刻让进程消失,像 kill -9 一样不清理、不回滚。这时上一步各节点的结果
-# (put_writes)已经写下了:默认的 async 下两次写入在后台线程里按顺序做,kill -9 真会落在这中间(test_chaos 碰到过)。
-DIE_BEFORE_CHECKPOINT = """
+# 让进程在写 checkpoint 的某一刻消失,像 kill -9 一样不清理、不回滚。两种时刻:
+# "put:<step>":第 step 步的 checkpoint 要写(put)时。这时上一步各节点的结果(put_writes)已经写下了:默认的 async
+#   下两次写入在后台线程里按顺序做,kill -9 真会落在这中间(test_chaos 碰到过)。
+# "writes:<channel>":某个节点的结果里有 channel 这个键、要写下(put_writes)时,也就是这个节点刚跑完、结果还没存。
+DIE_AT = """
 import os, runpy, sys
 from agent import open_graph
 graph, conn = open_graph()
 saver_class = type(graph.checkpointer)
 conn.close()
-real_put, step = saver_class.put, int(sys.argv.pop(1))
+kind, _, where = sys.argv.pop(1).partition(":")
+real_put, real_put_writes = saver_class.put, saver_class.put_writes
 def put(self, config, checkpoint, metadata, new_versions):
-    if metadata.get("step") == step:
+    if kind == "put" and metadata.get("step") == int(where):
         os._exit(9)
     return real_put(self, config, checkpoint, metadata, new_versions)
-saver_class.put = put
+def put_writes(self, config, writes, task_id, task_path=""):
+    if kind == "writes" and any(channel == where for channel, _ in writes):
+        os._exit(9)
+    return real_put_writes(self, config, writes, task_id, task_path)
+saver_class.put, saver_class.put_writes = put, put_writes
 sys.argv = sys.argv[1:]
 runpy.run_path(sys.argv[0], run_name="__main__")
 """
 
 
-def die_before_checkpoint(env: dict, step: int, *args: str) -> subprocess.CompletedProcess:
-    """跑实验目录里的一个脚本(args 同 run),在写第 step 步的 checkpoint 之前死掉;断言它确实是这样死的。"""
-    r = run(["-c", DIE_BEFORE_CHECKPOINT, str(step), *args], env)
+def die_at(env: dict, when: str, *args: str) -> subprocess.CompletedProcess:
+    """跑实验目录里的一个脚本(args 同 run),在 when(见 DIE_AT)那一刻死掉;断言它确实是这样死的。"""
+    r = run(["-c", DIE_AT, when, *args], env)
     assert r.returncode == 9, r.stderr
     return r
+
+
+def die_before_checkpoint(env: dict, step: int, *args: str) -> subprocess.CompletedProcess:
+    """在写第 step 步的 checkpoint 之前死掉。"""
+    return die_at(env, f"put:{step}", *args)
 
 
 def drain(concurrency: int | None = None) -> list[tuple[str, str]]:

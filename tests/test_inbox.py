@@ -4,7 +4,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import LAB, die_before_checkpoint, drain, rows, run
+from conftest import LAB, die_at, die_before_checkpoint, drain, rows, run
 
 import store
 from agent import open_graph, send, thread_of
@@ -196,6 +196,34 @@ def test_inbox_killed_after_the_decision_is_saved_is_finished_by_the_worker_not_
     assert rows("SELECT ticket_id, sent_by FROM outbox") == [("T1012", "agent+reviewer")]
     assert rows("SELECT ticket_id, action FROM review_log") == [("T1012", "accept")]
     assert state("T1012")["outcome"] in ("sent", "already_sent")  # send 有没有在被杀之前跑完,看时机
+
+
+def test_inbox_killed_while_redrafting_is_finished_by_the_worker_with_the_feedback_kept(any_lab):
+    """respond 之后 review 的结果(意见)写下了,重写的 draft 刚跑完、结果还没写下时被杀:意见不丢。
+    下一次 list 把事件交回 worker,worker 从 draft 接着跑(不从 load 重来),新草稿回到收件箱,重写只算一次。"""
+    queue("T1012")
+    die_at(any_lab, "writes:first_draft", "inbox.py", "respond", "T1012", "先道歉")  # draft 的结果里有 first_draft
+    listing = inbox(any_lab, "list")
+    assert (listing.returncode, listing.stdout, listing.stderr) == (
+        0, "收件箱是空的\n", "(更正:T1012 上次处理中途中断,事件 evt_T1012_created 改为 pending)\n")
+    assert drain() == [("evt_T1012_created", "waiting_human")]
+    assert state("T1012")["feedback"] == ["先道歉"]
+    listing = inbox(any_lab, "list")
+    assert listing.returncode == 0 and listing.stderr == ""
+    lines = listing.stdout.splitlines()
+    assert len(lines) == 2 and lines[0].startswith("T1012  [invoice] ") and "先道歉" in lines[1]
+    # 模型调用:第一版、被杀的那次重写(回答了,结果没存下)、worker 续跑的重写
+    assert rows("SELECT COUNT(*) FROM llm_usage") == [(3,)]
+    graph, conn = open_graph()
+    try:
+        sources = [s.metadata["source"] for s in graph.get_state_history(thread_of("T1012"))]
+    finally:
+        conn.close()
+    assert sources.count("input") == 1  # 没有从头再来
+    accept = inbox(any_lab, "accept", "T1012")
+    assert (accept.returncode, accept.stdout, accept.stderr) == (0, "T1012 → sent\n", "")
+    assert rows("SELECT ticket_id, action, feedback FROM review_log") == [("T1012", "accept", '["先道歉"]')]
+    assert rows("SELECT COUNT(*) FROM outbox") == [(1,)]
 
 
 def test_two_inbox_commands_on_one_ticket_at_once_send_one_reply(any_lab):
