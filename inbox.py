@@ -105,7 +105,10 @@ def act(graph, command: str, ticket_id: str, text: str) -> None:
     if not store.take_for_review(ev["event_id"]):
         raise Refused(f"{ticket_id} 刚被另一个收件箱命令拿走处理了,稍后再 list 看看")
     try:
-        result = graph.invoke(Command(resume=answer_for(command, ticket_id, text)), cfg)
+        # sync:每个节点的结果写下了才跑下一个节点。默认的 async 在后台写、同时就往下跑:review 的结果(人的决定)
+        # 还没写下,send 可能已经写了发件箱;这时被杀,checkpoint 里 review 还停在 interrupt,下一次 list 会把已经
+        # 发出的工单再放回收件箱问人(tests/test_inbox.py 碰到过)。收件箱是人在敲命令,多等几毫秒无所谓。
+        result = graph.invoke(Command(resume=answer_for(command, ticket_id, text)), cfg, durability="sync")
     except Exception as e:
         status = "waiting_human" if graph.get_state(cfg).interrupts else "pending"
         store.set_status(ev["event_id"], status, f"{type(e).__name__}: {e}", owner=store.worker_id())

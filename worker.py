@@ -30,7 +30,7 @@ STALE_MINUTES = 10          # 分钟;processing 超过这么久、处理它的�
 BACKOFF_BASE_MINUTES = 1    # 分钟;第 n 次失败后等 BASE × 2^n 分钟再试(练习 3);测试里调小
 POLL_SECONDS = 2            # 秒;常驻模式下没事件时隔多久再看
 CONCURRENCY = 1             # 个;一个 worker 同时处理几个事件
-# worker 跑图时 checkpoint 什么时候写(LangGraph 的 durability);收件箱恢复 thread 时总是用默认的 async。
+# worker 跑图时 checkpoint 什么时候写(LangGraph 的 durability);收件箱恢复 thread 时总是用 sync(见 inbox.py)。
 #   async(默认,和课文一样):每走完一个节点写一次(后台线程写,这次运行结束前等它写完)。
 #         被 kill -9 的工单,重启后从被杀时所在的节点接着跑。
 #   exit:这次运行停下时(进了收件箱、出错、做完)才写一次。出错照样从失败的节点续跑(出错退出时也写);

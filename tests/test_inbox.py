@@ -198,6 +198,25 @@ def test_inbox_killed_after_the_decision_is_saved_is_finished_by_the_worker_not_
     assert state("T1012")["outcome"] in ("sent", "already_sent")  # send 有没有在被杀之前跑完,看时机
 
 
+def test_inbox_killed_after_the_answer_is_saved_but_before_review_used_it_asks_again_and_the_new_answer_wins(any_lab):
+    """accept 的回答已经写进 checkpoint(__resume__),review 还没用它跑完就被杀:命令没有打印结果,人不知道做没做成。
+    下一次 list 把同一条待办原样放回收件箱;worker 不碰它;人再给的回答盖掉旧的,只发一封。"""
+    queue("T1012")
+    before = inbox(any_lab, "list").stdout
+    die_at(any_lab, "writes:outcome", "inbox.py", "accept", "T1012")  # review 的结果里有 outcome
+    assert rows("SELECT status FROM events") == [("processing",)]
+    listing = inbox(any_lab, "list")
+    assert (listing.returncode, listing.stdout, listing.stderr) == (
+        0, before, "(更正:T1012 上次处理中途中断,事件 evt_T1012_created 改为 waiting_human)\n")
+    assert drain() == []  # 等人的工单 worker 不领
+    assert rows("SELECT COUNT(*) FROM outbox") == [(0,)]
+    edit = inbox(any_lab, "edit", "T1012", "改过的回复")
+    assert (edit.returncode, edit.stdout, edit.stderr) == (0, "T1012 → sent\n", "")
+    assert rows("SELECT ticket_id, body FROM outbox") == [("T1012", "改过的回复")]
+    assert rows("SELECT ticket_id, action FROM review_log") == [("T1012", "edit")]
+    assert rows("SELECT event_id, status FROM events") == [("evt_T1012_created", "done")]
+
+
 def test_inbox_killed_while_redrafting_is_finished_by_the_worker_with_the_feedback_kept(any_lab):
     """respond 之后 review 的结果(意见)写下了,重写的 draft 刚跑完、结果还没写下时被杀:意见不丢。
     下一次 list 把事件交回 worker,worker 从 draft 接着跑(不从 load 重来),新草稿回到收件箱,重写只算一次。"""
