@@ -217,6 +217,23 @@ def test_inbox_killed_after_the_answer_is_saved_but_before_review_used_it_asks_a
     assert rows("SELECT event_id, status FROM events") == [("evt_T1012_created", "done")]
 
 
+def test_inbox_killed_after_ignore_was_recorded_but_not_saved_asks_again_and_the_log_shows_what_was_done(any_lab):
+    """ignore 在 review 里记了一笔 review_log,review 的结果还没写下就被杀:下一次 list 照样再问一遍。
+    人这次选了 accept,回复发出去了:review_log 里那张工单的一行要说 accept,不能还是被盖过去之前的 ignore。"""
+    queue("T1012")
+    die_at(any_lab, "writes:outcome", "inbox.py", "ignore", "T1012")
+    assert rows("SELECT ticket_id, action FROM review_log") == [("T1012", "ignore")]
+    listing = inbox(any_lab, "list")
+    assert (listing.returncode, listing.stderr) == (
+        0, "(更正:T1012 上次处理中途中断,事件 evt_T1012_created 改为 waiting_human)\n")
+    assert listing.stdout.startswith("T1012  [invoice] ")
+    accept = inbox(any_lab, "accept", "T1012")
+    assert (accept.returncode, accept.stdout, accept.stderr) == (0, "T1012 → sent\n", "")
+    assert rows("SELECT ticket_id, action, draft = final FROM review_log") == [("T1012", "accept", 1)]
+    assert rows("SELECT ticket_id, sent_by FROM outbox") == [("T1012", "agent+reviewer")]
+    assert rows("SELECT event_id, status FROM events") == [("evt_T1012_created", "done")]
+
+
 def test_inbox_killed_while_redrafting_is_finished_by_the_worker_with_the_feedback_kept(any_lab):
     """respond 之后 review 的结果(意见)写下了,重写的 draft 刚跑完、结果还没写下时被杀:意见不丢。
     下一次 list 把事件交回 worker,worker 从 draft 接着跑(不从 load 重来),新草稿回到收件箱,重写只算一次。"""
