@@ -186,9 +186,10 @@ builder.add_conditional_edges("review", after_review, ["send", "draft", END])
 builder.add_edge("send", END)
 
 
-def open_graph():
-    """返回 (graph, conn)。调用方用完要 conn.close()。checkpoint 存哪(SQLite 文件或 PostgreSQL)由 store 决定。"""
-    saver, conn = store.open_checkpointer()
+def open_graph(durable: bool = False):
+    """返回 (graph, conn)。调用方用完要 conn.close()。checkpoint 存哪(SQLite 文件或 PostgreSQL)由 store 决定;
+    durable 见 store.open_checkpointer:收件箱用 True。"""
+    saver, conn = store.open_checkpointer(durable)
     read = saver.get_tuple
 
     def get_tuple(config: RunnableConfig):

@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
         return usage(f"{args[0]} 的参数太多了;文字里有空格时请用引号括起来")
 
     store.init()
-    graph, conn = open_graph()
+    graph, conn = open_graph(durable=True)  # 人的决定等落盘之后才发信
     try:
         tidy(graph)
         if command == "list":

@@ -306,8 +306,11 @@ def _no_flush_wait(conn) -> None:
     conn.execute("SET synchronous_commit = off")
 
 
-def open_checkpointer():
-    """LangGraph 的 checkpointer:SQLite 文件(默认)或 PostgreSQL。返回 (saver, 用完要 close 的东西)。"""
+def open_checkpointer(durable: bool = False):
+    """LangGraph 的 checkpointer:SQLite 文件(默认)或 PostgreSQL。返回 (saver, 用完要 close 的东西)。
+    durable=False(worker):checkpoint 的提交不等落盘,丢了只是从更早的节点重跑。
+    durable=True(收件箱):等落盘。人的决定写下了才会发信;SQLite 上 checkpoint 和发件箱在两个文件里,
+    不等的话断电后可能发件箱里有回复、checkpoint 却退回到 interrupt,同一张工单又回到收件箱。"""
     if dialect() == "postgres":
         from langgraph.checkpoint.postgres import PostgresSaver
         from psycopg.rows import dict_row
@@ -316,7 +319,7 @@ def open_checkpointer():
         pool = ConnectionPool(database_url(), min_size=1, max_size=config.integer("PG_POOL_SIZE", PG_POOL_SIZE),
                               kwargs={"autocommit": True, "prepare_threshold": 0, "row_factory": dict_row,
                                       "application_name": pg_application_name()},
-                              configure=_no_flush_wait, open=False)
+                              configure=None if durable else _no_flush_wait, open=False)
         pool.open(wait=True, timeout=10)
         saver = PostgresSaver(pool)
         with opened() as conn:
@@ -333,9 +336,9 @@ def open_checkpointer():
 
     conn = sqlite3.connect(checkpoints_db(), check_same_thread=False, timeout=BUSY_TIMEOUT_S)
     conn.execute("PRAGMA journal_mode = WAL")  # worker 和收件箱是不同进程,同时写 checkpoint
-    # checkpoint 用 NORMAL:进程崩溃(kill -9)时一个不丢,只有断电可能丢最后几个 checkpoint,
-    # 那张工单就从更早的节点重跑一遍(节点幂等,outbox 有 UNIQUE)。事件表和发件箱仍是 FULL。
-    conn.execute("PRAGMA synchronous = NORMAL")
+    # worker 的 checkpoint 用 NORMAL:进程崩溃(kill -9)时一个不丢,只有断电可能丢最后几个 checkpoint,
+    # 那张工单就从更早的节点重跑一遍(节点幂等,outbox 有 UNIQUE)。收件箱、事件表和发件箱是 FULL。
+    conn.execute(f"PRAGMA synchronous = {'FULL' if durable else 'NORMAL'}")
     saver = SqliteSaver(conn)
     saver.setup()
     return saver, conn

@@ -329,14 +329,19 @@ def test_crashed_thread_is_resumed_and_waiting_thread_is_left_alone(any_lab, mon
     assert all(not any(k.startswith("__") for k in h.metadata) for h in history)
     assert history[0].interrupts and history[0].values["ticket_id"] == "T1012"
 
-def test_outside_events_and_replies_wait_for_the_disk_but_worker_bookkeeping_does_not(any_lab, monkeypatch):
-    """store.connect() 的 durable:事件入队、发件箱、收件箱拿走待办的提交等落盘;领取、改状态、记用量不等。
-    看的是真连接上的设置:SQLite 的 PRAGMA synchronous(2 = FULL,1 = NORMAL),PostgreSQL 的 synchronous_commit。"""
-    def flush_setting(conn) -> str:
-        if store.dialect() == "postgres":
-            return {"on": "waits", "off": "no wait"}[conn.execute("SHOW synchronous_commit").fetchone()[0]]
+def flush_setting(conn) -> str:
+    """真连接上的设置:SQLite 的 PRAGMA synchronous(2 = FULL,1 = NORMAL),PostgreSQL 的 synchronous_commit。
+    conn 可以是 store.connect() 的连接,也可以是 checkpointer 的 sqlite3 连接或 PostgreSQL 连接池。"""
+    if store.dialect() != "postgres":
         return {2: "waits", 1: "no wait"}[conn.execute("PRAGMA synchronous").fetchone()[0]]
+    if hasattr(conn, "connection"):  # checkpointer 的连接池:拿一个连接出来看(行是 dict)
+        with conn.connection() as c:
+            return {"on": "waits", "off": "no wait"}[c.execute("SHOW synchronous_commit").fetchone()["synchronous_commit"]]
+    return {"on": "waits", "off": "no wait"}[conn.execute("SHOW synchronous_commit").fetchone()[0]]
 
+
+def test_outside_events_and_replies_wait_for_the_disk_but_worker_bookkeeping_does_not(any_lab, monkeypatch):
+    """store.connect() 的 durable:事件入队、发件箱、收件箱拿走待办的提交等落盘;领取、改状态、记用量不等。"""
     seen: list[str] = []
     real_connect = store.connect
 
@@ -365,6 +370,29 @@ def test_outside_events_and_replies_wait_for_the_disk_but_worker_bookkeeping_doe
     assert rows("SELECT ticket_id, body FROM outbox") == [("T1012", "d")]
     assert rows("SELECT event_id, model, input_tokens, output_tokens FROM llm_usage") == [
         ("evt_T1012_created", "m", 1, 2)]
+
+
+def test_inbox_checkpoints_wait_for_the_disk_but_worker_checkpoints_do_not(any_lab, monkeypatch):
+    """人的决定先落盘,才会发信:SQLite 上 checkpoint 和发件箱是两个文件,checkpoint 不等的话断电后可能发件箱里有回复,
+    thread 却退回 interrupt,同一张工单又回到收件箱。worker 的 checkpoint 丢了只是从更早的节点重跑,不等。"""
+    import inbox
+
+    seen: list[str] = []
+    real_open = store.open_checkpointer
+
+    def spy(durable=False):
+        saver, conn = real_open(durable)
+        seen.append(flush_setting(conn))
+        return saver, conn
+
+    monkeypatch.setattr(store, "open_checkpointer", spy)
+    add("T1012")
+    assert drain() == [("evt_T1012_created", "waiting_human")]
+    assert seen == ["no wait"]
+    seen.clear()
+    assert inbox.main(["accept", "T1012"]) == 0
+    assert seen == ["waits"]
+    assert rows("SELECT ticket_id, sent_by FROM outbox") == [("T1012", "agent+reviewer")]
 
 
 def count_checkpoint_writes(monkeypatch) -> list[str]:
