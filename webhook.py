@@ -257,6 +257,10 @@ def parse_event(raw: bytes) -> dict:
         raise fail(400, "body must be a JSON object with id, type and data.ticket_id")
     if not isinstance(event.get("id"), str) or not 0 < len(event["id"]) <= 200:
         raise fail(400, "id must be a non-empty string (at most 200 characters)")
+    if not event["id"].isprintable():
+        # JSON 的 \ud800、\u0000 解出来是落不了库的字符(SQLite 编不成 UTF-8,PostgreSQL 的 text 不收 NUL):
+        # 放过去的话同一批组提交整批失败,和它一起到的好事件也都回 503
+        raise fail(400, "id must not contain control characters or unpaired surrogates")
     if not isinstance(event.get("type"), str):
         raise fail(400, "type must be a string")
     return event
