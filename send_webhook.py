@@ -36,11 +36,18 @@ def event_body(ticket_id: str) -> bytes:
 
 
 def main(argv: list[str]) -> int:
-    if not 1 <= len(argv) <= 2 or (len(argv) == 2 and not (argv[1].isdigit() and int(argv[1]) >= 1)):
+    # isascii:「²」「٣」之类也算 isdigit(),int() 却不认
+    if not 1 <= len(argv) <= 2 or (len(argv) == 2 and not (argv[1].isascii() and argv[1].isdigit()
+                                                           and int(argv[1]) >= 1)):
         print("用法:uv run python send_webhook.py 工单号 [重复次数,正整数]", file=sys.stderr)
         return 2
     ticket_id, times = argv[0], int(argv[1]) if len(argv) == 2 else 1
     url, secret, body = config.get("WEBHOOK_URL", DEFAULT_URL), config.get("WEBHOOK_SECRET", DEFAULT_SECRET), event_body(ticket_id)
+    try:
+        httpx.URL(url)
+    except httpx.InvalidURL as e:
+        print(f"配置错误:WEBHOOK_URL={url!r} 不是合法的网址({e})", file=sys.stderr)
+        return 2
     failed = False
     for _ in range(times):  # 上游超时重试时,同一个事件会原样再发一次
         headers = {"content-type": "application/json", "x-cloudledger-signature": sign(body, secret)}

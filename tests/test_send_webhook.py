@@ -5,11 +5,19 @@ from conftest import free_port, rows, run, webhook_server
 import store
 
 
-@pytest.mark.parametrize("args", [[], ["T1012", "0"], ["T1012", "two"], ["T1012", "2", "extra"]])
+@pytest.mark.parametrize("args", [[], ["T1012", "0"], ["T1012", "two"], ["T1012", "2", "extra"], ["T1012", "²"]])
 def test_bad_arguments_print_usage_and_exit_2_without_sending(lab, args):
-    r = run(["send_webhook.py", *args], {**lab, "WEBHOOK_URL": f"http://127.0.0.1:{free_port()}/hooks/cloudledger"})
+    with webhook_server(lab) as (_, url):  # 服务开着:参数不对时一个请求也不该发出去
+        r = run(["send_webhook.py", *args], {**lab, "WEBHOOK_URL": url + "/hooks/cloudledger"})
     assert (r.returncode, r.stdout) == (2, "")
     assert r.stderr == "用法:uv run python send_webhook.py 工单号 [重复次数,正整数]\n"
+    assert rows("SELECT COUNT(*) FROM events") == [(0,)]
+
+
+def test_malformed_webhook_url_is_a_clear_error_and_nothing_is_sent(lab):
+    r = run(["send_webhook.py", "T1012"], {**lab, "WEBHOOK_URL": "http://[::1"})
+    assert (r.returncode, r.stdout) == (2, "")
+    assert r.stderr == "配置错误:WEBHOOK_URL='http://[::1' 不是合法的网址(Invalid port: ':1')\n"
 
 
 def test_server_not_running_is_one_clear_message_and_exit_1(lab):
