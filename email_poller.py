@@ -241,7 +241,7 @@ def eml_files(paths: list[str]) -> list[Path]:
     for given in paths:
         p = Path(given)
         if p.is_dir():
-            found = sorted(p.glob("*.eml"))
+            found = sorted(f for f in p.glob("*.eml") if f.is_file())  # 名字像 x.eml 的子目录不算
             if not found:
                 raise SetupError(f"目录里没有 .eml 文件:{given}")
             files += found

@@ -518,6 +518,18 @@ def test_offline_bad_paths_are_rejected_before_anything_is_stored(lab, args, mes
     nothing_stored()
 
 
+def test_a_folder_named_like_a_mail_is_not_read_as_one(lab, tmp_path):
+    (tmp_path / "archive.eml").mkdir()
+    r = run(["email_poller.py", "--eml", str(tmp_path)], lab)
+    assert (r.returncode, r.stdout, r.stderr) == (2, "", f"目录里没有 .eml 文件:{tmp_path}\n")
+    nothing_stored()
+    (tmp_path / "a.eml").write_bytes((LAB / "samples" / "01_utf8_plain.eml").read_bytes())
+    r = run(["email_poller.py", "--eml", str(tmp_path)], lab)
+    assert (r.returncode, r.stderr) == (0, "")
+    assert r.stdout.splitlines()[0] == f"{ticket_of(sample_id('01_utf8_plain.eml'))}  {tmp_path}/a.eml"
+    assert len(rows(EVENTS)) == 1
+
+
 def test_missing_business_database_is_rejected_without_creating_an_empty_one(lab, tmp_path):
     missing = tmp_path / "nowhere" / "cloudledger.db"
     r = run(["email_poller.py", "--eml", "samples"], {**lab, "BIZ_DB": str(missing)})
