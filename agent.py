@@ -21,11 +21,22 @@ from typing_extensions import TypedDict
 
 import config as settings
 import store
-from llm import classify, get_llm, mask_pii
+from llm import classify, get_llm, llm_settings, mask_pii
 
-MAX_REDRAFTS = 3  # 轮;一张工单最多让 Agent 按意见重写几次(每次都要再调一次模型,花钱也耗人的耐心)
+MAX_REDRAFTS = 3  # 轮(至少 0);一张工单最多让 Agent 按意见重写几次(每次都要再调一次模型,花钱也耗人的耐心)
 NOTIFY_WORDS = ("律师", "起诉", "投诉到")  # 练习 5:出现这些词不起草,只通知主管
 FINISHED = ("sent", "already_sent", "ignored")
+
+
+def max_redrafts() -> int:
+    return settings.integer("MAX_REDRAFTS", MAX_REDRAFTS, minimum=0)
+
+
+def check_settings() -> None:
+    """跑图要用的设置都读一遍,不对就以 SystemExit 退出。worker 领事件之前、收件箱拿走待办之前调用:
+    不然要等节点跑到一半才发现,事件停在 processing、白用一次尝试。"""
+    max_redrafts()
+    llm_settings()
 
 
 class PermanentError(Exception):
@@ -129,7 +140,7 @@ def inbox_item(state: TicketState) -> dict:
     return {
         "action_request": {"action": "send_reply", "args": {"ticket_id": state["ticket_id"], "reply": d["reply"]}},
         "config": {"allow_accept": True, "allow_edit": True,
-                   "allow_respond": len(state.get("feedback", [])) < settings.integer("MAX_REDRAFTS", MAX_REDRAFTS),
+                   "allow_respond": len(state.get("feedback", [])) < max_redrafts(),
                    "allow_ignore": True},
         "description": f"[{d['category']}] {d['summary']}",
     }

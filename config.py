@@ -4,6 +4,7 @@
 读取发生在调用时而不是 import 时,所以测试可以在子进程或 monkeypatch 里随时换设置。
 设置 AMBIENT_NO_DOTENV=1 可以完全不读 .env(测试里就是这么做的,免得你本机的 .env 混进来)。
 """
+import math
 import os
 from functools import lru_cache
 from pathlib import Path
@@ -31,18 +32,26 @@ def get(name: str, default: str = "") -> str:
     return value if value else default
 
 
-def number(name: str, default: float) -> float:
+def number(name: str, default: float, *, minimum: float | None = None, maximum: float | None = None) -> float:
+    """读一个数字设置。不是数字(含 nan、inf)或超出 [minimum, maximum] 时以 SystemExit 退出,说明是哪一项。"""
     raw = get(name)
     if not raw:
         return default
     try:
-        return float(raw)
+        value = float(raw)
     except ValueError:
-        raise SystemExit(f"配置错误:{name}={raw!r} 不是数字") from None
+        value = math.nan
+    if not math.isfinite(value):
+        raise SystemExit(f"配置错误:{name}={raw!r} 不是数字")
+    if minimum is not None and value < minimum:
+        raise SystemExit(f"配置错误:{name}={raw!r} 不能小于 {minimum:g}")
+    if maximum is not None and value > maximum:
+        raise SystemExit(f"配置错误:{name}={raw!r} 不能大于 {maximum:g}")
+    return value
 
 
-def integer(name: str, default: int) -> int:
-    value = number(name, default)
+def integer(name: str, default: int, *, minimum: int | None = None, maximum: int | None = None) -> int:
+    value = number(name, default, minimum=minimum, maximum=maximum)
     if value != int(value):
         raise SystemExit(f"配置错误:{name}={get(name)!r} 应该是整数")
     return int(value)

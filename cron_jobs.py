@@ -26,11 +26,11 @@ import httpx
 import config
 import store
 
-STALE_DAYS = 20                  # 天;开着超过这么多天(课文:「超过 20 天还开着的工单」)就该跟进
+STALE_DAYS = 20                  # 天(0–36500);开着超过这么多天(课文:「超过 20 天还开着的工单」)就该跟进
 SCAN_LIMIT = 5                   # 个;scan 一次最多入队几个,别一早把收件箱塞满(--limit 可改)
 STALE_EVENT_PREFIX = "cron:stale:"
-SLACK_TIMEOUT_S = 10             # 秒;Slack 连不上或不回话时最多等这么久,crontab 里的任务不能挂住
-INBOX_ALERT_HOURS = 24           # 小时;收件箱里有待办等了超过这么久(约一个工作日),日报里标出来提醒值班的人
+SLACK_TIMEOUT_S = 10             # 秒(0.1–3600);Slack 连不上或不回话时最多等这么久,crontab 里的任务不能挂住
+INBOX_ALERT_HOURS = 24           # 小时(至少 0);收件箱里有待办等了超过这么久(约一个工作日),日报里标出来提醒值班的人
 # 元 / 千 token,输入输出合起来算的一个均价。默认按课文「一次起草约 0.0015 元」反推:一次起草大约
 # 六七百个 token(提示词 + 结构化输出),约合 0.002 元 / 千 token;换模型或服务商调价时按价目表改。
 LLM_PRICE_PER_1K_TOKENS = 0.002
@@ -50,9 +50,7 @@ def stale_event_id(ticket_id: str, day: str) -> str:
 
 def scan(limit: int = SCAN_LIMIT) -> dict:
     """scan 的 run_once:把该跟进的工单入队,打印汇总,返回各个数和这次新入队的工单。"""
-    stale_days = config.integer("STALE_DAYS", STALE_DAYS)
-    if stale_days < 0:
-        raise SystemExit(f"配置错误:STALE_DAYS={stale_days} 不能是负数")
+    stale_days = config.integer("STALE_DAYS", STALE_DAYS, minimum=0, maximum=36500)
     today = store.now()[:10]
     cutoff = (date.fromisoformat(today) - timedelta(days=stale_days)).isoformat()
     old = store.open_tickets_created_by(cutoff)
@@ -99,8 +97,20 @@ def build_report(numbers: dict | None = None, moment: datetime | None = None) ->
     return "\n".join(lines)
 
 
+def alert_hours() -> float:
+    return config.number("INBOX_ALERT_HOURS", INBOX_ALERT_HOURS, minimum=0)
+
+
+def price_per_1k_tokens() -> float:
+    return config.number("LLM_PRICE_PER_1K_TOKENS", LLM_PRICE_PER_1K_TOKENS, minimum=0)
+
+
+def slack_timeout() -> float:
+    return config.number("SLACK_TIMEOUT_S", SLACK_TIMEOUT_S, minimum=0.1, maximum=3600)
+
+
 def alert_note(hours: float) -> str:
-    limit = config.number("INBOX_ALERT_HOURS", INBOX_ALERT_HOURS)
+    limit = alert_hours()
     return f"(超过 {limit:g} 小时,该提醒值班的人了)" if hours >= limit else ""
 
 
@@ -119,7 +129,7 @@ def outcome_lines(outcomes: list[dict]) -> list[str]:
 def cost_line(usage: dict) -> str:
     if not usage["calls"]:
         return "模型成本:还没有模型调用记录(llm_usage 是空的)"
-    price = config.number("LLM_PRICE_PER_1K_TOKENS", LLM_PRICE_PER_1K_TOKENS)
+    price = price_per_1k_tokens()
     tokens = usage["input_tokens"] + usage["output_tokens"]
     cost = tokens / 1000 * price
     per_event = cost / usage["events"] if usage["events"] else cost
@@ -128,9 +138,8 @@ def cost_line(usage: dict) -> str:
             f"(按 ¥{price:g}/千 token 估算,见 LLM_PRICE_PER_1K_TOKENS)")
 
 
-def post_to_slack(url: str, text: str) -> None:
+def post_to_slack(url: str, text: str, timeout: float) -> None:
     """POST {"text": 日报}。连不上、超时、对方回非 2xx 都抛 SlackError;错误里不带完整 URL(路径里有密钥)。"""
-    timeout = config.number("SLACK_TIMEOUT_S", SLACK_TIMEOUT_S)
     where = _host_of(url)
     try:
         r = httpx.post(url, json={"text": text}, timeout=timeout)
@@ -152,11 +161,15 @@ def _host_of(url: str) -> str:
 
 def report() -> int:
     """report 的 run_once:打印日报;有 SLACK_WEBHOOK_URL 就发过去。返回退出码。"""
+    url = config.get("SLACK_WEBHOOK_URL")
+    # 设置都先读一遍:不对的话还没打印日报就退出(退出码 2 = 什么都没做),不用等到有待办、有用量时才发现
+    alert_hours(), price_per_1k_tokens()
+    timeout = slack_timeout() if url else 0
     text = build_report()
     print(text, flush=True)
-    if url := config.get("SLACK_WEBHOOK_URL"):
+    if url:
         try:
-            post_to_slack(url, text)
+            post_to_slack(url, text, timeout)
         except SlackError as e:
             print(f"日报没有发到 Slack:{e}", file=sys.stderr)
             return EXIT_SLACK_FAILED

@@ -46,7 +46,7 @@ import store
 
 IMAP_SSL_PORT = 993          # IMAPS 的标准端口
 IMAP_PLAIN_PORT = 143        # 明文 IMAP 的标准端口(IMAP_SSL=0 时的默认)
-IMAP_TIMEOUT_S = 30          # 秒;连接和每条 IMAP 命令最多等多久。crontab 每分钟跑一次,卡住的进程不能越积越多
+IMAP_TIMEOUT_S = 30          # 秒(0.1–3600);连接和每条 IMAP 命令最多等多久。crontab 每分钟跑一次,卡住的进程不能越积越多
 MAILBOX = "INBOX"            # 收哪个文件夹
 MAX_BODY_CHARS = 2000        # 字;正文只留前这么多(课文的做法),转发链、签名再长也不进模型
 TICKET_HASH_LENGTHS = range(6, 41, 2)  # 工单号 M + sha1(Message-ID) 的前 6 位;和别的邮件撞了再加长,直到不撞
@@ -281,9 +281,10 @@ def imap_settings() -> ImapSettings:
     if cafile and not Path(cafile).expanduser().is_file():
         raise SetupError(f"IMAP_CAFILE 指的 CA 证书文件不存在:{cafile}")
     default_port = IMAP_SSL_PORT if use_ssl == "1" else IMAP_PLAIN_PORT
-    return ImapSettings(config.get("IMAP_HOST"), config.integer("IMAP_PORT", default_port), config.get("IMAP_USER"),
+    port = config.integer("IMAP_PORT", default_port, minimum=1, maximum=65535)
+    return ImapSettings(config.get("IMAP_HOST"), port, config.get("IMAP_USER"),
                         config.get("IMAP_PASSWORD"), use_ssl == "1", cafile, config.get("IMAP_MAILBOX", MAILBOX),
-                        config.number("IMAP_TIMEOUT_S", IMAP_TIMEOUT_S))
+                        config.number("IMAP_TIMEOUT_S", IMAP_TIMEOUT_S, minimum=0.1, maximum=3600))
 
 
 def ssl_context(cafile: str = "") -> ssl.SSLContext:

@@ -15,7 +15,8 @@ import sys
 from langgraph.types import Command
 
 import store
-from agent import FINISHED, allowed, open_graph, thread_of
+from agent import FINISHED, allowed, check_settings, open_graph, thread_of
+from llm import describe
 
 USAGE = __doc__.split("运行:")[1].split("你会看到")[0].rstrip()
 ALIASES = {"approve": "accept", "reject": "ignore"}  # LangChain 1.x HumanInTheLoopMiddleware 的叫法
@@ -111,9 +112,9 @@ def act(graph, command: str, ticket_id: str, text: str) -> None:
         result = graph.invoke(Command(resume=answer_for(command, ticket_id, text)), cfg, durability="sync")
     except Exception as e:
         status = "waiting_human" if graph.get_state(cfg).interrupts else "pending"
-        store.set_status(ev["event_id"], status, f"{type(e).__name__}: {e}", owner=store.worker_id())
+        store.set_status(ev["event_id"], status, describe(e), owner=store.worker_id())
         where = "仍在收件箱里" if status == "waiting_human" else "已交回 worker 续跑"
-        raise Refused(f"{ticket_id} 处理失败({type(e).__name__}: {e}),{where}") from e
+        raise Refused(f"{ticket_id} 处理失败({describe(e)}),{where}") from e
     if "__interrupt__" in result:
         store.set_status(ev["event_id"], "waiting_human", owner=store.worker_id())
         print("已按意见重写,新草稿:", result["__interrupt__"][0].value["action_request"]["args"]["reply"])
@@ -139,6 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     elif len(args) > (3 if command in NEEDS_TEXT else 2):
         return usage(f"{args[0]} 的参数太多了;文字里有空格时请用引号括起来")
 
+    check_settings()  # 配置错了现在就退出:待办还没被拿走,不会卡在 processing
     store.init()
     graph, conn = open_graph(durable=True)  # 人的决定等落盘之后才发信
     try:

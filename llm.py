@@ -25,8 +25,8 @@ import config
 
 DEFAULT_MODEL = "deepseek-flash"          # 课文用的模型;换服务时改 LLM_MODEL
 DEFAULT_BASE_URL = "https://api.deepseek.com"
-LLM_TIMEOUT_S = 60                        # 秒;一次模型调用最长等多久,超时算暂时性错误
-LLM_MAX_RETRIES = 2                       # 次;客户端自己对 429/超时/连接错误/5xx 做的快速重试(带退避)
+LLM_TIMEOUT_S = 60                        # 秒(0.1–3600);一次模型调用最长等多久,超时算暂时性错误
+LLM_MAX_RETRIES = 2                       # 次(0–10);客户端自己对 429/超时/连接错误/5xx 做的快速重试(带退避)
 OFFLINE_MODEL = "offline-cloudledger"
 
 # 暂时性错误:限流、超时、连不上、服务端 5xx。只有这些值得快速重试、值得切备用模型。
@@ -35,19 +35,42 @@ TRANSIENT_ERRORS = (openai.RateLimitError, openai.APITimeoutError, openai.APICon
                     openai.InternalServerError)
 
 
-def get_llm(temperature: float = 0):
-    """按当前环境变量返回模型;同样的设置只建一次(ChatOpenAI 里有连接池,没必要每张工单新建)。"""
-    return _build(
-        temperature,
+# 这两种不算永久(换了 key 就好),但要在 last_error 里说清楚怎么修
+HINTS = {
+    openai.AuthenticationError: "模型服务拒绝了 API key:检查 LLM_API_KEY,修好后运行 uv run python worker.py --requeue-dead",
+    openai.PermissionDeniedError: "模型服务拒绝访问(余额、权限或地区):处理好后运行 uv run python worker.py --requeue-dead",
+}
+
+
+def describe(error: Exception) -> str:
+    """写进 last_error、打印给人看的错误:类型名 + 原文(+ 怎么修),打过码。worker 和收件箱共用。"""
+    text = f"{type(error).__name__}: {error}"
+    hint = next((h for cls, h in HINTS.items() if isinstance(error, cls)), None)
+    return mask_pii(f"{text}({hint})" if hint else text)
+
+
+def llm_settings() -> tuple:
+    """模型的各项设置,检查过的;不对就以 SystemExit 退出,说明是哪一项。"""
+    extra_body = config.get("LLM_EXTRA_BODY", "{}")
+    try:
+        json.loads(extra_body)
+    except ValueError:
+        raise SystemExit(f"配置错误:LLM_EXTRA_BODY 不是合法 JSON:{extra_body}") from None
+    return (
         config.get("LLM_API_KEY"),
         config.get("LLM_MODEL", DEFAULT_MODEL),
         config.get("LLM_BASE_URL", DEFAULT_BASE_URL),
-        config.get("LLM_EXTRA_BODY", "{}"),
+        extra_body,
         config.get("LLM_FALLBACK_MODEL"),
         config.get("LLM_FALLBACK_BASE_URL"),
-        config.number("LLM_TIMEOUT_S", LLM_TIMEOUT_S),
-        config.integer("LLM_MAX_RETRIES", LLM_MAX_RETRIES),
+        config.number("LLM_TIMEOUT_S", LLM_TIMEOUT_S, minimum=0.1, maximum=3600),
+        config.integer("LLM_MAX_RETRIES", LLM_MAX_RETRIES, minimum=0, maximum=10),
     )
+
+
+def get_llm(temperature: float = 0):
+    """按当前环境变量返回模型;同样的设置只建一次(ChatOpenAI 里有连接池,没必要每张工单新建)。"""
+    return _build(temperature, *llm_settings())
 
 
 @lru_cache(maxsize=8)
@@ -55,10 +78,7 @@ def _build(temperature, api_key, model, base_url, extra_body, fallback_model, fa
     if not api_key:
         _announce_offline()
         return OfflineChatModel()
-    try:
-        extra = json.loads(extra_body)
-    except ValueError:
-        raise SystemExit(f"配置错误:LLM_EXTRA_BODY 不是合法 JSON:{extra_body}") from None
+    extra = json.loads(extra_body)  # llm_settings() 检查过了
     from langchain_openai import ChatOpenAI
 
     def chat(name: str, url: str):

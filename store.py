@@ -13,6 +13,7 @@ import os
 import re
 import socket
 import sqlite3
+import sys
 import threading
 import time
 from contextlib import contextmanager
@@ -87,7 +88,7 @@ DIALECTS = {
         "skip_locked": "FOR UPDATE SKIP LOCKED",                 # 别的 worker 锁着的行跳过,不排队等
     },
 }
-PG_POOL_SIZE = 10  # 个;每个连接池最多开几个连接(≥ worker 的并发数);一个进程最多三个池:等落盘的、不等落盘的、checkpoint
+PG_POOL_SIZE = 10  # 个(至少 1);每个连接池最多开几个连接(≥ worker 的并发数);一个进程最多三个池:等落盘的、不等落盘的、checkpoint
 
 BIZ_SCHEMA = """
 CREATE TABLE IF NOT EXISTS customers (
@@ -169,7 +170,11 @@ def connect(path: Path | str | None = None, *, durable: bool = True):
     key = (str(path or events_db()), durable)
     kept = _kept.__dict__.setdefault("conns", {})
     if (conn := kept.get(key)) is None:
-        conn = sqlite3.connect(key[0], timeout=BUSY_TIMEOUT_S, isolation_level=None, factory=KeptConnection)
+        # 事件库没有就建(init 建表);给了路径的库(业务库)只打开已有的:sqlite3 默认会顺手建一个空文件,
+        # 之后 store.py 以为业务库已经在了,worker 读工单只会得到 no such table
+        target = key[0] if path is None else f"{Path(key[0]).absolute().as_uri()}?mode=rw"
+        conn = sqlite3.connect(target, timeout=BUSY_TIMEOUT_S, isolation_level=None, factory=KeptConnection,
+                               uri=path is not None)
         conn.row_factory = sqlite3.Row
         # WAL 模式(init 写进库文件):读写不互相挡
         conn.execute(f"PRAGMA synchronous = {'FULL' if durable else 'NORMAL'}")
@@ -237,6 +242,10 @@ _pools: dict = {}
 _pools_lock = threading.Lock()
 
 
+def pool_size() -> int:
+    return config.integer("PG_POOL_SIZE", PG_POOL_SIZE, minimum=1)
+
+
 def _pg_pool(url: str, durable: bool = True):
     """每个进程、每个 URL 两个连接池(提交等不等落盘,见 connect()),第一次用到时才建(import 时不连数据库)。"""
     with _pools_lock:
@@ -245,7 +254,7 @@ def _pg_pool(url: str, durable: bool = True):
                 from psycopg_pool import ConnectionPool
             except ImportError:
                 raise SystemExit("设置了 DATABASE_URL,但没装 PostgreSQL 的依赖:运行 uv sync --extra postgres") from None
-            pool = ConnectionPool(url, min_size=1, max_size=config.integer("PG_POOL_SIZE", PG_POOL_SIZE),
+            pool = ConnectionPool(url, min_size=1, max_size=pool_size(),
                                   kwargs={"autocommit": True, "row_factory": _pg_rows,
                                           "application_name": pg_application_name()},
                                   configure=None if durable else _no_flush_wait, open=False)
@@ -316,7 +325,7 @@ def open_checkpointer(durable: bool = False):
         from psycopg.rows import dict_row
         from psycopg_pool import ConnectionPool
 
-        pool = ConnectionPool(database_url(), min_size=1, max_size=config.integer("PG_POOL_SIZE", PG_POOL_SIZE),
+        pool = ConnectionPool(database_url(), min_size=1, max_size=pool_size(),
                               kwargs={"autocommit": True, "prepare_threshold": 0, "row_factory": dict_row,
                                       "application_name": pg_application_name()},
                               configure=None if durable else _no_flush_wait, open=False)
@@ -739,17 +748,22 @@ def _outcomes_by_category(reviews) -> list[dict]:
     return list(out.values())
 
 
-def main() -> None:
+def main() -> int:
     init()
     biz = biz_db()
-    if not biz.exists():
+    if not biz.exists() or biz.stat().st_size == 0:  # 空文件(touch 出来的)里什么都没有,建在它上面不丢东西
         build_biz_db(biz)
         print(f"已新建业务库 {biz}")
+    elif problem := biz_db_problem():
+        print(f"{problem}。没有动它:删掉它(或者让 BIZ_DB 指到别处)再运行 uv run python store.py,就会新建一份",
+              file=sys.stderr)
+        return 2
     where = _safe_url(database_url()) if dialect() == "postgres" else events_db()
     for label, shown, path, tables in (("事件库", where, None, ("events", "outbox", "review_log", "llm_usage")),
                                        ("业务库", biz, biz, ("customers", "tickets"))):
         print(f"{label} {shown}:" + ",".join(f"{t} {n} 行" for t, n in counts(path, tables).items()))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -23,13 +23,14 @@ import openai
 import config
 import store
 from agent import FINISHED, PermanentError, known_new, open_graph, thread_of
-from llm import mask_pii
+from agent import check_settings as graph_settings
+from llm import describe, mask_pii
 
-MAX_ATTEMPTS = 3            # 次;暂时性失败最多试几次,之后进死信
-STALE_MINUTES = 10          # 分钟;processing 超过这么久、处理它的进程也不在了,就放回队列(可以是 0 或小数)
-BACKOFF_BASE_MINUTES = 1    # 分钟;第 n 次失败后等 BASE × 2^n 分钟再试(练习 3);测试里调小
-POLL_SECONDS = 2            # 秒;常驻模式下没事件时隔多久再看
-CONCURRENCY = 1             # 个;一个 worker 同时处理几个事件
+MAX_ATTEMPTS = 3            # 次(1–20);暂时性失败最多试几次,之后进死信
+STALE_MINUTES = 10          # 分钟(0–525600);processing 超过这么久、处理它的进程也不在了,就放回队列(可以是 0 或小数)
+BACKOFF_BASE_MINUTES = 1    # 分钟(0–1440);第 n 次失败后等 BASE × 2^n 分钟再试(练习 3);测试里调小
+POLL_SECONDS = 2            # 秒(0.01–3600);常驻模式下没事件时隔多久再看
+CONCURRENCY = 1             # 个(至少 1);一个 worker 同时处理几个事件
 # worker 跑图时 checkpoint 什么时候写(LangGraph 的 durability);收件箱恢复 thread 时总是用 sync(见 inbox.py)。
 #   async(默认,和课文一样):每走完一个节点写一次(后台线程写,这次运行结束前等它写完)。
 #         被 kill -9 的工单,重启后从被杀时所在的节点接着跑。
@@ -42,11 +43,6 @@ DURABILITIES = ("async", "exit", "sync")
 
 # 重试多少次都没用的错误:直接死信。模型说「你的请求不对」(400/404/422)也算。
 PERMANENT_ERRORS = (PermanentError, openai.BadRequestError, openai.NotFoundError, openai.UnprocessableEntityError)
-# 这两种不算永久(换了 key 就好),但要在 last_error 里说清楚怎么修
-HINTS = {
-    openai.AuthenticationError: "模型服务拒绝了 API key:检查 LLM_API_KEY,修好后运行 uv run python worker.py --requeue-dead",
-    openai.PermissionDeniedError: "模型服务拒绝访问(余额、权限或地区):处理好后运行 uv run python worker.py --requeue-dead",
-}
 
 
 def payload_ticket(ev: dict) -> str:
@@ -66,6 +62,36 @@ def durability() -> str:
     if value not in DURABILITIES:
         raise SystemExit(f"配置错误:CHECKPOINT_DURABILITY={value!r},只能是 {'、'.join(DURABILITIES)} 之一")
     return value
+
+
+def max_attempts() -> int:
+    return config.integer("MAX_ATTEMPTS", MAX_ATTEMPTS, minimum=1, maximum=20)
+
+
+def backoff_minutes(attempts: int) -> float:
+    # 上限让 BASE × 2^20 仍是一个 datetime 算得出的时间
+    return config.number("BACKOFF_BASE_MINUTES", BACKOFF_BASE_MINUTES, minimum=0, maximum=1440) * 2 ** attempts
+
+
+def stale_minutes() -> float:
+    return config.number("STALE_MINUTES", STALE_MINUTES, minimum=0, maximum=525600)
+
+
+def poll_seconds() -> float:
+    return config.number("POLL_SECONDS", POLL_SECONDS, minimum=0.01, maximum=3600)
+
+
+def default_concurrency() -> int:
+    return config.integer("WORKER_CONCURRENCY", CONCURRENCY, minimum=1)
+
+
+def check_settings() -> None:
+    """worker 要用的设置都读一遍:配置错了启动时就退出(还没领任何事件),别等领到事件、用掉一次尝试才发现。"""
+    for read in (durability, max_attempts, lambda: backoff_minutes(0), stale_minutes, poll_seconds, default_concurrency,
+                 graph_settings):
+        read()
+    if problem := store.biz_db_problem():  # 业务库还没建(课文假设它已经在了)
+        raise SystemExit(problem)
 
 
 def handle(graph, ev: dict) -> str:
@@ -93,12 +119,6 @@ def handle(graph, ev: dict) -> str:
     return "ignored" if result.get("outcome") == "ignored" else "done"
 
 
-def describe(error: Exception) -> str:
-    text = f"{type(error).__name__}: {error}"
-    hint = next((h for cls, h in HINTS.items() if isinstance(error, cls)), None)
-    return mask_pii(f"{text}({hint})" if hint else text)
-
-
 _say_lock = threading.Lock()
 
 
@@ -114,9 +134,8 @@ def process(graph, ev: dict, owner: str) -> str:
         status = handle(graph, ev)
     except Exception as e:  # noqa: BLE001 —— 任何错误都要落到事件表里,不能让 worker 死掉
         permanent = isinstance(e, PERMANENT_ERRORS)
-        status = "dead" if permanent or ev["attempts"] >= config.integer("MAX_ATTEMPTS", MAX_ATTEMPTS) else "pending"
-        delay = config.number("BACKOFF_BASE_MINUTES", BACKOFF_BASE_MINUTES) * 2 ** ev["attempts"]
-        not_before = store.minutes_from_now(delay) if status == "pending" else None
+        status = "dead" if permanent or ev["attempts"] >= max_attempts() else "pending"
+        not_before = store.minutes_from_now(backoff_minutes(ev["attempts"])) if status == "pending" else None
         store.set_status(ev["event_id"], status, describe(e), not_before=not_before, owner=owner)
         shown = str(e) if isinstance(e, PermanentError) else describe(e)
         say(f"{ev['event_id']} 第 {ev['attempts']} 次失败 → {status}: {mask_pii(shown)}")
@@ -132,8 +151,8 @@ class Worker:
     """run() 一直循环;run_once() 把现在能领的都处理完,返回 [(event_id, 新状态)]。"""
 
     def __init__(self, concurrency: int | None = None):
-        self.concurrency = concurrency or config.integer("WORKER_CONCURRENCY", CONCURRENCY)
-        durability()  # 配置错了现在就退出,别等领到事件再失败
+        check_settings()
+        self.concurrency = concurrency or default_concurrency()
         self.owner = store.worker_id()
         self.stopping = threading.Event()
         self.in_hand: set[str] = set()
@@ -144,7 +163,7 @@ class Worker:
         self.conn.close()
 
     def requeue(self) -> None:
-        if n := store.requeue_stale(config.number("STALE_MINUTES", STALE_MINUTES)):
+        if n := store.requeue_stale(stale_minutes()):
             print(f"放回队列 {n} 个卡住的事件", flush=True)
 
     def drain(self, done: list) -> None:
@@ -173,7 +192,7 @@ class Worker:
     def run(self) -> None:
         while not self.stopping.is_set():
             if not self.run_once():
-                self.stopping.wait(config.number("POLL_SECONDS", POLL_SECONDS))
+                self.stopping.wait(poll_seconds())
 
     def stop(self, *_) -> None:
         if self.stopping.is_set():

@@ -3,6 +3,7 @@ import re
 import subprocess
 import sys
 
+import pytest
 from conftest import LAB
 
 
@@ -24,6 +25,21 @@ def test_dotenv_is_read_if_present_and_environment_wins(tmp_path):
     (tmp_path / ".env").unlink()
     r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True)
     assert (r.returncode, r.stdout) == (0, "3 from-env\n")
+
+
+@pytest.mark.parametrize("raw, message", [
+    ("nan", "配置错误:MAX_ATTEMPTS='nan' 不是数字"),
+    ("inf", "配置错误:MAX_ATTEMPTS='inf' 不是数字"),
+    ("0", "配置错误:MAX_ATTEMPTS='0' 不能小于 1"),
+    ("1e9", "配置错误:MAX_ATTEMPTS='1e9' 不能大于 20"),
+    ("2.5", "配置错误:MAX_ATTEMPTS='2.5' 应该是整数"),
+])
+def test_a_number_that_is_not_finite_out_of_range_or_not_whole_is_a_clear_error(tmp_path, raw, message):
+    code = (f"import sys; sys.path.insert(0, {str(LAB)!r}); import config; "
+            "print(config.integer('MAX_ATTEMPTS', 3, minimum=1, maximum=20))")
+    r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
+                       env={"PATH": "/usr/bin:/bin", "MAX_ATTEMPTS": raw, "AMBIENT_NO_DOTENV": "1"})
+    assert (r.returncode, r.stdout, r.stderr) == (1, "", message + "\n")
 
 
 def test_a_setting_that_is_not_a_number_is_a_clear_error(tmp_path):

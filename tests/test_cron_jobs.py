@@ -112,9 +112,16 @@ def test_worker_drafts_an_apologising_follow_up_for_stale_tickets(lab):
     (["scan", "--limit", "many"], {}, 2, "error: argument --limit: invalid int value: 'many'"),
     ([], {}, 2, "error: the following arguments are required: {scan,report}"),
     (["scan"], {"STALE_DAYS": "abc"}, 2, "配置错误:STALE_DAYS='abc' 不是数字"),
-    (["scan"], {"STALE_DAYS": "-3"}, 2, "配置错误:STALE_DAYS=-3 不能是负数"),
+    (["scan"], {"STALE_DAYS": "-3"}, 2, "配置错误:STALE_DAYS='-3' 不能小于 0"),
+    (["scan"], {"STALE_DAYS": "nan"}, 2, "配置错误:STALE_DAYS='nan' 不是数字"),
+    (["scan"], {"STALE_DAYS": "1000000"}, 2, "配置错误:STALE_DAYS='1000000' 不能大于 36500"),
+    # report 先读完它的设置:不对就什么都不打印(原来要等有待办、有用量、要发 Slack 时才发现,日报已经打印了)
+    (["report"], {"INBOX_ALERT_HOURS": "abc"}, 2, "配置错误:INBOX_ALERT_HOURS='abc' 不是数字"),
+    (["report"], {"LLM_PRICE_PER_1K_TOKENS": "-0.1"}, 2, "配置错误:LLM_PRICE_PER_1K_TOKENS='-0.1' 不能小于 0"),
+    (["report"], {"SLACK_WEBHOOK_URL": "http://127.0.0.1:9/hook", "SLACK_TIMEOUT_S": "abc"}, 2,
+     "配置错误:SLACK_TIMEOUT_S='abc' 不是数字"),
 ])
-def test_scan_rejects_bad_arguments_and_settings_without_enqueueing(lab, args, env, code, message):
+def test_bad_arguments_and_settings_exit_2_before_anything_is_printed_or_enqueued(lab, args, env, code, message):
     r = run(["cron_jobs.py", *args], {**lab, **env})
     assert (r.returncode, r.stdout) == (code, "")
     if message.startswith("配置错误"):

@@ -332,6 +332,8 @@ def test_server_that_never_answers_times_out_instead_of_hanging(imap_env):
     ({"IMAP_SSL": "yes"}, "IMAP_SSL 只能是 1(SSL 直连,默认)或 0(明文),现在是 'yes'"),
     ({"IMAP_SSL": "1", "IMAP_CAFILE": "/nonexistent/ca.pem"}, "IMAP_CAFILE 指的 CA 证书文件不存在:/nonexistent/ca.pem"),
     ({"IMAP_PORT": "abc"}, "配置错误:IMAP_PORT='abc' 不是数字"),
+    ({"IMAP_PORT": "-1"}, "配置错误:IMAP_PORT='-1' 不能小于 1"),
+    ({"IMAP_TIMEOUT_S": "0"}, "配置错误:IMAP_TIMEOUT_S='0' 不能小于 0.1"),
     ({"IMAP_SSL": "1", "IMAP_CAFILE": str(LAB / "crontab.example")},
      f"IMAP_CAFILE 不是能用的 CA 证书文件:{LAB / 'crontab.example'}(NO_CERTIFICATE_OR_CRL_FOUND)"),
 ])

@@ -4,7 +4,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import LAB, die_at, die_before_checkpoint, drain, rows, run
+from conftest import LAB, die_at, die_before_checkpoint, drain, free_port, rows, run
 
 import store
 from agent import open_graph, send, thread_of
@@ -137,6 +137,32 @@ def test_bad_command_line_prints_usage_and_exits_2_and_changes_nothing(lab, args
     assert "uv run python inbox.py respond T1012" in r.stderr
     assert rows("SELECT status FROM events") == [("waiting_human",)]
     assert state("T1012").get("feedback") == []
+
+
+@pytest.mark.parametrize("setting, value, message", [
+    ("MAX_REDRAFTS", "-1", "配置错误:MAX_REDRAFTS='-1' 不能小于 0"),
+    ("LLM_EXTRA_BODY", "{oops", "配置错误:LLM_EXTRA_BODY 不是合法 JSON:{oops"),
+])
+def test_a_bad_setting_stops_the_inbox_before_it_takes_the_item(lab, setting, value, message):
+    queue("T1012")
+    r = inbox({**lab, setting: value}, "respond", "T1012", "语气软一点")
+    assert (r.returncode, r.stdout, r.stderr) == (1, "", message + "\n")
+    assert rows("SELECT status FROM events") == [("waiting_human",)]  # 还在收件箱里,没有卡在 processing
+    assert state("T1012").get("feedback") == []
+    assert rows("SELECT COUNT(*) FROM outbox") == [(0,)]
+
+
+def test_respond_whose_redraft_fails_is_handed_to_the_worker_with_the_feedback_kept(lab):
+    queue("T1012")
+    dead_model = {"LLM_API_KEY": "sk-test", "LLM_BASE_URL": f"http://127.0.0.1:{free_port()}/v1", "LLM_MAX_RETRIES": "0"}
+    r = inbox({**lab, **dead_model}, "respond", "T1012", "语气软一点")
+    assert (r.returncode, r.stdout) == (1, "")
+    assert r.stderr == "T1012 处理失败(OpenAIConnectionError: Connection error.),已交回 worker 续跑\n"
+    assert rows("SELECT status, last_error FROM events") == [("pending", "OpenAIConnectionError: Connection error.")]
+    assert state("T1012")["feedback"] == ["语气软一点"]  # 人的意见没丢
+    assert rows("SELECT COUNT(*) FROM outbox") == [(0,)]
+    assert drain() == [("evt_T1012_created", "waiting_human")]  # worker 从 draft 接着跑,带着意见重写
+    assert state("T1012")["feedback"] == ["语气软一点"]
 
 
 def test_unknown_or_finished_ticket_is_not_in_the_inbox(lab):

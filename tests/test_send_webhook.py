@@ -1,4 +1,7 @@
 """send_webhook.py 和 store.py 的命令行:坏参数、服务没起来、对方拒绝,都说清楚,什么都不存。"""
+import sqlite3
+from contextlib import closing
+
 import pytest
 from conftest import free_port, rows, run, webhook_server
 
@@ -70,10 +73,34 @@ def test_stale_scan_finds_some_but_not_all_open_tickets_whatever_the_build_date(
 
 def test_a_learners_own_business_database_is_left_alone(tmp_path):
     own = tmp_path / "mine.db"
-    conn = store.connect(own)
-    conn.executescript(store.BIZ_SCHEMA)
-    conn.close()
+    with closing(sqlite3.connect(own)) as conn:
+        conn.executescript(store.BIZ_SCHEMA)
     env = {"EVENTS_DB": str(tmp_path / "e.db"), "BIZ_DB": str(own), "AMBIENT_NO_DOTENV": "1", "PATH": "/usr/bin:/bin"}
     r = run(["store.py"], env)
     assert r.returncode == 0
     assert f"业务库 {own}:customers 0 行,tickets 0 行" in r.stdout
+
+
+def test_store_builds_the_business_database_over_an_empty_file(tmp_path):
+    biz = tmp_path / "b.db"
+    biz.touch()  # 旧版 worker 在建库之前运行时会留下这样一个空文件
+    env = {"EVENTS_DB": str(tmp_path / "e.db"), "BIZ_DB": str(biz), "AMBIENT_NO_DOTENV": "1", "PATH": "/usr/bin:/bin"}
+    r = run(["store.py"], env)
+    assert (r.returncode, r.stderr) == (0, "")
+    assert r.stdout.startswith(f"已新建业务库 {biz}\n")
+    assert r.stdout.endswith(f"业务库 {biz}:customers 30 行,tickets 41 行\n")
+
+
+def test_store_refuses_a_business_database_without_its_tables_and_leaves_it_as_it_was(tmp_path):
+    other = tmp_path / "notes.db"
+    with closing(sqlite3.connect(other)) as conn, conn:
+        conn.execute("CREATE TABLE notes (body TEXT)")
+        conn.execute("INSERT INTO notes VALUES ('别弄丢我')")
+    before = other.read_bytes()
+    env = {"EVENTS_DB": str(tmp_path / "e.db"), "BIZ_DB": str(other), "AMBIENT_NO_DOTENV": "1", "PATH": "/usr/bin:/bin"}
+    r = run(["store.py"], env)
+    assert (r.returncode, r.stdout) == (2, "")
+    assert r.stderr == (f"业务库 {other} 里没有表:customers、tickets。没有动它:删掉它(或者让 BIZ_DB 指到别处)"
+                        "再运行 uv run python store.py,就会新建一份\n")
+    assert other.read_bytes() == before
+    assert rows("SELECT body FROM notes", path=other) == [("别弄丢我",)]

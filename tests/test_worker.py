@@ -2,6 +2,7 @@
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -53,11 +54,17 @@ def test_missing_ticket_is_dead_after_one_attempt_with_reason(any_lab, capsys):
         ("dead", 1, "PermanentError: 工单不存在:T9999")]
 
 
-def test_malformed_payload_is_dead_at_once(lab, capsys):
-    store.add_event("evt_bad", "webhook", "ticket.created", '{"id": "evt_bad", "data": {}}')
+@pytest.mark.parametrize("data, reason", [
+    ({}, "payload 格式不对,缺 data.ticket_id:KeyError('ticket_id')"),
+    ({"ticket_id": 1012}, "payload 格式不对,ticket_id 应该是非空字符串:1012"),
+    ({"ticket_id": ""}, "payload 格式不对,ticket_id 应该是非空字符串:''"),
+])
+def test_malformed_payload_is_dead_at_once(lab, capsys, data, reason):
+    store.add_event("evt_bad", "webhook", "ticket.created", json.dumps({"id": "evt_bad", "data": data}))
     assert drain() == [("evt_bad", "dead")]
-    assert rows("SELECT status, attempts FROM events") == [("dead", 1)]
-    assert "payload 格式不对" in capsys.readouterr().out
+    assert rows("SELECT status, attempts, last_error FROM events") == [("dead", 1, f"PermanentError: {reason}")]
+    assert capsys.readouterr().out == f"evt_bad 第 1 次失败 → dead: {reason}\n"
+    assert rows("SELECT COUNT(*) FROM outbox") == [(0,)]
 
 
 def test_wrong_api_key_backs_off_then_goes_dead_after_max_attempts_with_a_fix_hint(any_lab, monkeypatch, capsys):
@@ -138,11 +145,17 @@ def test_requeue_dead_puts_dead_events_back_and_refuses_unknown_ids(any_lab):
     assert rows("SELECT status, attempts, not_before FROM events") == [("pending", 0, None)] * 2
 
 
-def test_bad_worker_arguments_exit_2_with_usage(lab):
-    r = run(["worker.py", "--concurrency", "0"], lab)
-    assert r.returncode == 2 and "--concurrency 至少是 1" in r.stderr
-    r = run(["worker.py", "--bogus"], lab)
-    assert r.returncode == 2 and "unrecognized arguments: --bogus" in r.stderr
+@pytest.mark.parametrize("args, message", [
+    (["--concurrency", "0"], "error: --concurrency 至少是 1"),
+    (["--concurrency", "many"], "error: argument --concurrency: invalid int value: 'many'"),
+    (["--bogus"], "error: unrecognized arguments: --bogus"),
+])
+def test_bad_worker_arguments_exit_2_with_usage_and_claim_nothing(lab, args, message):
+    add("T1012")
+    r = run(["worker.py", *args], lab)
+    assert (r.returncode, r.stdout) == (2, "")
+    assert r.stderr.startswith("usage: worker.py") and r.stderr.endswith(message + "\n")
+    assert events() == [("evt_T1012_created", "pending", 0)]
 
 
 def test_stale_processing_event_of_a_dead_process_is_requeued_but_a_live_ones_is_not(any_lab, capsys):
@@ -462,9 +475,41 @@ def test_durability_exit_worker_killed_inside_draft_starts_the_ticket_over(any_l
     assert history[0].interrupts and history[0].values["ticket_id"] == "T1012"
 
 
-def test_unknown_durability_stops_the_worker_before_it_claims_anything(lab):
+@pytest.mark.parametrize("setting, value, message", [
+    ("CHECKPOINT_DURABILITY", "fast", "配置错误:CHECKPOINT_DURABILITY='fast',只能是 async、exit、sync 之一"),
+    # 下面这些原来要等领到事件、跑到要用它的地方才发现:事件停在 processing,白用一次尝试
+    ("MAX_ATTEMPTS", "nan", "配置错误:MAX_ATTEMPTS='nan' 不是数字"),
+    ("BACKOFF_BASE_MINUTES", "1e300", "配置错误:BACKOFF_BASE_MINUTES='1e300' 不能大于 1440"),
+    ("STALE_MINUTES", "-1", "配置错误:STALE_MINUTES='-1' 不能小于 0"),
+    ("POLL_SECONDS", "0", "配置错误:POLL_SECONDS='0' 不能小于 0.01"),
+    ("WORKER_CONCURRENCY", "0", "配置错误:WORKER_CONCURRENCY='0' 不能小于 1"),
+    ("MAX_REDRAFTS", "two", "配置错误:MAX_REDRAFTS='two' 不是数字"),
+    ("LLM_TIMEOUT_S", "0", "配置错误:LLM_TIMEOUT_S='0' 不能小于 0.1"),
+    ("LLM_MAX_RETRIES", "-1", "配置错误:LLM_MAX_RETRIES='-1' 不能小于 0"),
+    ("LLM_EXTRA_BODY", "{oops", "配置错误:LLM_EXTRA_BODY 不是合法 JSON:{oops"),
+])
+def test_a_bad_setting_stops_the_worker_before_it_claims_anything(lab, setting, value, message):
     add("T1012")
-    r = run(["worker.py", "--once"], {**lab, "CHECKPOINT_DURABILITY": "fast"})
+    r = run(["worker.py", "--once"], {**lab, setting: value})
     assert (r.returncode, r.stdout) == (1, "")
-    assert r.stderr == "配置错误:CHECKPOINT_DURABILITY='fast',只能是 async、exit、sync 之一\n"
+    assert r.stderr == message + "\n"
     assert events() == [("evt_T1012_created", "pending", 0)]
+
+
+def test_worker_without_the_business_database_stops_before_it_claims_anything_and_creates_no_file(lab, tmp_path):
+    add("T1012")
+    missing = tmp_path / "gone.db"
+    r = run(["worker.py", "--once"], {**lab, "BIZ_DB": str(missing)})
+    assert (r.returncode, r.stdout) == (1, "")
+    assert r.stderr == f"业务库不存在:{missing}(先运行 uv run python store.py 建库)\n"
+    assert events() == [("evt_T1012_created", "pending", 0)]
+    assert not missing.exists()  # 原来 sqlite3 会顺手建一个空库,之后 store.py 以为业务库已经有了
+
+
+def test_reading_a_ticket_from_a_missing_business_database_fails_without_creating_an_empty_one(lab, tmp_path,
+                                                                                                monkeypatch):
+    missing = tmp_path / "gone.db"
+    monkeypatch.setenv("BIZ_DB", str(missing))
+    with pytest.raises(sqlite3.OperationalError, match="unable to open database file"):
+        store.ticket("T1012")
+    assert not missing.exists()
