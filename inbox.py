@@ -89,9 +89,10 @@ def answer_for(command: str, ticket_id: str, text: str) -> dict:
 
 def act(graph, command: str, ticket_id: str, text: str) -> None:
     ev = next((e for e in store.events_by_status("waiting_human") if e["ticket_id"] == ticket_id), None)
+    busy = Refused(f"{ticket_id} 正在被处理(另一个收件箱命令或 worker),稍后再 list 看看")
     if ev is None:
         if any(e["ticket_id"] == ticket_id for e in store.events_by_status("processing")):
-            raise Refused(f"{ticket_id} 正在被处理(另一个收件箱命令或 worker),稍后再 list 看看")
+            raise busy
         raise Refused(f"{ticket_id} 不在收件箱里(已经处理过,或者还没轮到 worker)")
     cfg = thread_of(ticket_id, ev["event_id"])
     snap = graph.get_state(cfg)
@@ -104,6 +105,8 @@ def act(graph, command: str, ticket_id: str, text: str) -> None:
         rounds = len(snap.values.get("feedback", []))
         raise Refused(f"{ticket_id} 已经按意见重写了 {rounds} 次,到上限了,不能再 respond;现在可以:{ok}")
     if not store.take_for_review(ev["event_id"]):
+        if any(e["event_id"] == ev["event_id"] for e in store.events_by_status("waiting_human")):
+            raise busy  # 待办还在,是同一张工单的另一个事件在 worker 手里
         raise Refused(f"{ticket_id} 刚被另一个收件箱命令拿走处理了,稍后再 list 看看")
     try:
         # sync:每个节点的结果写下了才跑下一个节点。默认的 async 在后台写、同时就往下跑:review 的结果(人的决定)

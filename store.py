@@ -70,6 +70,12 @@ CREATE TABLE IF NOT EXISTS llm_usage (       -- 每次模型调用一行:算单�
     created_at  {time} NOT NULL
 );
 """
+# 同一张工单同时最多一个事件在 processing:两个 worker 同时挑事件时,谁都看不见对方还没提交的领取(PostgreSQL 的
+# READ COMMITTED),CLAIM_SQL 里的 NOT IN 挡不住;这个唯一索引让后到的等先到的提交,再报冲突,claim() 重新挑一次。
+# 收件箱拿走待办(take_for_review)也受它约束。init() 在补完旧库缺的列之后建。
+ONE_PROCESSING_PER_TICKET = """
+CREATE UNIQUE INDEX IF NOT EXISTS events_one_processing_per_ticket ON events (ticket_id) WHERE status = 'processing'
+"""
 # 旧版 ambient.db(照课文建的)缺这些列:init() 会补上,已有数据不动
 ADDED_COLUMNS = {"not_before": "TEXT", "ticket_id": "TEXT", "claimed_by": "TEXT"}
 
@@ -224,6 +230,7 @@ def init() -> None:
         with transaction() as conn:
             conn.execute("SELECT pg_advisory_xact_lock(?)", (SCHEMA_LOCK,))  # 几个 worker 同时第一次启动
             conn.executescript(sql("SCHEMA"))
+            conn.execute(ONE_PROCESSING_PER_TICKET)
         return
     with opened() as conn:
         conn.execute("PRAGMA journal_mode = WAL")  # 写进库文件,之后每个连接都是 WAL;不能放在事务里
@@ -233,6 +240,27 @@ def init() -> None:
         for column, kind in ADDED_COLUMNS.items():
             if column not in have:
                 conn.execute(f"ALTER TABLE events ADD COLUMN {column} {kind}")
+        if "ticket_id" not in have:
+            upgrade_lesson_db(conn)
+        conn.execute(ONE_PROCESSING_PER_TICKET)
+
+
+# 课文的 ambient.db 里有时间的列;它们存的是本地时间、精确到秒、不带时区
+LESSON_TIME_COLUMNS = {"events": ("received_at", "updated_at"), "outbox": ("sent_at",)}
+
+
+def upgrade_lesson_db(conn) -> None:
+    """照课文建的事件库第一次被 init() 打开时(在同一个事务里):
+    - 时间换成这里的格式(UTC、微秒、带 +00:00)。两种格式混在一起,字符串比较就不是时间先后了(课文「坑」那一节),
+      卡住的事件算不出等了多久,领取的先后也乱了。本地时间按这台机器的时区换算。
+    - 补上 ticket_id(从 payload 里取)。不补的话,同一张工单挡不住两个 worker,收件箱也认不出它的待办。"""
+    for table, columns in LESSON_TIME_COLUMNS.items():
+        for column in columns:
+            old = conn.execute(f"SELECT rowid, {column} FROM {table} WHERE {column} NOT LIKE '%+00:00'").fetchall()
+            conn.executemany(f"UPDATE {table} SET {column} = ? WHERE rowid = ?",
+                             [(stamp(datetime.fromisoformat(r[1])), r[0]) for r in old])
+    events = conn.execute("SELECT event_id, payload FROM events WHERE ticket_id IS NULL").fetchall()
+    conn.executemany("UPDATE events SET ticket_id = ? WHERE event_id = ?", [(ticket_of(r[1]), r[0]) for r in events])
 
 
 # ---------------------------------------------------------------- PostgreSQL(设了 DATABASE_URL 时)
@@ -428,23 +456,43 @@ RETURNING event_id, kind, payload, attempts, ticket_id
 """
 
 
+CLAIM_TRIES = 5  # 次;每撞一次,说明别人刚领了同一张工单的事件;再挑时看得见它。连撞几次就等下一轮
+
+
 def claim(owner: str | None = None) -> dict | None:
     """原子地领一个到点的 pending 事件:挑选和标记在同一条语句里,两个 worker 不会领到同一个。
-    同一张工单已经有事件在处理时先不领它,免得两个 worker 同时往一个 thread 里写。"""
-    stamp_ = now()
-    with opened(durable=False) as conn:
-        row = conn.execute(sql("CLAIM_SQL"), (owner or worker_id(), stamp_, stamp_)).fetchone()
-    return dict(row) if row else None
+    同一张工单已经有事件在处理时先不领它,免得两个 worker 同时往一个 thread 里写(见 ONE_PROCESSING_PER_TICKET)。"""
+    for _ in range(CLAIM_TRIES):
+        stamp_ = now()
+        with opened(durable=False) as conn:
+            try:
+                row = conn.execute(sql("CLAIM_SQL"), (owner or worker_id(), stamp_, stamp_)).fetchone()
+            except Exception as e:
+                if not _is_unique_violation(e):
+                    raise
+                continue
+        return dict(row) if row else None
+    return None
+
+
+def _is_unique_violation(e: Exception) -> bool:
+    return isinstance(e, sqlite3.IntegrityError) or getattr(e, "sqlstate", None) == "23505"
 
 
 def take_for_review(event_id: str, owner: str | None = None) -> bool:
-    """收件箱处理一条待办前先把它从 waiting_human 拿走。两个人同时点同一条,只有一个拿得到。"""
+    """收件箱处理一条待办前先把它从 waiting_human 拿走。两个人同时点同一条,只有一个拿得到;
+    同一张工单的另一个事件正在 processing(worker 手里)时也拿不到。"""
     with opened() as conn:
-        cur = conn.execute(
-            "UPDATE events SET status = 'processing', claimed_by = ?, updated_at = ? "
-            "WHERE event_id = ? AND status = 'waiting_human'",
-            (owner or worker_id(), now(), event_id),
-        )
+        try:
+            cur = conn.execute(
+                "UPDATE events SET status = 'processing', claimed_by = ?, updated_at = ? "
+                "WHERE event_id = ? AND status = 'waiting_human'",
+                (owner or worker_id(), now(), event_id),
+            )
+        except Exception as e:
+            if not _is_unique_violation(e):
+                raise
+            return False
     return cur.rowcount == 1
 
 

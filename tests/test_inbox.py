@@ -304,3 +304,21 @@ def test_two_inbox_commands_on_one_ticket_at_once_send_one_reply(any_lab):
                        "T1012 正在被处理(另一个收件箱命令或 worker),稍后再 list 看看\n"), err
     assert rows("SELECT COUNT(*) FROM outbox") == [(1,)]
     assert rows("SELECT status FROM events") == [("done",)]
+
+
+def test_an_item_is_not_taken_while_another_event_of_its_ticket_is_being_processed(any_lab):
+    queue("T1012")
+    second = "evt_T1012_again"
+    store.add_event(second, "webhook", "ticket.created",
+                    json.dumps({"id": second, "type": "ticket.created", "data": {"ticket_id": "T1012"}}))
+    conn = store.connect()
+    conn.execute("UPDATE events SET status = 'processing', claimed_by = 'worker-elsewhere:1' WHERE event_id = ?",
+                 (second,))
+    conn.close()
+    assert store.take_for_review("evt_T1012_created") is False  # 数据库的唯一索引挡住,不只是收件箱先查了一遍
+    r = inbox(any_lab, "accept", "T1012")
+    assert (r.returncode, r.stdout) == (1, "")
+    assert r.stderr == "T1012 正在被处理(另一个收件箱命令或 worker),稍后再 list 看看\n"
+    assert rows("SELECT event_id, status FROM events ORDER BY event_id") == [
+        (second, "processing"), ("evt_T1012_created", "waiting_human")]
+    assert rows("SELECT COUNT(*) FROM outbox") == [(0,)]

@@ -513,3 +513,84 @@ def test_reading_a_ticket_from_a_missing_business_database_fails_without_creatin
     with pytest.raises(sqlite3.OperationalError, match="unable to open database file"):
         store.ticket("T1012")
     assert not missing.exists()
+
+
+def test_two_claims_racing_for_one_ticket_on_postgres_give_it_to_one_worker(pg_lab):
+    """两个事件、同一张工单,两个 worker 同时领:挑选时都还看不见对方没提交的 processing,
+    光靠 NOT IN 两个都会领到。数据库里「每张工单最多一个 processing」的唯一索引让后到的等先到的提交、再重新挑。"""
+    import threading
+
+    import psycopg
+
+    add("T1012", "evt_a"), add("T1012", "evt_b")
+    got = {}
+    with psycopg.connect(pg_lab["DATABASE_URL"]) as other:  # 不是 autocommit:领取停在提交之前
+        claimed = other.execute(store.sql("CLAIM_SQL").replace("?", "%s"),
+                                ("other-worker", store.now(), store.now())).fetchone()
+        assert claimed[0] == "evt_a"
+        racer = threading.Thread(target=lambda: got.update(event=store.claim("this-worker")))
+        racer.start()
+        racer.join(1.0)  # 它在等 other 提交(或者,没有唯一索引时,已经领走了 evt_b)
+        other.commit()
+    racer.join(10)
+    assert got == {"event": None}
+    assert rows("SELECT event_id, status, claimed_by FROM events ORDER BY event_id") == [
+        ("evt_a", "processing", "other-worker"), ("evt_b", "pending", None)]
+
+
+LESSON_SCHEMA = """
+CREATE TABLE events (event_id TEXT PRIMARY KEY, source TEXT NOT NULL, kind TEXT NOT NULL, payload TEXT NOT NULL,
+                     status TEXT NOT NULL DEFAULT 'pending', attempts INTEGER NOT NULL DEFAULT 0, last_error TEXT,
+                     received_at TEXT NOT NULL, updated_at TEXT NOT NULL);
+CREATE TABLE outbox (id INTEGER PRIMARY KEY AUTOINCREMENT, ticket_id TEXT NOT NULL UNIQUE, body TEXT NOT NULL,
+                     sent_by TEXT NOT NULL, sent_at TEXT NOT NULL);
+"""
+
+
+@pytest.fixture
+def in_shanghai(monkeypatch):
+    """这台机器的本地时区换成课文读者的(UTC+8),测完换回来。"""
+    monkeypatch.setenv("TZ", "Asia/Shanghai")
+    time.tzset()
+    yield
+    monkeypatch.undo()
+    time.tzset()
+
+
+def test_an_events_database_built_the_lessons_way_is_upgraded_then_worked_on(lab, tmp_path, monkeypatch, in_shanghai):
+    """课文的库:本地时间精确到秒、没有 ticket_id。原来 init() 只补列:卡住的事件一比时间就 TypeError(带时区和不带
+    时区的不能比),worker 每次一开始就崩;ticket_id 是空的,收件箱认不出它的待办,事件在 pending 和 waiting_human 之间来回。"""
+    from datetime import datetime, timedelta
+
+    path = tmp_path / "lesson.db"
+    local = {m: (datetime.now() - timedelta(minutes=m)).isoformat(timespec="seconds") for m in (30, 25, 20, 5)}
+    with sqlite3.connect(path) as conn:
+        conn.executescript(LESSON_SCHEMA)
+        for ticket_id, status, received, updated in (("T1012", "pending", 30, 30), ("T1041", "processing", 25, 20),
+                                                     ("T1003", "done", 5, 5)):
+            payload = json.dumps({"id": f"evt_{ticket_id}_created", "type": "ticket.created",
+                                  "data": {"ticket_id": ticket_id}})
+            conn.execute("INSERT INTO events (event_id, source, kind, payload, status, attempts, received_at, updated_at) "
+                         "VALUES (?, 'webhook', 'ticket.created', ?, ?, ?, ?, ?)",
+                         (f"evt_{ticket_id}_created", payload, status, int(status != "pending"), local[received],
+                          local[updated]))
+        conn.execute("INSERT INTO outbox (ticket_id, body, sent_by, sent_at) VALUES ('T1003', '您好', 'agent', ?)",
+                     (local[5],))
+    conn.close()
+    monkeypatch.setenv("EVENTS_DB", str(path))
+    store.init()
+    store.init()  # 第二次什么都不改
+    utc = {m: store.stamp(datetime.fromisoformat(t)) for m, t in local.items()}
+    assert utc[30].endswith("+00:00") and utc[30][11:13] != local[30][11:13]  # 真的换算了 8 小时
+    assert rows("SELECT event_id, ticket_id, status, received_at, updated_at FROM events ORDER BY event_id") == [
+        ("evt_T1003_created", "T1003", "done", utc[5], utc[5]),
+        ("evt_T1012_created", "T1012", "pending", utc[30], utc[30]),
+        ("evt_T1041_created", "T1041", "processing", utc[25], utc[20])]
+    assert rows("SELECT ticket_id, sent_at FROM outbox") == [("T1003", utc[5])]
+    # 卡了 20 分钟的 T1041(课文的 worker 崩在半路)放回队列;两张都进收件箱,收件箱认得它们
+    assert drain() == [("evt_T1012_created", "waiting_human"), ("evt_T1041_created", "waiting_human")]
+    listing = run(["inbox.py", "list"], {**lab, "EVENTS_DB": str(path), "TZ": "Asia/Shanghai"})
+    assert listing.returncode == 0, listing.stderr
+    assert [line.split()[0] for line in listing.stdout.splitlines() if not line.startswith(" ")] == ["T1012", "T1041"]
+    assert rows("SELECT event_id, status FROM events ORDER BY event_id") == [
+        ("evt_T1003_created", "done"), ("evt_T1012_created", "waiting_human"), ("evt_T1041_created", "waiting_human")]
