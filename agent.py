@@ -164,7 +164,8 @@ def review(state: TicketState) -> dict:
     if kind == "edit":
         return {"outcome": "send", "decision": "edit", "draft": {**d, "reply": answer["args"]["args"]["reply"]}}
     if kind == "response":
-        return {"outcome": "redraft", "feedback": state.get("feedback", []) + [answer["args"]]}
+        # 意见也要进模型:和工单一样先打码(客服常把客户的电话、邮箱抄进意见里)
+        return {"outcome": "redraft", "feedback": state.get("feedback", []) + [mask_pii(answer["args"])]}
     # ignore 也记一笔(按工单号去重,重跑不会多),日报按类别统计 ignore 用
     store.record_ignore(state["ticket_id"], review_row(state))
     return {"outcome": "ignored"}

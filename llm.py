@@ -46,6 +46,9 @@ def describe(error: Exception) -> str:
     """写进 last_error、打印给人看的错误:类型名 + 原文(+ 怎么修),打过码。worker 和收件箱共用。"""
     text = f"{type(error).__name__}: {error}"
     hint = next((h for cls, h in HINTS.items() if isinstance(error, cls)), None)
+    if hint is None and isinstance(error, TRANSIENT_ERRORS) and (backup := config.get("LLM_FALLBACK_MODEL")):
+        # with_fallbacks 两个都失败时抛的是主模型的错误:说一声备用模型也试过了
+        hint = f"备用模型 {backup} 也没有成功,稍后自动再试"
     return mask_pii(f"{text}({hint})" if hint else text)
 
 
@@ -102,15 +105,18 @@ def _announce_offline() -> None:
 # ---------------------------------------------------------------- PII 脱敏:进模型之前、写日志之前
 _EMAIL = re.compile(r"[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+\.[A-Za-z]{2,}")
 _ID_CARD = re.compile(r"(?<!\d)(\d{6})(?:19|20)\d{2}(?:0[1-9]|1[0-2])(?:0[1-9]|[12]\d|3[01])(\d{3}[\dXx])(?![\dXx])")
-_BANK_CARD = re.compile(r"(?<!\d)(?:\d[ -]?){12,18}(\d{4})(?!\d)")
-_MOBILE = re.compile(r"(?<!\d)(1[3-9]\d)\d{4}(\d{4})(?!\d)")
+_OLD_ID_CARD = re.compile(r"(?<!\d)(\d{6})\d{2}(?:0[1-9]|1[0-2])(?:0[1-9]|[12]\d|3[01])(\d{3})(?!\d)")  # 15 位,年份两位
+_BANK_CARD = re.compile(r"(?<!\d)\d(?:[ -]?\d){15,18}(?!\d)")  # 16–19 位,中间可以有空格或 -
+# 138 1234 5678、138-1234-5678、+86 13812345678 也算
+_MOBILE = re.compile(r"(?<![\d+])((?:\+?86[ -]?)?1[3-9]\d)[ -]?\d{4}[ -]?(\d{4})(?!\d)")
 
 
 def mask_pii(text: str) -> str:
-    """手机号、18 位身份证号、银行卡号、邮箱地址打码。业务库里的原文不动,只改进模型和日志的副本。"""
+    """手机号、身份证号(18 位和 15 位)、银行卡号、邮箱地址打码。业务库里的原文不动,只改进模型和日志的副本。"""
     text = _EMAIL.sub(lambda m: m.group(0)[0] + "***@" + m.group(0).split("@", 1)[1], text)
     text = _ID_CARD.sub(lambda m: m.group(1) + "*" * 8 + m.group(2), text)
-    text = _BANK_CARD.sub(lambda m: "**** **** **** " + m.group(1), text)
+    text = _OLD_ID_CARD.sub(lambda m: m.group(1) + "*" * 6 + m.group(2), text)
+    text = _BANK_CARD.sub(lambda m: "**** **** **** " + re.sub(r"\D", "", m.group(0))[-4:], text)
     return _MOBILE.sub(lambda m: m.group(1) + "****" + m.group(2), text)
 
 

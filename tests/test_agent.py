@@ -108,6 +108,43 @@ def test_pii_is_masked_in_the_prompt_but_not_in_the_business_db(lab, monkeypatch
     assert b"13812345678" not in blob  # checkpoint 里存的也是脱敏后的文本
 
 
+@pytest.mark.parametrize("text, masked", [
+    ("电话 13812345678。", "电话 138****5678。"),
+    ("电话 138-1234-5678", "电话 138****5678"),
+    ("电话 138 1234 5678", "电话 138****5678"),
+    ("电话 +8613812345678", "电话 +86138****5678"),
+    ("电话 +86 138-1234-5678", "电话 +86 138****5678"),
+    ("身份证 110101199003071234", "身份证 110101********1234"),
+    ("老身份证 110101900307123", "老身份证 110101******123"),
+    ("卡号 6222021234567890123", "卡号 **** **** **** 0123"),
+    ("卡号 6222 0212 3456 7890 123", "卡号 **** **** **** 0123"),
+    ("卡号 6222-0212-3456-7890", "卡号 **** **** **** 7890"),
+    ("邮箱 caiwu.xie@example.com", "邮箱 c***@example.com"),
+    ("发票金额 ¥1380,日期 2026-11-30 10:00", "发票金额 ¥1380,日期 2026-11-30 10:00"),  # 不是 PII 的数字不动
+])
+def test_pii_in_common_written_forms_is_masked(text, masked):
+    assert llm.mask_pii(text) == masked
+
+
+def test_pii_in_a_reviewers_feedback_is_masked_before_the_redraft(lab, monkeypatch):
+    from langgraph.types import Command
+
+    with OpenAIStub() as stub:
+        real_model(monkeypatch, stub)
+        queue_and_run("T1041")
+        stub.requests.clear()
+        graph, conn = open_graph()
+        try:
+            graph.invoke(Command(resume={"type": "response", "args": "客户留的电话 138-1234-5678,请提一下会回电"}),
+                         thread_of("T1041"))
+            feedback = graph.get_state(thread_of("T1041")).values["feedback"]
+        finally:
+            conn.close()
+        prompts = "\n".join(m["content"] for r in stub.requests for m in r["body"]["messages"])
+    assert "138****5678" in prompts and "138-1234-5678" not in prompts
+    assert feedback == ["客户留的电话 138****5678,请提一下会回电"]  # checkpoint 和 review_log 里存的也是打过码的
+
+
 def test_pii_is_masked_in_last_error(lab):
     store.add_event("evt_pii", "webhook", "ticket.created",
                     '{"id": "evt_pii", "data": {"ticket_id": "13812345678"}}')
@@ -116,10 +153,11 @@ def test_pii_is_masked_in_last_error(lab):
     assert error == "PermanentError: 工单不存在:138****5678"
 
 
-def test_fallback_model_takes_over_on_transient_errors_only(lab, monkeypatch):
+@pytest.mark.parametrize("status, kind", [(503, "overloaded"), (429, "rate_limit_exceeded")])
+def test_fallback_model_takes_over_on_transient_errors_only(lab, monkeypatch, status, kind):
     with OpenAIStub() as stub:
         real_model(monkeypatch, stub, LLM_FALLBACK_MODEL="backup-model")
-        stub.fail["stub-model"] = (503, "overloaded")
+        stub.fail["stub-model"] = (status, kind)
         assert queue_and_run("T1012") == [("evt_T1012_created", "waiting_human")]
         assert [r["model"] for r in stub.requests] == ["stub-model", "backup-model"]
         assert rows("SELECT model FROM llm_usage") == [("backup-model",)]
@@ -128,6 +166,36 @@ def test_fallback_model_takes_over_on_transient_errors_only(lab, monkeypatch):
         stub.fail["stub-model"] = (400, "invalid_request_error")  # 参数错误换模型也没用:不切
         assert queue_and_run("T1041") == [("evt_T1041_created", "dead")]
         assert [r["model"] for r in stub.requests] == ["stub-model"]
+
+
+def test_primary_and_fallback_both_failing_is_a_readable_transient_error(lab, monkeypatch):
+    with OpenAIStub() as stub:
+        real_model(monkeypatch, stub, LLM_FALLBACK_MODEL="backup-model")
+        stub.fail["stub-model"] = (429, "rate_limit_exceeded")
+        stub.fail["backup-model"] = (503, "overloaded")  # 备用也不行:说清楚,稍后再试
+        assert queue_and_run("T1041") == [("evt_T1041_created", "pending")]
+        assert [r["model"] for r in stub.requests] == ["stub-model", "backup-model"]
+    (status, error), = rows("SELECT status, last_error FROM events WHERE event_id = 'evt_T1041_created'")
+    assert (status, error) == ("pending", "OpenAIRateLimitError: Error code: 429 - stub says rate_limit_exceeded"
+                                          "(备用模型 backup-model 也没有成功,稍后自动再试)")
+
+
+def test_the_graph_itself_refuses_a_redraft_past_the_cap(lab, monkeypatch):
+    """收件箱先拦;绕过收件箱直接恢复 thread,图自己也不接受(review 节点按 allow_respond 检查)。"""
+    from langgraph.types import Command
+
+    monkeypatch.setenv("MAX_REDRAFTS", "1")
+    queue_and_run("T1012")
+    graph, conn = open_graph()
+    try:
+        graph.invoke(Command(resume={"type": "response", "args": "先道歉"}), thread_of("T1012"))
+        assert inbox_item("T1012")["config"]["allow_respond"] is False
+        with pytest.raises(ValueError, match=r"这条待办不接受 'response',允许的是 \['accept', 'edit', 'ignore'\]"):
+            graph.invoke(Command(resume={"type": "response", "args": "再改一次"}), thread_of("T1012"))
+        assert graph.get_state(thread_of("T1012")).values["feedback"] == ["先道歉"]
+    finally:
+        conn.close()
+    assert rows("SELECT COUNT(*) FROM outbox") == [(0,)]
 
 
 def test_nothing_is_written_before_the_interrupt(lab):
