@@ -326,18 +326,22 @@ def open_mailbox(s: ImapSettings) -> imaplib.IMAP4:
         raise MailboxError(f"连接 IMAP 服务器 {where} 超时({s.timeout:g} 秒没有回应)") from e
     except (OSError, imaplib.IMAP4.error) as e:
         raise MailboxError(f"连不上 IMAP 服务器 {where}:{getattr(e, 'strerror', None) or e}") from e
+    # imaplib 把「连接断了」报成 IMAP4.abort,它是 IMAP4.error 的子类:先接住,别说成密码错了、文件夹不对
     try:
         imap.login(s.user, s.password)
+    except (imaplib.IMAP4.abort, OSError) as e:
+        _close(imap)
+        raise MailboxError(f"登录 IMAP 服务器 {where} 时连接断了:{server_words(e)}") from e
     except (imaplib.IMAP4.error, UnicodeEncodeError) as e:
         _close(imap)
         raise MailboxError(f"IMAP 登录失败(用户 {s.user}):{server_words(e)};检查 IMAP_USER 和 IMAP_PASSWORD"
                            "(很多邮箱要填授权码,不是网页登录密码)") from e
-    except OSError as e:
-        _close(imap)
-        raise MailboxError(f"登录 IMAP 服务器 {where} 时连接断了:{e}") from e
     try:
         typ, data = imap.select(mailbox_name(s.mailbox))
-    except (imaplib.IMAP4.error, OSError) as e:
+    except (imaplib.IMAP4.abort, OSError) as e:
+        _close(imap)
+        raise MailboxError(f"打开邮箱文件夹 {s.mailbox} 时和 IMAP 服务器 {where} 的连接断了:{server_words(e)}") from e
+    except imaplib.IMAP4.error as e:
         typ, data = "NO", [str(e).encode()]
     if typ != "OK":
         _close(imap)

@@ -325,6 +325,43 @@ def test_server_that_never_answers_times_out_instead_of_hanging(imap_env):
     nothing_stored()
 
 
+@pytest.mark.parametrize("cut_at, message", [
+    (b" LOGIN ", "登录 IMAP 服务器 127.0.0.1:{port} 时连接断了:command: LOGIN => socket error: EOF"),
+    (b" SELECT ", "打开邮箱文件夹 INBOX 时和 IMAP 服务器 127.0.0.1:{port} 的连接断了:command: SELECT => socket error: EOF"),
+    (b"UID SEARCH", "收信中途出错:command: UID => socket error: EOF;已处理 0 封,没标已读的下次再收"),
+    (b"UID FETCH", "收信中途出错:command: UID => socket error: EOF;已处理 0 封,没标已读的下次再收"),
+])
+def test_connection_lost_before_a_mail_is_read_is_one_clear_line_and_nothing_is_stored(imap_env, imap_server, cut_at,
+                                                                                        message):
+    """原来登录、选文件夹时连接断了,说成「检查 IMAP_USER 和 IMAP_PASSWORD」「检查 IMAP_MAILBOX」。"""
+    imap_server.append(ZHANG)
+    front = Front(imap_server.port, cut_at=cut_at)
+    try:
+        r = run(["email_poller.py"], {**imap_env, "IMAP_PORT": str(front.port)})
+    finally:
+        front.close()
+    assert (r.returncode, r.stdout, r.stderr) == (3, "", message.format(port=front.port) + "\n")
+    nothing_stored(imap_server, [101])
+
+
+def test_connection_lost_while_marking_a_stored_mail_read_loses_nothing_and_the_next_run_says_duplicate(
+        imap_env, imap_server):
+    imap_server.append(ZHANG)
+    front = Front(imap_server.port, cut_at=b"UID STORE")
+    try:
+        r = run(["email_poller.py"], {**imap_env, "IMAP_PORT": str(front.port)})
+    finally:
+        front.close()
+    ticket = ticket_of("<t1@example.com>")
+    assert (r.returncode, r.stdout) == (3, f"{ticket}  UID 101\n")
+    assert r.stderr == "收信中途出错:command: UID => socket error: EOF;已处理 1 封,没标已读的下次再收\n"
+    assert len(rows(EVENTS)) == 1 and imap_server.unseen() == [101]  # 存好了,信还是未读
+    again = run(["email_poller.py"], imap_env)
+    assert (again.returncode, again.stderr) == (0, "")
+    assert again.stdout == "duplicate  UID 101\n本次收取 1 封:新工单 0,重复 1,跳过 0,无法解析 0,存储失败 0\n"
+    assert len(rows(EVENTS)) == 1 and imap_server.unseen() == []
+
+
 @pytest.mark.parametrize("change, message", [
     ({"IMAP_HOST": "", "IMAP_USER": "", "IMAP_PASSWORD": ""},
      "缺少邮箱设置:IMAP_HOST、IMAP_USER、IMAP_PASSWORD(写进环境变量或 .env;IMAP_PASSWORD 填邮箱的授权码)"),
@@ -373,14 +410,18 @@ def test_ssl_context_verifies_the_server_and_trusts_imap_cafile(tmp_path):
     assert {"commonName": "CloudLedger Test CA"} not in [dict(x[0] for x in c["subject"]) for c in default.get_ca_certs()]
 
 
-class TlsFront:
-    """SSL 直连(IMAPS)的前端:在 127.0.0.1 上用测试证书做 TLS,把解密后的字节转给 pymap 的明文端口。
-    pymap 自己只支持 STARTTLS,所以 IMAP_SSL=1 的路径靠它测。"""
+class Front:
+    """pymap 前面的一层转发,在 127.0.0.1 上。
+    tls=(证书, 私钥):SSL 直连(IMAPS)的前端,做完 TLS 把解密后的字节转给 pymap 的明文端口。pymap 自己只支持
+    STARTTLS,所以 IMAP_SSL=1 的路径靠它测。
+    cut_at:客户端发出含这段字节的命令时,两头的连接都断掉,命令不转给服务器 —— 像网络恰好在这一刻断了。"""
 
-    def __init__(self, cert: Path, key: Path, backend_port: int):
-        self.ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        self.ctx.load_cert_chain(cert, key)
-        self.backend_port = backend_port
+    def __init__(self, backend_port: int, tls: tuple[Path, Path] | None = None, cut_at: bytes | None = None):
+        self.ctx = None
+        if tls:
+            self.ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+            self.ctx.load_cert_chain(*tls)
+        self.backend_port, self.cut_at = backend_port, cut_at
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port = self.listener.getsockname()[1]
         threading.Thread(target=self._serve, daemon=True).start()
@@ -394,19 +435,23 @@ class TlsFront:
             threading.Thread(target=self._relay, args=(conn,), daemon=True).start()
 
     def _relay(self, conn: socket.socket) -> None:
-        try:
-            front = self.ctx.wrap_socket(conn, server_side=True)
-        except (ssl.SSLError, OSError):
-            conn.close()  # 客户端不信我们的证书,握手失败
-            return
+        front = conn
+        if self.ctx:
+            try:
+                front = self.ctx.wrap_socket(conn, server_side=True)
+            except (ssl.SSLError, OSError):
+                conn.close()  # 客户端不信我们的证书,握手失败
+                return
         back = socket.create_connection(("127.0.0.1", self.backend_port))
         threading.Thread(target=self._pipe, args=(back, front), daemon=True).start()
-        self._pipe(front, back)
+        self._pipe(front, back, self.cut_at)
 
     @staticmethod
-    def _pipe(src: socket.socket, dst: socket.socket) -> None:
+    def _pipe(src: socket.socket, dst: socket.socket, cut_at: bytes | None = None) -> None:
         try:
             while data := src.recv(65536):
+                if cut_at and cut_at in data:
+                    break
                 dst.sendall(data)
         except OSError:
             pass
@@ -425,7 +470,7 @@ def test_tls_poll_trusts_only_a_verified_certificate(imap_env, imap_server, tmp_
     if not shutil.which("openssl"):
         pytest.skip("没有 openssl 命令,造不了测试证书")
     ca, cert, key = make_ca_and_server_cert(tmp_path)
-    front = TlsFront(cert, key, imap_server.port)
+    front = Front(imap_server.port, tls=(cert, key))
     imap_server.append(ZHANG)
     tls_env = {**imap_env, "IMAP_SSL": "1", "IMAP_PORT": str(front.port), "IMAP_HOST": "localhost"}
     try:
