@@ -279,12 +279,14 @@ def closed_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.mark.parametrize("case", ["http 500", "refused", "no answer"])
+@pytest.mark.parametrize("case", ["http 500", "refused", "no answer", "bad url"])
 def test_slack_failure_is_reported_after_the_report_exits_non_zero_and_never_hangs(slack_env, case):
     opened: list = []
     slack = Receiver(status=500, body=b"invalid_payload") if case == "http 500" else None
     port = closed_port() if case == "refused" else silent_port(opened) if case == "no answer" else None
     url = slack.url if slack else f"http://127.0.0.1:{port}/services/T000/B000/SECRETTOKEN"
+    if case == "bad url":
+        url = "http://[::1/services/T000/B000/SECRETTOKEN"
     started = time.monotonic()
     try:
         r = run(["cron_jobs.py", "report"], {**slack_env, "SLACK_WEBHOOK_URL": url, "SLACK_TIMEOUT_S": "1"}, timeout=60)
@@ -301,6 +303,8 @@ def test_slack_failure_is_reported_after_the_report_exits_non_zero_and_never_han
         "http 500": f"日报没有发到 Slack:Slack({where})拒绝了日报:HTTP 500 invalid_payload",
         "refused": f"日报没有发到 Slack:连不上 Slack({where}):[Errno 111] Connection refused(检查 SLACK_WEBHOOK_URL 和网络)",
         "no answer": f"日报没有发到 Slack:发送到 Slack({where})超时:1 秒没有回应",
+        "bad url": "日报没有发到 Slack:连不上 Slack(SLACK_WEBHOOK_URL 不是合法的网址):Invalid port: ':1'"
+                   "(检查 SLACK_WEBHOOK_URL 和网络)",
     }[case]
     assert r.stderr == expected + "\n"
     assert "SECRETTOKEN" not in r.stderr  # webhook 地址的路径就是密钥,不能进日志

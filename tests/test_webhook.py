@@ -6,6 +6,7 @@ import hmac
 import json
 import os
 import signal
+import sys
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -292,6 +293,49 @@ def test_writer_process_killed_mid_batch_answers_503_then_a_new_one_takes_the_re
     assert (r.status_code, r.json()) == (202, {"accepted": True, "duplicate": False})
     assert stored() == [("evt_T1012_created", "webhook", "ticket.created", "pending", 0)]
     assert webhook.committer.proc.pid != old and store._process_alive(webhook.committer.proc.pid)
+
+
+def stop_writer() -> None:
+    """把现在的写库进程杀掉;下一批到来时 webhook 会拉起新的。"""
+    proc = webhook.committer.proc
+    os.kill(proc.pid, signal.SIGKILL)
+    deadline = time.time() + 10
+    while store._process_alive(proc.pid) and time.time() < deadline:
+        time.sleep(0.01)
+
+
+def test_a_writer_that_cannot_be_started_answers_503_and_nothing_is_stored(client, monkeypatch):
+    stop_writer()
+    body = body_for("T1012")
+    with monkeypatch.context() as m:
+        m.setattr(sys, "executable", "/nonexistent/python3")
+        r = post(client, body, send_webhook.sign(body, SECRET))
+    assert r.status_code == 503
+    assert r.json() == {"detail": "event store unavailable (cannot start writer process: [Errno 2] No such file or "
+                                  "directory: '/nonexistent/python3'), retry later"}
+    assert stored() == []
+    r = post(client, body, send_webhook.sign(body, SECRET))  # 能拉起来了:上游重试就收下
+    assert (r.status_code, r.json()) == (202, {"accepted": True, "duplicate": False})
+
+
+def test_a_writer_answering_garbage_answers_503_and_nothing_is_stored(client, monkeypatch, tmp_path):
+    garbage = tmp_path / "garbage_writer.py"
+    garbage.write_text("import sys\nfor line in sys.stdin:\n    print('not json', flush=True)\n", encoding="utf-8")
+    monkeypatch.setattr(webhook, "WRITER", garbage)
+    stop_writer()
+    body = body_for("T1012")
+    r = post(client, body, send_webhook.sign(body, SECRET))
+    assert (r.status_code, r.json()) == (
+        503, {"detail": "event store unavailable (writer process answered b'not json\\n'), retry later"})
+    assert stored() == []
+
+
+def test_a_whsec_secret_broken_after_startup_is_a_500_with_the_reason_and_nothing_stored(client, monkeypatch):
+    monkeypatch.setenv("WEBHOOK_SECRET", "whsec_not*base64")
+    body = body_for()
+    r = client.post(URL, content=body, headers=standard_headers(body, b"whatever"))
+    assert (r.status_code, r.json()) == (500, {"detail": "配置错误:WEBHOOK_SECRET 以 whsec_ 开头,但后面不是合法的 base64"})
+    assert stored() == []
 
 
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])

@@ -110,10 +110,11 @@ def test_wrong_api_key_backs_off_then_goes_dead_after_max_attempts_with_a_fix_hi
         "evt_T1012_created 第 3 次失败 → dead"]
 
 
-def test_transient_server_errors_are_retried_inside_one_attempt(lab, monkeypatch):
+@pytest.mark.parametrize("status, kind", [(500, "server_error"), (503, "overloaded"), (429, "rate_limit_exceeded")])
+def test_transient_server_errors_are_retried_inside_one_attempt(lab, monkeypatch, status, kind):
     with OpenAIStub() as stub:
         use_stub(monkeypatch, stub, retries=2)
-        stub.fail["stub-model"] = (500, "server_error")
+        stub.fail["stub-model"] = (status, kind)
         stub.fail_times["stub-model"] = 2  # 前两次 500,第三次成功
         add("T1012")
         assert drain() == [("evt_T1012_created", "waiting_human")]
@@ -121,14 +122,60 @@ def test_transient_server_errors_are_retried_inside_one_attempt(lab, monkeypatch
     assert events() == [("evt_T1012_created", "waiting_human", 1)]
 
 
-def test_request_the_model_rejects_as_invalid_is_dead_at_once(lab, monkeypatch):
+@pytest.mark.parametrize("status, kind", [(400, "invalid_request_error"), (404, "model_not_found"),
+                                          (422, "unprocessable_entity")])
+def test_request_the_model_rejects_as_invalid_is_dead_at_once(lab, monkeypatch, status, kind):
     with OpenAIStub() as stub:
         use_stub(monkeypatch, stub, retries=2)
-        stub.fail["stub-model"] = (400, "invalid_request_error")
+        stub.fail["stub-model"] = (status, kind)
         add("T1012")
         assert drain() == [("evt_T1012_created", "dead")]
         assert len(stub.requests) == 1
     assert rows("SELECT status, attempts FROM events") == [("dead", 1)]
+
+
+def test_a_model_that_does_not_answer_in_time_is_a_transient_failure(lab, monkeypatch, capsys):
+    with OpenAIStub(delay=1.0) as stub:
+        use_stub(monkeypatch, stub, retries=1)
+        monkeypatch.setenv("LLM_TIMEOUT_S", "0.2")
+        add("T1012")
+        assert drain() == [("evt_T1012_created", "pending")]
+        assert len(stub.requests) == 2  # 客户端自己重试了一次
+    (status, attempts, error), = rows("SELECT status, attempts, last_error FROM events")
+    assert (status, attempts, error) == ("pending", 1, "OpenAITimeoutError: Request timed out.")
+    assert capsys.readouterr().out == "evt_T1012_created 第 1 次失败 → pending: OpenAITimeoutError: Request timed out.\n"
+
+
+def test_a_permission_error_backs_off_with_a_fix_hint_instead_of_going_dead_at_once(lab, monkeypatch):
+    with OpenAIStub() as stub:
+        use_stub(monkeypatch, stub, retries=2)
+        stub.fail["stub-model"] = (403, "permission_denied")
+        add("T1012")
+        assert drain() == [("evt_T1012_created", "pending")]
+        assert len(stub.requests) == 1  # 403 不快速重试
+    (status, attempts, error, not_before), = rows("SELECT status, attempts, last_error, not_before FROM events")
+    assert (status, attempts) == ("pending", 1) and not_before > store.now()
+    assert error.endswith("(模型服务拒绝访问(余额、权限或地区):处理好后运行 uv run python worker.py --requeue-dead)")
+
+
+def test_another_event_for_a_ticket_already_answered_is_done_without_calling_the_model(lab, monkeypatch):
+    """业务层去重(自测 5):上游换了个 event_id 又通知一次,这张工单已经回复过了。"""
+    from langgraph.types import Command
+
+    add("T1012")
+    assert drain() == [("evt_T1012_created", "waiting_human")]
+    graph, conn = open_graph()
+    try:
+        graph.invoke(Command(resume={"type": "accept", "args": None}), thread_of("T1012"))
+    finally:
+        conn.close()
+    store.set_status("evt_T1012_created", "done")
+    with OpenAIStub() as stub:
+        use_stub(monkeypatch, stub)
+        add("T1012", "evt_T1012_again")
+        assert drain() == [("evt_T1012_again", "done")]
+        assert stub.requests == []
+    assert rows("SELECT COUNT(*) FROM outbox") == [(1,)]
 
 
 def test_requeue_dead_puts_dead_events_back_and_refuses_unknown_ids(any_lab):
