@@ -163,7 +163,8 @@ def report() -> int:
     """report 的 run_once:打印日报;有 SLACK_WEBHOOK_URL 就发过去。返回退出码。"""
     url = config.get("SLACK_WEBHOOK_URL")
     # 设置都先读一遍:不对的话还没打印日报就退出(退出码 2 = 什么都没做),不用等到有待办、有用量时才发现
-    alert_hours(), price_per_1k_tokens()
+    alert_hours()
+    price_per_1k_tokens()
     timeout = slack_timeout() if url else 0
     text = build_report()
     print(text, flush=True)

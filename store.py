@@ -465,35 +465,31 @@ def claim(owner: str | None = None) -> dict | None:
     for _ in range(CLAIM_TRIES):
         stamp_ = now()
         with opened(durable=False) as conn:
-            try:
-                row = conn.execute(sql("CLAIM_SQL"), (owner or worker_id(), stamp_, stamp_)).fetchone()
-            except Exception as e:
-                if not _is_unique_violation(e):
-                    raise
-                continue
-        return dict(row) if row else None
+            cur = _unless_ticket_taken(conn, sql("CLAIM_SQL"), (owner or worker_id(), stamp_, stamp_))
+            if cur is not None:
+                row = cur.fetchone()
+                return dict(row) if row else None
     return None
-
-
-def _is_unique_violation(e: Exception) -> bool:
-    return isinstance(e, sqlite3.IntegrityError) or getattr(e, "sqlstate", None) == "23505"
 
 
 def take_for_review(event_id: str, owner: str | None = None) -> bool:
     """收件箱处理一条待办前先把它从 waiting_human 拿走。两个人同时点同一条,只有一个拿得到;
     同一张工单的另一个事件正在 processing(worker 手里)时也拿不到。"""
     with opened() as conn:
-        try:
-            cur = conn.execute(
-                "UPDATE events SET status = 'processing', claimed_by = ?, updated_at = ? "
-                "WHERE event_id = ? AND status = 'waiting_human'",
-                (owner or worker_id(), now(), event_id),
-            )
-        except Exception as e:
-            if not _is_unique_violation(e):
-                raise
-            return False
-    return cur.rowcount == 1
+        cur = _unless_ticket_taken(
+            conn, "UPDATE events SET status = 'processing', claimed_by = ?, updated_at = ? "
+                  "WHERE event_id = ? AND status = 'waiting_human'", (owner or worker_id(), now(), event_id))
+    return cur is not None and cur.rowcount == 1
+
+
+def _unless_ticket_taken(conn, query: str, args: tuple):
+    """执行一条把事件改成 processing 的语句;撞上 ONE_PROCESSING_PER_TICKET(这张工单刚被别人拿去处理)返回 None。"""
+    try:
+        return conn.execute(query, args)
+    except Exception as e:
+        if isinstance(e, sqlite3.IntegrityError) or getattr(e, "sqlstate", None) == "23505":  # 23505:唯一约束冲突
+            return None
+        raise
 
 
 def set_status(event_id: str, status: str, error: str | None = None, *,
