@@ -673,3 +673,12 @@ def test_complaint_mail_becomes_a_notification_that_only_allows_ignore(lab):
     assert (done.returncode, done.stdout) == (0, f"{ticket} → ignored\n")
     assert rows("SELECT * FROM outbox") == []
     assert rows("SELECT status FROM events") == [("ignored",)]
+
+
+def test_when_every_candidate_ticket_id_belongs_to_other_mails_nothing_is_stored_and_the_reason_is_given(lab):
+    for ticket_id, subject in (("MAAAAAA", "别人的信一"), ("MAAAAAAAA", "别人的信二")):
+        assert store.add_mail_ticket([ticket_id], "C002", subject, "别人的正文", "2026-11-30") == ticket_id
+    before = biz_rows(MAIL_TICKETS)
+    with pytest.raises(ValueError, match="^工单号全都被别的邮件占了:MAAAAAA, MAAAAAAAA$"):
+        store.add_mail_ticket(["MAAAAAA", "MAAAAAAAA"], "C001", "张伟的信", "张伟的正文", "2026-11-30")
+    assert biz_rows(MAIL_TICKETS) == before
