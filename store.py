@@ -191,6 +191,12 @@ def connect(path: Path | str | None = None, *, durable: bool = True):
 _kept = threading.local()
 
 
+def close_connections() -> None:
+    """真的关掉这个线程留着的 SQLite 连接(测试换一套临时库之前用;进程退出时会自动关)。"""
+    for conn in _kept.__dict__.pop("conns", {}).values():
+        sqlite3.Connection.close(conn)
+
+
 class KeptConnection(sqlite3.Connection):
     """SQLite 连接每个线程、每个库文件只开一个,一直用下去:close() 只回滚没提交的事务,不真关。
     每次都重新打开的话,打开、解析表结构、关闭(最后一个连接关闭时还要做一次 WAL checkpoint)

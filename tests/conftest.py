@@ -33,7 +33,9 @@ def lab(tmp_path, monkeypatch):
     store.init()
     store.build_biz_db(Path(env["BIZ_DB"]))
     child = {k: v for k, v in os.environ.items() if k not in ("LLM_API_KEY", "DATABASE_URL")}
-    return {**child, **env}
+    yield {**child, **env}
+    # 每个测试一套新库:留着的连接不关,几百个测试下来打开的文件描述符会超过 1024,select() 就用不了了
+    store.close_connections()
 
 
 def run(args: list[str], env: dict, timeout: float = 120, input: str | None = None) -> subprocess.CompletedProcess:
