@@ -21,7 +21,7 @@ from typing_extensions import TypedDict
 
 import config as settings
 import store
-from llm import classify, get_llm, llm_settings, mask_pii
+from llm import classify, deadline, deadline_s, get_llm, llm_settings, mask_pii
 
 MAX_REDRAFTS = 3  # 轮(至少 0);一张工单最多让 Agent 按意见重写几次(每次都要再调一次模型,花钱也耗人的耐心)
 NOTIFY_WORDS = ("律师", "起诉", "投诉到")  # 练习 5:出现这些词不起草,只通知主管
@@ -37,6 +37,7 @@ def check_settings() -> None:
     不然要等节点跑到一半才发现,事件停在 processing、白用一次尝试。"""
     max_redrafts()
     llm_settings()
+    deadline_s()
 
 
 class PermanentError(Exception):
@@ -107,8 +108,10 @@ def draft(state: TicketState, config: RunnableConfig) -> dict:
              "reply": "", "action": "notify_supervisor"}
         return {"draft": d, "first_draft": d}
     usage = UsageMetadataCallbackHandler()  # 按真正回答的模型(主模型或备用模型)累计 token
+    model = structured(get_llm())
     try:
-        args = structured(get_llm()).invoke(build_prompt(state), {"callbacks": [usage]})
+        with deadline():  # 重试、备用模型加在一起也不能让这张工单一直占着处理线程
+            args = model.invoke(build_prompt(state), {"callbacks": [usage]})
     except OutputParserException as e:  # 模型拒答(refusal)之类,解析器直接报错
         raise ValueError(f"模型没有按 Draft 格式回答:{str(e).splitlines()[0]}") from None
     finally:

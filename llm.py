@@ -6,12 +6,17 @@ with_structured_output(Draft, method="function_calling"),用一次工具调用�
 所以 agent.py 离线和在线走的是同一条代码路径。它按关键词分类、用模板起草,
 重写时能看得出照着主管意见改了。第一次用时在 stderr 上说一声。
 
-这里还有两样「进模型之前」的东西:PII 脱敏 mask_pii(),和区分错误种类用的 TRANSIENT_ERRORS。
+这里还有两样「进模型之前」的东西:PII 脱敏 mask_pii(),和区分错误种类用的 TRANSIENT_ERRORS;
+以及一次起草的整体时限 deadline()(中间件笔记的「整体超时」)。
 """
 import json
 import math
 import re
 import sys
+import time
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
@@ -27,6 +32,10 @@ DEFAULT_MODEL = "deepseek-flash"          # 课文用的模型;换服务时改 L
 DEFAULT_BASE_URL = "https://api.deepseek.com"
 LLM_TIMEOUT_S = 60                        # 秒(0.1–3600);一次模型调用最长等多久,超时算暂时性错误
 LLM_MAX_RETRIES = 2                       # 次(0–10);客户端自己对 429/超时/连接错误/5xx 做的快速重试(带退避)
+# 秒(0.1–86400);一次起草最多花多久:每次请求、客户端的快速重试、切备用模型全算在内。
+# 只有上面两项时,最坏是 (LLM_MAX_RETRIES+1) × LLM_TIMEOUT_S,配了备用模型再翻一倍(默认 6 分钟),处理线程一直占着。
+# 比 LLM_TIMEOUT_S 小时,单次调用也只等到时限为止。150 秒够主模型等满两次 LLM_TIMEOUT_S;比 worker 的 STALE_MINUTES(默认 10 分钟)短得多,不会被当成卡住放回。
+LLM_DEADLINE_S = 150
 OFFLINE_MODEL = "offline-cloudledger"
 
 # 暂时性错误:限流、超时、连不上、服务端 5xx。只有这些值得快速重试、值得切备用模型。
@@ -71,6 +80,62 @@ def llm_settings() -> tuple:
     )
 
 
+def deadline_s() -> float:
+    return config.number("LLM_DEADLINE_S", LLM_DEADLINE_S, minimum=0.1, maximum=86400)
+
+
+class DeadlineExceeded(TimeoutError):
+    """一次起草用完了 LLM_DEADLINE_S。暂时性错误:worker 按退避稍后再试。"""
+
+
+@dataclass
+class _Budget:
+    ends_at: float      # time.monotonic() 的值
+    cut: bool = False   # 有请求因为时限被缩短了等待时间,或者干脆没发出去
+
+
+_budget: ContextVar[_Budget | None] = ContextVar("llm_budget", default=None)
+
+
+@contextmanager
+def deadline():
+    """with deadline(): 里的模型调用(含客户端重试、备用模型)合起来最多 LLM_DEADLINE_S 秒。
+    每次真正发请求之前,_within_deadline 把这次请求的等待时间截到时限为止;时限到了就不再发。
+    因时限而失败时抛 DeadlineExceeded(原来的错误是笼统的 Request timed out.)。
+    超出时限的只有:截短的请求超时之后、客户端下一次重试之前的那一次等待(默认设置下最多 1 秒;重试次数调大时最多 8 秒)。
+    离线模型不发请求,不受影响。"""
+    seconds = deadline_s()
+    budget = _Budget(time.monotonic() + seconds)
+    token = _budget.set(budget)
+    try:
+        yield
+    except openai.APITimeoutError as e:
+        if not budget.cut:
+            raise  # 是一次普通的超时(LLM_TIMEOUT_S),时限还没到
+        backup = "、切备用模型" if config.get("LLM_FALLBACK_MODEL") else ""
+        raise DeadlineExceeded(f"起草用完了整体时限 LLM_DEADLINE_S={seconds:g} 秒(含客户端重试{backup}),"
+                               "稍后自动再试") from e
+    finally:
+        _budget.reset(token)
+
+
+def _within_deadline(request) -> None:
+    """HTTP 客户端的请求钩子:每次真正发出请求之前调用,客户端自己的重试也一样。不在 deadline() 里时什么都不做。"""
+    budget = _budget.get()
+    if budget is None:
+        return
+    left = budget.ends_at - time.monotonic()
+    if left <= 0:
+        budget.cut = True
+        # 抛 OpenAIError 的子类:OpenAI 客户端原样抛出,不再等待、不再重试;备用模型的请求也在这里被挡下
+        raise openai.APITimeoutError(request=request)
+    timeout = request.extensions.get("timeout") or dict.fromkeys(("connect", "read", "write", "pool"))
+    if any(v is None or v > left for v in timeout.values()):
+        budget.cut = True
+        # read 是两次收到数据之间最多等多久;模型一次性回答,整段回答就在这个时间里
+        request.extensions["timeout"] = {k: left if v is None else min(v, left) for k, v in timeout.items()}
+
+
 def get_llm(temperature: float = 0):
     """按当前环境变量返回模型;同样的设置只建一次(ChatOpenAI 里有连接池,没必要每张工单新建)。"""
     return _build(temperature, *llm_settings())
@@ -85,8 +150,10 @@ def _build(temperature, api_key, model, base_url, extra_body, fallback_model, fa
     from langchain_openai import ChatOpenAI
 
     def chat(name: str, url: str):
+        # 自己给 HTTP 客户端(openai 的默认设置),只为挂上 _within_deadline
+        client = openai.DefaultHttpxClient(event_hooks={"request": [_within_deadline]})
         return ChatOpenAI(model=name, base_url=url, api_key=api_key, temperature=temperature,
-                          extra_body=extra, timeout=timeout, max_retries=retries)
+                          extra_body=extra, timeout=timeout, max_retries=retries, http_client=client)
 
     primary = chat(model, base_url)
     if not fallback_model:

@@ -5,6 +5,7 @@ import sys
 
 import pytest
 from conftest import LAB, die_at, die_before_checkpoint, drain, free_port, rows, run
+from openai_stub import OpenAIStub
 
 import store
 from agent import open_graph, send, thread_of
@@ -142,6 +143,7 @@ def test_bad_command_line_prints_usage_and_exits_2_and_changes_nothing(lab, args
 @pytest.mark.parametrize("setting, value, message", [
     ("MAX_REDRAFTS", "-1", "配置错误:MAX_REDRAFTS='-1' 不能小于 0"),
     ("LLM_EXTRA_BODY", "{oops", "配置错误:LLM_EXTRA_BODY 不是合法 JSON:{oops"),
+    ("LLM_DEADLINE_S", "inf", "配置错误:LLM_DEADLINE_S='inf' 不是数字"),
 ])
 def test_a_bad_setting_stops_the_inbox_before_it_takes_the_item(lab, setting, value, message):
     queue("T1012")
@@ -163,6 +165,21 @@ def test_respond_whose_redraft_fails_is_handed_to_the_worker_with_the_feedback_k
     assert rows("SELECT COUNT(*) FROM outbox") == [(0,)]
     assert drain() == [("evt_T1012_created", "waiting_human")]  # worker 从 draft 接着跑,带着意见重写
     assert state("T1012")["feedback"] == ["语气软一点"]
+
+
+def test_respond_with_a_model_slower_than_the_deadline_returns_the_terminal_with_the_feedback_kept(lab):
+    queue("T1012")
+    with OpenAIStub(delay=30) as stub:  # 没有整体时限的话,人要在终端前等 30 秒
+        slow_model = {"LLM_API_KEY": "sk-test", "LLM_BASE_URL": stub.base_url, "LLM_MAX_RETRIES": "0",
+                      "LLM_TIMEOUT_S": "60", "LLM_DEADLINE_S": "1"}
+        r = inbox({**lab, **slow_model}, "respond", "T1012", "语气软一点")
+        assert len(stub.requests) == 1 and stub.abandoned == 1
+    message = "DeadlineExceeded: 起草用完了整体时限 LLM_DEADLINE_S=1 秒(含客户端重试),稍后自动再试"
+    assert (r.returncode, r.stdout) == (1, "")
+    assert r.stderr == f"T1012 处理失败({message}),已交回 worker 续跑\n"
+    assert rows("SELECT status, last_error FROM events") == [("pending", message)]
+    assert state("T1012")["feedback"] == ["语气软一点"]  # 人的意见没丢
+    assert rows("SELECT COUNT(*) FROM outbox") == [(0,)]
 
 
 def test_unknown_or_finished_ticket_is_not_in_the_inbox(lab):

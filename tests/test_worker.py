@@ -146,6 +146,40 @@ def test_a_model_that_does_not_answer_in_time_is_a_transient_failure(lab, monkey
     assert capsys.readouterr().out == "evt_T1012_created 第 1 次失败 → pending: OpenAITimeoutError: Request timed out.\n"
 
 
+def test_a_draft_gives_up_at_the_overall_deadline_instead_of_waiting_for_a_slow_model(lab, monkeypatch, capsys):
+    """中间件笔记的「整体超时」:模型 3 秒后才会回答,单次超时 10 秒也等得到;整体时限 0.5 秒先到。"""
+    with OpenAIStub(delay=3.0) as stub:
+        use_stub(monkeypatch, stub)
+        monkeypatch.setenv("LLM_TIMEOUT_S", "10")
+        monkeypatch.setenv("LLM_DEADLINE_S", "0.5")
+        add("T1012")
+        assert drain() == [("evt_T1012_created", "pending")]  # 没有时限的话 3 秒后是 waiting_human
+        assert len(stub.requests) == 1 and stub.abandoned == 1  # 客户端在时限到时断开,没等到回答
+    message = "DeadlineExceeded: 起草用完了整体时限 LLM_DEADLINE_S=0.5 秒(含客户端重试),稍后自动再试"
+    (status, attempts, error, not_before), = rows("SELECT status, attempts, last_error, not_before FROM events")
+    assert (status, attempts, error) == ("pending", 1, message) and not_before > store.now()
+    assert capsys.readouterr().out == f"evt_T1012_created 第 1 次失败 → pending: {message}\n"
+    assert rows("SELECT COUNT(*) FROM llm_usage") == [(0,)]  # 没有回答,不记用量
+
+
+def test_after_the_overall_deadline_neither_a_retry_nor_the_backup_model_is_sent(lab, monkeypatch):
+    """主模型一直 500(0.5 秒后才回),客户端重试 2 次,还配了备用模型:没有时限的话,4 个请求之后备用模型会回答。"""
+    with OpenAIStub(delay=0.5) as stub:
+        use_stub(monkeypatch, stub, retries=2)
+        monkeypatch.setenv("LLM_TIMEOUT_S", "10")
+        monkeypatch.setenv("LLM_DEADLINE_S", "1.2")
+        monkeypatch.setenv("LLM_FALLBACK_MODEL", "stub-backup")
+        stub.fail["stub-model"] = (500, "server_error")
+        add("T1012")
+        assert drain() == [("evt_T1012_created", "pending")]
+        sent = [r["model"] for r in stub.requests]
+        first = stub.requests[0]["at"]
+    assert sent in (["stub-model"], ["stub-model"] * 2)  # 时限到了以后一个都没发:第三次重试、备用模型
+    assert all(r["at"] - first < 1.2 for r in stub.requests)
+    assert rows("SELECT status, attempts, last_error FROM events") == [(
+        "pending", 1, "DeadlineExceeded: 起草用完了整体时限 LLM_DEADLINE_S=1.2 秒(含客户端重试、切备用模型),稍后自动再试")]
+
+
 def test_a_permission_error_backs_off_with_a_fix_hint_instead_of_going_dead_at_once(lab, monkeypatch):
     with OpenAIStub() as stub:
         use_stub(monkeypatch, stub, retries=2)
@@ -533,6 +567,7 @@ def test_durability_exit_worker_killed_inside_draft_starts_the_ticket_over(any_l
     ("MAX_REDRAFTS", "two", "配置错误:MAX_REDRAFTS='two' 不是数字"),
     ("LLM_TIMEOUT_S", "0", "配置错误:LLM_TIMEOUT_S='0' 不能小于 0.1"),
     ("LLM_MAX_RETRIES", "-1", "配置错误:LLM_MAX_RETRIES='-1' 不能小于 0"),
+    ("LLM_DEADLINE_S", "0", "配置错误:LLM_DEADLINE_S='0' 不能小于 0.1"),
     ("LLM_EXTRA_BODY", "{oops", "配置错误:LLM_EXTRA_BODY 不是合法 JSON:{oops"),
 ])
 def test_a_bad_setting_stops_the_worker_before_it_claims_anything(lab, setting, value, message):
