@@ -4,7 +4,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import LAB
+from conftest import LAB, rows, run
 
 
 def test_every_setting_the_code_reads_is_documented_in_env_example():
@@ -47,3 +47,31 @@ def test_a_setting_that_is_not_a_number_is_a_clear_error(tmp_path):
     r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
                        env={"PATH": "/usr/bin:/bin", "MAX_ATTEMPTS": "three", "AMBIENT_NO_DOTENV": "1"})
     assert (r.returncode, r.stderr) == (1, "配置错误:MAX_ATTEMPTS='three' 不是数字\n")
+
+
+# 像没运行过 uv sync --extra postgres 一样:psycopg 和 psycopg_pool 都 import 不了,然后照常运行那个命令
+WITHOUT_PSYCOPG = ("import runpy, sys; sys.modules.update(psycopg=None, psycopg_pool=None); sys.argv = sys.argv[1:]; "
+                   "runpy.run_path(sys.argv[0], run_name='__main__') if sys.argv[0].endswith('.py') "
+                   "else runpy.run_module(sys.argv[0], run_name='__main__', alter_sys=True)")
+NO_PG_DEPS = "设置了 DATABASE_URL,但没装 PostgreSQL 的依赖:运行 uv sync --extra postgres"
+
+
+@pytest.mark.parametrize("command, code", [
+    (["store.py"], 1), (["worker.py", "--once"], 1), (["inbox.py", "list"], 1), (["cron_jobs.py", "report"], 2),
+    (["email_poller.py", "--eml", "samples/01_utf8_plain.eml"], 2),
+])
+def test_database_url_without_the_postgres_extra_says_how_to_install_it_and_touches_nothing(lab, command, code):
+    before = rows("SELECT COUNT(*) FROM tickets", path=lab["BIZ_DB"])
+    env = {**lab, "DATABASE_URL": "postgresql://postgres@127.0.0.1:1/nowhere"}
+    r = run(["-c", WITHOUT_PSYCOPG, *command], env)
+    assert (r.returncode, r.stdout, r.stderr) == (code, "", NO_PG_DEPS + "\n")
+    assert rows("SELECT COUNT(*) FROM tickets", path=lab["BIZ_DB"]) == before  # 邮件没有先在业务库里建工单
+    assert rows("SELECT COUNT(*) FROM events") == [(0,)]
+
+
+def test_the_webhook_without_the_postgres_extra_does_not_start_and_says_why(lab):
+    env = {**lab, "DATABASE_URL": "postgresql://postgres@127.0.0.1:1/nowhere"}
+    r = run(["-c", WITHOUT_PSYCOPG, "uvicorn", "webhook:app", "--port", "0"], env, timeout=60)
+    assert r.returncode == 3  # uvicorn:应用启动失败
+    assert r.stderr.splitlines()[-3:] == [f"SystemExit: {NO_PG_DEPS}", "", "ERROR:    Application startup failed. Exiting."]
+    assert rows("SELECT COUNT(*) FROM events") == [(0,)]

@@ -330,6 +330,15 @@ def test_a_writer_answering_garbage_answers_503_and_nothing_is_stored(client, mo
     assert stored() == []
 
 
+def test_a_delivery_arriving_while_the_webhook_shuts_down_answers_503_and_nothing_is_stored(client, monkeypatch):
+    body = body_for("T1012")
+    with monkeypatch.context() as m:
+        m.setattr(webhook.committer, "stopping", True)  # lifespan 的收尾已经开始:排着的写完,不再收新的
+        r = post(client, body, send_webhook.sign(body, SECRET))
+    assert (r.status_code, r.json()) == (503, {"detail": "event store unavailable (shutting down), retry later"})
+    assert stored() == []
+
+
 def test_a_whsec_secret_broken_after_startup_is_a_500_with_the_reason_and_nothing_stored(client, monkeypatch):
     monkeypatch.setenv("WEBHOOK_SECRET", "whsec_not*base64")
     body = body_for()
