@@ -8,6 +8,7 @@ import math
 import os
 from functools import lru_cache
 from pathlib import Path
+from urllib.parse import urlsplit
 
 HERE = Path(__file__).resolve().parent
 _dotenv_loaded = False
@@ -55,6 +56,26 @@ def integer(name: str, default: int, *, minimum: int | None = None, maximum: int
     if value != int(value):
         raise SystemExit(f"配置错误:{name}={get(name)!r} 应该是整数")
     return int(value)
+
+
+def url(name: str, default: str = "", *, secret: bool = False) -> str:
+    """读一个 http(s) 网址设置(没设置时是 default,可以为空)。不是 http:// 或 https:// 开头、没有主机名、
+    端口不是数字时以 SystemExit 退出,说明是哪一项 —— 不然要等到真的去连时,才报一个像是「对方没开」的错。
+    secret=True:网址本身就是密钥(Slack webhook 的路径),错误信息里只露出开头。"""
+    raw = get(name, default)
+    if not raw:
+        return raw
+    try:
+        parts = urlsplit(raw)
+        parts.port  # noqa: B018 —— 端口不是数字、超出范围时这里抛 ValueError
+        ok = parts.scheme in ("http", "https") and bool(parts.hostname)
+        problem = "" if ok else "要以 http:// 或 https:// 开头,后面是主机名"
+    except ValueError as e:
+        problem = str(e)
+    if problem:
+        shown = raw[:16] + "…" if secret and len(raw) > 16 else raw
+        raise SystemExit(f"配置错误:{name}={shown!r} 不是合法的网址({problem})")
+    return raw
 
 
 def path(name: str, default_filename: str) -> Path:

@@ -48,9 +48,13 @@ def stale_event_id(ticket_id: str, day: str) -> str:
     return f"{STALE_EVENT_PREFIX}{ticket_id}:{day}"
 
 
+def stale_days_setting() -> int:
+    return config.integer("STALE_DAYS", STALE_DAYS, minimum=0, maximum=36500)
+
+
 def scan(limit: int = SCAN_LIMIT) -> dict:
     """scan 的 run_once:把该跟进的工单入队,打印汇总,返回各个数和这次新入队的工单。"""
-    stale_days = config.integer("STALE_DAYS", STALE_DAYS, minimum=0, maximum=36500)
+    stale_days = stale_days_setting()
     today = store.now()[:10]
     cutoff = (date.fromisoformat(today) - timedelta(days=stale_days)).isoformat()
     old = store.open_tickets_created_by(cutoff)
@@ -109,6 +113,14 @@ def slack_timeout() -> float:
     return config.number("SLACK_TIMEOUT_S", SLACK_TIMEOUT_S, minimum=0.1, maximum=3600)
 
 
+def report_settings() -> tuple[str, float]:
+    """report 用的设置都读一遍,返回 (Slack 地址, 超时);不对就以 SystemExit 退出。"""
+    alert_hours()
+    price_per_1k_tokens()
+    url = config.url("SLACK_WEBHOOK_URL", secret=True)  # 路径就是密钥,错误信息里不能带全
+    return url, slack_timeout() if url else 0
+
+
 def alert_note(hours: float) -> str:
     limit = alert_hours()
     return f"(超过 {limit:g} 小时,该提醒值班的人了)" if hours >= limit else ""
@@ -161,11 +173,8 @@ def _host_of(url: str) -> str:
 
 def report() -> int:
     """report 的 run_once:打印日报;有 SLACK_WEBHOOK_URL 就发过去。返回退出码。"""
-    url = config.get("SLACK_WEBHOOK_URL")
     # 设置都先读一遍:不对的话还没打印日报就退出(退出码 2 = 什么都没做),不用等到有待办、有用量时才发现
-    alert_hours()
-    price_per_1k_tokens()
-    timeout = slack_timeout() if url else 0
+    url, timeout = report_settings()
     text = build_report()
     print(text, flush=True)
     if url:
@@ -189,6 +198,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "scan" and args.limit < 1:
         p_scan.error("--limit 至少是 1")
     try:
+        # 先读设置、再碰数据库:设置不对时连事件库文件都不该建出来
+        stale_days_setting() if args.command == "scan" else report_settings()
         store.init()
         if args.command == "report":
             return report()

@@ -5,7 +5,7 @@
 最后是事件表和发件箱,并核对结果和课文一致:T1012 done/1、T1041 done/1、T1003 ignored/1、T9999 dead,
 发件箱恰好两行。一致就退出码 0,不一致就指出哪里不对、退出码 1。
 
-每次都在一个新的临时数据目录里跑(事件库、checkpoint、业务库都是新的),可以反复跑,不碰你自己的 ambient.db。
+每次都在一个新的临时数据目录里跑(事件库、checkpoint、业务库都是新的),可以反复跑,不碰你自己的 ambient.db(设了 DATABASE_URL 也不碰那个 PostgreSQL)。
 不需要 API key:没有 LLM_API_KEY 时用离线模型。加 --keep 可以保留数据目录,跑完自己用 sqlite3 看。
 """
 import os
@@ -87,8 +87,10 @@ def main(argv: list[str]) -> int:
     keep = "--keep" in argv
     data = Path(tempfile.mkdtemp(prefix="ambient-demo-"))
     port = free_port()
-    env = {**os.environ, "EVENTS_DB": str(data / "ambient.db"), "CHECKPOINTS_DB": str(data / "checkpoints.db"),
-           "BIZ_DB": str(data / "cloudledger.db"), "WEBHOOK_URL": f"http://127.0.0.1:{port}/hooks/cloudledger",
+    # 演示总是用临时目录里的 SQLite:环境变量或 .env 里设了 DATABASE_URL 也不碰那个 PostgreSQL
+    # (设成空串:空串算没设置,.env 也不会覆盖已经存在的环境变量)
+    env = {**os.environ, "DATABASE_URL": "", "EVENTS_DB": str(data / "ambient.db"),
+           "CHECKPOINTS_DB": str(data / "checkpoints.db"), "BIZ_DB": str(data / "cloudledger.db"), "WEBHOOK_URL": f"http://127.0.0.1:{port}/hooks/cloudledger",
            "PYTHONUNBUFFERED": "1"}
     events_db = data / "ambient.db"
     print(f"数据目录:{data}(EVENTS_DB、CHECKPOINTS_DB、BIZ_DB 都指向这里)")

@@ -65,16 +65,18 @@ def llm_settings() -> tuple:
     """模型的各项设置,检查过的;不对就以 SystemExit 退出,说明是哪一项。"""
     extra_body = config.get("LLM_EXTRA_BODY", "{}")
     try:
-        json.loads(extra_body)
+        parsed = json.loads(extra_body)
     except ValueError:
         raise SystemExit(f"配置错误:LLM_EXTRA_BODY 不是合法 JSON:{extra_body}") from None
+    if not isinstance(parsed, dict):  # 它的键要并进请求体:[1]、"x" 这种合法 JSON 也不行
+        raise SystemExit(f"配置错误:LLM_EXTRA_BODY 应该是 JSON 对象({{…}}):{extra_body}")
     return (
         config.get("LLM_API_KEY"),
         config.get("LLM_MODEL", DEFAULT_MODEL),
-        config.get("LLM_BASE_URL", DEFAULT_BASE_URL),
+        config.url("LLM_BASE_URL", DEFAULT_BASE_URL),
         extra_body,
         config.get("LLM_FALLBACK_MODEL"),
-        config.get("LLM_FALLBACK_BASE_URL"),
+        config.url("LLM_FALLBACK_BASE_URL"),
         config.number("LLM_TIMEOUT_S", LLM_TIMEOUT_S, minimum=0.1, maximum=3600),
         config.integer("LLM_MAX_RETRIES", LLM_MAX_RETRIES, minimum=0, maximum=10),
     )

@@ -42,18 +42,18 @@ def main(argv: list[str]) -> int:
         print("用法:uv run python send_webhook.py 工单号 [重复次数,正整数]", file=sys.stderr)
         return 2
     ticket_id, times = argv[0], int(argv[1]) if len(argv) == 2 else 1
-    url, secret, body = config.get("WEBHOOK_URL", DEFAULT_URL), config.get("WEBHOOK_SECRET", DEFAULT_SECRET), event_body(ticket_id)
     try:
-        httpx.URL(url)
-    except httpx.InvalidURL as e:
-        print(f"配置错误:WEBHOOK_URL={url!r} 不是合法的网址({e})", file=sys.stderr)
+        url = config.url("WEBHOOK_URL", DEFAULT_URL)
+    except SystemExit as e:
+        print(e.code, file=sys.stderr)
         return 2
+    secret, body = config.get("WEBHOOK_SECRET", DEFAULT_SECRET), event_body(ticket_id)
     failed = False
     for _ in range(times):  # 上游超时重试时,同一个事件会原样再发一次
         headers = {"content-type": "application/json", "x-cloudledger-signature": sign(body, secret)}
         try:
             r = httpx.post(url, content=body, headers=headers, timeout=TIMEOUT_S)
-        except httpx.HTTPError as e:
+        except (httpx.HTTPError, httpx.InvalidURL) as e:  # InvalidURL:urlsplit 放过了、httpx 不认的少见写法
             print(f"发不出去:{url} 连不上({type(e).__name__}: {e})。webhook 服务起来了吗?"
                   "先在另一个终端运行 uv run uvicorn webhook:app --port 8139", file=sys.stderr)
             return 1

@@ -94,7 +94,8 @@ DIALECTS = {
         "skip_locked": "FOR UPDATE SKIP LOCKED",                 # 别的 worker 锁着的行跳过,不排队等
     },
 }
-PG_POOL_SIZE = 10  # 个(至少 1);每个连接池最多开几个连接(≥ worker 的并发数);一个进程最多三个池:等落盘的、不等落盘的、checkpoint
+PG_POOL_SIZE = 10  # 个(至少 1);每个连接池最多开几个连接(比 worker 的并发数小时,线程排队等连接);一个进程最多三个池:等落盘的、不等落盘的、checkpoint
+PG_CONNECT_TIMEOUT_S = 10  # 秒;第一次连 PostgreSQL 最多等多久,连不上就说明原因退出(不会一直挂着)
 
 BIZ_SCHEMA = """
 CREATE TABLE IF NOT EXISTS customers (
@@ -134,6 +135,17 @@ def parse_time(value) -> datetime:
 
 
 # ---------------------------------------------------------------- 连接
+def cannot_open(what: str, setting: str, path: Path, error: Exception) -> str:
+    """SQLite 打不开一个库时给人看的一行:sqlite3 只会说 unable to open database file。"""
+    if not path.parent.is_dir():
+        reason = f"目录 {path.parent} 不存在"
+    elif path.is_dir():
+        reason = "这是一个目录,不是文件"
+    else:
+        reason = str(error)
+    return f"{what}打不开:{setting}={path}({reason})"
+
+
 def events_db() -> Path:
     return config.path("EVENTS_DB", "ambient.db")
 
@@ -238,9 +250,12 @@ def init() -> None:
             conn.executescript(sql("SCHEMA"))
             conn.execute(ONE_PROCESSING_PER_TICKET)
         return
-    with opened() as conn:
-        conn.execute("PRAGMA journal_mode = WAL")  # 写进库文件,之后每个连接都是 WAL;不能放在事务里
-        conn.executescript(sql("SCHEMA"))
+    try:
+        with opened() as conn:
+            conn.execute("PRAGMA journal_mode = WAL")  # 写进库文件,之后每个连接都是 WAL;不能放在事务里
+            conn.executescript(sql("SCHEMA"))
+    except sqlite3.OperationalError as e:  # 每个程序都先 init():路径设错了在这里一行说清楚,什么都还没做
+        raise SystemExit(cannot_open("事件库", "EVENTS_DB", events_db(), e)) from None
     with transaction() as conn:
         have = {r["name"] for r in conn.execute("PRAGMA table_info(events)")}
         for column, kind in ADDED_COLUMNS.items():
@@ -284,17 +299,43 @@ def _pg_pool(url: str, durable: bool = True):
     """每个进程、每个 URL 两个连接池(提交等不等落盘,见 connect()),第一次用到时才建(import 时不连数据库)。"""
     with _pools_lock:
         if (url, durable) not in _pools:
-            try:
-                from psycopg_pool import ConnectionPool
-            except ImportError:
-                raise SystemExit("设置了 DATABASE_URL,但没装 PostgreSQL 的依赖:运行 uv sync --extra postgres") from None
-            pool = ConnectionPool(url, min_size=1, max_size=pool_size(),
-                                  kwargs={"autocommit": True, "row_factory": _pg_rows,
-                                          "application_name": pg_application_name()},
-                                  configure=None if durable else _no_flush_wait, open=False)
-            pool.open(wait=True, timeout=10)
-            _pools[url, durable] = pool
+            _pools[url, durable] = open_pg_pool(url, durable, row_factory=_pg_rows)
         return _pools[url, durable]
+
+
+def open_pg_pool(url: str, durable: bool, **kwargs):
+    """开一个连 url 的连接池(事件表的、checkpoint 的都用它),等第一个连接连上。
+    没装依赖、URL 不是 PostgreSQL 的、PG_CONNECT_TIMEOUT_S 秒内连不上:以 SystemExit 退出,一行说明原因。"""
+    scheme = url.split("://", 1)[0] if "://" in url else ""  # 不带 :// 的是 libpq 的 key=value 写法,也认
+    if scheme and scheme not in ("postgresql", "postgres"):
+        raise SystemExit(f"配置错误:DATABASE_URL 要以 postgresql:// 开头,现在是 {scheme}://…")
+    require_psycopg()
+    import psycopg
+    from psycopg_pool import ConnectionPool, PoolTimeout
+
+    try:  # 先自己连一次:连不上时马上说出原因。连接池只会在日志里刷屏、重试到超时,最后说一句「超时了」
+        psycopg.connect(url, connect_timeout=PG_CONNECT_TIMEOUT_S).close()
+    except psycopg.Error as e:
+        reason = ";".join(line.strip() for line in str(e).splitlines() if line.strip()) or type(e).__name__
+        raise SystemExit(f"连不上 DATABASE_URL 指的 PostgreSQL:{reason}") from None
+    pool = ConnectionPool(url, min_size=1, max_size=pool_size(),
+                          kwargs={"autocommit": True, "application_name": pg_application_name(), **kwargs},
+                          configure=None if durable else _no_flush_wait, open=False)
+    try:
+        pool.open(wait=True, timeout=PG_CONNECT_TIMEOUT_S)
+    except PoolTimeout:
+        pool.close()
+        raise SystemExit(f"连不上 DATABASE_URL 指的 PostgreSQL:连接池 {PG_CONNECT_TIMEOUT_S} 秒内没有连上"
+                         "(单独连一次是通的:服务器太忙,或者连接数满了)") from None
+    return pool
+
+
+def require_psycopg() -> None:
+    try:
+        import psycopg  # noqa: F401
+        import psycopg_pool  # noqa: F401
+    except ImportError:
+        raise SystemExit("设置了 DATABASE_URL,但没装 PostgreSQL 的依赖:运行 uv sync --extra postgres") from None
 
 
 def close_pools() -> None:
@@ -355,15 +396,12 @@ def open_checkpointer(durable: bool = False):
     durable=True(收件箱):等落盘。人的决定写下了才会发信;SQLite 上 checkpoint 和发件箱在两个文件里,
     不等的话断电后可能发件箱里有回复、checkpoint 却退回到 interrupt,同一张工单又回到收件箱。"""
     if dialect() == "postgres":
+        require_psycopg()
         from langgraph.checkpoint.postgres import PostgresSaver
         from psycopg.rows import dict_row
-        from psycopg_pool import ConnectionPool
 
-        pool = ConnectionPool(database_url(), min_size=1, max_size=pool_size(),
-                              kwargs={"autocommit": True, "prepare_threshold": 0, "row_factory": dict_row,
-                                      "application_name": pg_application_name()},
-                              configure=None if durable else _no_flush_wait, open=False)
-        pool.open(wait=True, timeout=10)
+        pool = open_pg_pool(database_url(), durable, prepare_threshold=0, row_factory=dict_row)
+
         saver = PostgresSaver(pool)
         with opened() as conn:
             # 用 try 轮询,不用 pg_advisory_lock 排队:排队的语句一直挂着快照,而 setup() 里的
@@ -377,8 +415,11 @@ def open_checkpointer(durable: bool = False):
         return saver, pool
     from langgraph.checkpoint.sqlite import SqliteSaver
 
-    conn = sqlite3.connect(checkpoints_db(), check_same_thread=False, timeout=BUSY_TIMEOUT_S)
-    conn.execute("PRAGMA journal_mode = WAL")  # worker 和收件箱是不同进程,同时写 checkpoint
+    try:
+        conn = sqlite3.connect(checkpoints_db(), check_same_thread=False, timeout=BUSY_TIMEOUT_S)
+        conn.execute("PRAGMA journal_mode = WAL")  # worker 和收件箱是不同进程,同时写 checkpoint
+    except sqlite3.OperationalError as e:
+        raise SystemExit(cannot_open("checkpoint 库", "CHECKPOINTS_DB", checkpoints_db(), e)) from None
     # worker 的 checkpoint 用 NORMAL:进程崩溃(kill -9)时一个不丢,只有断电可能丢最后几个 checkpoint,
     # 那张工单就从更早的节点重跑一遍(节点幂等,outbox 有 UNIQUE)。收件箱、事件表和发件箱是 FULL。
     conn.execute(f"PRAGMA synchronous = {'FULL' if durable else 'NORMAL'}")

@@ -201,9 +201,12 @@ def standard_webhooks_key(secret: str) -> bytes:
     """Standard Webhooks 的密钥字节:whsec_ 开头按规范 base64 解码,否则就是字符串本身的字节。"""
     if secret.startswith("whsec_"):
         try:
-            return base64.b64decode(secret[len("whsec_"):], validate=True)
+            key = base64.b64decode(secret[len("whsec_"):], validate=True)
         except ValueError:
             raise ValueError("配置错误:WEBHOOK_SECRET 以 whsec_ 开头,但后面不是合法的 base64") from None
+        if not key:  # 空密钥算出来的签名谁都能伪造
+            raise ValueError("配置错误:WEBHOOK_SECRET 是 whsec_,后面没有密钥")
+        return key
     return secret.encode()
 
 

@@ -30,7 +30,8 @@ MAX_ATTEMPTS = 3            # 次(1–20);暂时性失败最多试几次,之后�
 STALE_MINUTES = 10          # 分钟(0–525600);processing 超过这么久、处理它的进程也不在了,就放回队列(可以是 0 或小数)
 BACKOFF_BASE_MINUTES = 1    # 分钟(0–1440);第 n 次失败后等 BASE × 2^n 分钟再试(练习 3);测试里调小
 POLL_SECONDS = 2            # 秒(0.01–3600);常驻模式下没事件时隔多久再看
-CONCURRENCY = 1             # 个(至少 1);一个 worker 同时处理几个事件
+CONCURRENCY = 1             # 个(1–256);一个 worker 同时处理几个事件
+MAX_CONCURRENCY = 256       # 个;每个都是一个线程,再多也只是一起等模型,内存和数据库连接先不够了
 # worker 跑图时 checkpoint 什么时候写(LangGraph 的 durability);收件箱恢复 thread 时总是用 sync(见 inbox.py)。
 #   async(默认,和课文一样):每走完一个节点写一次(后台线程写,这次运行结束前等它写完)。
 #         被 kill -9 的工单,重启后从被杀时所在的节点接着跑。
@@ -82,7 +83,7 @@ def poll_seconds() -> float:
 
 
 def default_concurrency() -> int:
-    return config.integer("WORKER_CONCURRENCY", CONCURRENCY, minimum=1)
+    return config.integer("WORKER_CONCURRENCY", CONCURRENCY, minimum=1, maximum=MAX_CONCURRENCY)
 
 
 def check_settings() -> None:
@@ -209,6 +210,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.concurrency is not None and args.concurrency < 1:
         parser.error("--concurrency 至少是 1")
+    if args.concurrency is not None and args.concurrency > MAX_CONCURRENCY:
+        parser.error(f"--concurrency 最多是 {MAX_CONCURRENCY}")
     if args.requeue_dead is not None:
         return requeue_dead(args.requeue_dead)
 

@@ -6,11 +6,13 @@ import sys
 import pytest
 from conftest import LAB, rows, run
 
+import store
+
 
 def test_every_setting_the_code_reads_is_documented_in_env_example():
     read = set()
     for path in LAB.glob("*.py"):
-        read |= set(re.findall(r'(?:config|settings)\.(?:get|number|integer|path)\(\s*"([A-Z0-9_]+)"', path.read_text(encoding="utf-8")))
+        read |= set(re.findall(r'(?:config|settings)\.(?:get|number|integer|path|url)\(\s*"([A-Z0-9_]+)"', path.read_text(encoding="utf-8")))
     documented = set(re.findall(r"^([A-Z0-9_]+)=", (LAB / ".env.example").read_text(encoding="utf-8"), re.M))
     assert read and read <= documented, f"没写进 .env.example:{sorted(read - documented)}"
     assert documented <= read | {"IMAP_HOST", "IMAP_USER", "IMAP_PASSWORD", "IMAP_PORT"}, sorted(documented - read)
@@ -75,3 +77,45 @@ def test_the_webhook_without_the_postgres_extra_does_not_start_and_says_why(lab)
     assert r.returncode == 3  # uvicorn:应用启动失败
     assert r.stderr.splitlines()[-3:] == [f"SystemExit: {NO_PG_DEPS}", "", "ERROR:    Application startup failed. Exiting."]
     assert rows("SELECT COUNT(*) FROM events") == [(0,)]
+
+
+@pytest.mark.parametrize("url, message", [
+    ("mysql://app@db/ledger", "配置错误:DATABASE_URL 要以 postgresql:// 开头,现在是 mysql://…"),
+    ("notaurl", 'missing "=" after "notaurl" in connection info string'),
+    ("postgresql://postgres@127.0.0.1:1/nowhere", 'connection failed: connection to server at "127.0.0.1", port 1 failed: '
+     "Connection refused;Is the server running on that host and accepting TCP/IP connections?"),
+])
+def test_a_database_url_that_cannot_be_used_stops_at_once_with_the_reason_and_claims_nothing(lab, url, message):
+    """原来每种都是等 10 秒、日志刷屏,最后一个 PoolTimeout 的 traceback,不说是哪一项、为什么。"""
+    if not message.startswith("配置错误"):
+        message = "连不上 DATABASE_URL 指的 PostgreSQL:" + message
+    store.add_event("evt_T1012_created", "webhook", "ticket.created",
+                    '{"id": "evt_T1012_created", "type": "ticket.created", "data": {"ticket_id": "T1012"}}')
+    for command, code in ((["worker.py", "--once"], 1), (["store.py"], 1), (["cron_jobs.py", "report"], 2)):
+        r = run(command, {**lab, "DATABASE_URL": url})
+        assert (r.returncode, r.stdout, r.stderr) == (code, "", message + "\n"), command
+    assert rows("SELECT status, attempts FROM events") == [("pending", 0)]
+
+
+@pytest.mark.parametrize("setting, where, reason", [
+    ("EVENTS_DB", "missing/ambient.db", "目录 {dir} 不存在"),
+    ("EVENTS_DB", ".", "这是一个目录,不是文件"),
+    ("CHECKPOINTS_DB", "missing/checkpoints.db", "目录 {dir} 不存在"),
+])
+def test_a_database_path_that_cannot_be_opened_names_the_setting_and_changes_nothing(lab, tmp_path, setting, where,
+                                                                                     reason):
+    """原来是 sqlite3 的 traceback:unable to open database file,不说是哪个库、哪一项设置。"""
+    path = (tmp_path / where).resolve()
+    what = "事件库" if setting == "EVENTS_DB" else "checkpoint 库"
+    message = f"{what}打不开:{setting}={path}({reason.format(dir=path.parent)})\n"
+    store.add_event("evt_T1012_created", "webhook", "ticket.created",
+                    '{"id": "evt_T1012_created", "type": "ticket.created", "data": {"ticket_id": "T1012"}}')
+    commands = [(["worker.py", "--once"], 1), (["inbox.py", "list"], 1)]
+    if setting == "EVENTS_DB":  # 这几个不碰 checkpoint
+        commands += [(["store.py"], 1), (["cron_jobs.py", "report"], 2),
+                     (["email_poller.py", "--eml", "samples/01_utf8_plain.eml"], 2)]
+    for command, code in commands:
+        r = run(command, {**lab, setting: str(path)})
+        assert (r.returncode, r.stdout, r.stderr) == (code, "", message), command
+    assert rows("SELECT status, attempts FROM events") == [("pending", 0)]
+    assert not (tmp_path / "missing").exists()

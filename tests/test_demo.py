@@ -1,12 +1,14 @@
 """uv run python demo.py:课文的全流程,用真的 webhook 服务、真 HTTP、真进程跑一遍,结果和课文一致。"""
 import os
 
-from conftest import run
+from conftest import free_port, run
 
 
 def test_demo_replays_the_lesson_and_checks_its_result(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("LLM_API_KEY", "EVENTS_DB", "CHECKPOINTS_DB", "BIZ_DB")}
-    r = run(["demo.py"], {**env, "TMPDIR": str(tmp_path)}, timeout=300)
+    # 设了 DATABASE_URL(这里是一个连不上的)也照样用临时目录里的 SQLite,不去碰那个 PostgreSQL
+    r = run(["demo.py"], {**env, "TMPDIR": str(tmp_path), "DATABASE_URL": "postgresql://postgres@127.0.0.1:1/nowhere"},
+            timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     out = r.stdout
     for line in ("$ uv run python send_webhook.py T1012 2\n202 {'accepted': True, 'duplicate': False}\n"

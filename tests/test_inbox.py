@@ -144,6 +144,7 @@ def test_bad_command_line_prints_usage_and_exits_2_and_changes_nothing(lab, args
     ("MAX_REDRAFTS", "-1", "配置错误:MAX_REDRAFTS='-1' 不能小于 0"),
     ("LLM_EXTRA_BODY", "{oops", "配置错误:LLM_EXTRA_BODY 不是合法 JSON:{oops"),
     ("LLM_DEADLINE_S", "inf", "配置错误:LLM_DEADLINE_S='inf' 不是数字"),
+    ("LLM_EXTRA_BODY", '"str"', '配置错误:LLM_EXTRA_BODY 应该是 JSON 对象({…}):"str"'),
 ])
 def test_a_bad_setting_stops_the_inbox_before_it_takes_the_item(lab, setting, value, message):
     queue("T1012")

@@ -17,10 +17,19 @@ def test_bad_arguments_print_usage_and_exit_2_without_sending(lab, args):
     assert rows("SELECT COUNT(*) FROM events") == [(0,)]
 
 
-def test_malformed_webhook_url_is_a_clear_error_and_nothing_is_sent(lab):
-    r = run(["send_webhook.py", "T1012"], {**lab, "WEBHOOK_URL": "http://[::1"})
+@pytest.mark.parametrize("url, problem", [
+    ("http://[::1", "Invalid IPv6 URL"),
+    ("http://127.0.0.1:http/hooks", "Port could not be cast to integer value as 'http'"),
+    # 原来这几种被当成「webhook 服务没起来」,退出码 1,让人去查服务
+    ("127.0.0.1:8139/hooks/cloudledger", "要以 http:// 或 https:// 开头,后面是主机名"),
+    ("ftp://127.0.0.1/hooks", "要以 http:// 或 https:// 开头,后面是主机名"),
+    ("http://", "要以 http:// 或 https:// 开头,后面是主机名"),
+])
+def test_malformed_webhook_url_is_a_clear_error_and_nothing_is_sent(lab, url, problem):
+    r = run(["send_webhook.py", "T1012"], {**lab, "WEBHOOK_URL": url})
     assert (r.returncode, r.stdout) == (2, "")
-    assert r.stderr == "配置错误:WEBHOOK_URL='http://[::1' 不是合法的网址(Invalid port: ':1')\n"
+    assert r.stderr == f"配置错误:WEBHOOK_URL={url!r} 不是合法的网址({problem})\n"
+    assert rows("SELECT COUNT(*) FROM events") == [(0,)]
 
 
 def test_server_not_running_is_one_clear_message_and_exit_1(lab):

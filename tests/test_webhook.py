@@ -257,9 +257,13 @@ def test_an_event_another_process_has_not_committed_yet_is_reported_as_a_duplica
     assert result == [[False]]
     assert rows("SELECT event_id, source, status FROM events") == [("evt_race", "webhook", "pending")]
 
-def test_a_malformed_whsec_secret_stops_the_server_from_starting(lab, monkeypatch):
-    monkeypatch.setenv("WEBHOOK_SECRET", "whsec_not*base64")
-    with pytest.raises(ValueError, match="配置错误:WEBHOOK_SECRET 以 whsec_ 开头,但后面不是合法的 base64"):
+@pytest.mark.parametrize("secret, message", [
+    ("whsec_not*base64", "配置错误:WEBHOOK_SECRET 以 whsec_ 开头,但后面不是合法的 base64"),
+    ("whsec_", "配置错误:WEBHOOK_SECRET 是 whsec_,后面没有密钥"),  # 原来当成空密钥,谁都能签出对的签名
+])
+def test_a_malformed_whsec_secret_stops_the_server_from_starting(lab, monkeypatch, secret, message):
+    monkeypatch.setenv("WEBHOOK_SECRET", secret)
+    with pytest.raises(ValueError, match=f"^{message}$"):
         with TestClient(webhook.app):
             pass
     assert stored() == []

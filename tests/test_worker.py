@@ -228,6 +228,7 @@ def test_requeue_dead_puts_dead_events_back_and_refuses_unknown_ids(any_lab):
 
 @pytest.mark.parametrize("args, message", [
     (["--concurrency", "0"], "error: --concurrency 至少是 1"),
+    (["--concurrency", "257"], "error: --concurrency 最多是 256"),
     (["--concurrency", "many"], "error: argument --concurrency: invalid int value: 'many'"),
     (["--bogus"], "error: unrecognized arguments: --bogus"),
 ])
@@ -569,6 +570,12 @@ def test_durability_exit_worker_killed_inside_draft_starts_the_ticket_over(any_l
     ("LLM_MAX_RETRIES", "-1", "配置错误:LLM_MAX_RETRIES='-1' 不能小于 0"),
     ("LLM_DEADLINE_S", "0", "配置错误:LLM_DEADLINE_S='0' 不能小于 0.1"),
     ("LLM_EXTRA_BODY", "{oops", "配置错误:LLM_EXTRA_BODY 不是合法 JSON:{oops"),
+    # 下面这些原来要领到事件、发请求时才出错,还被当成暂时性错误一遍遍重试
+    ("LLM_EXTRA_BODY", "[1]", "配置错误:LLM_EXTRA_BODY 应该是 JSON 对象({…}):[1]"),
+    ("LLM_BASE_URL", "api.deepseek.com", "配置错误:LLM_BASE_URL='api.deepseek.com' 不是合法的网址"
+                                         "(要以 http:// 或 https:// 开头,后面是主机名)"),
+    ("LLM_FALLBACK_BASE_URL", "http://[::1", "配置错误:LLM_FALLBACK_BASE_URL='http://[::1' 不是合法的网址(Invalid IPv6 URL)"),
+    ("WORKER_CONCURRENCY", "1000000000", "配置错误:WORKER_CONCURRENCY='1000000000' 不能大于 256"),  # 原来开十亿个线程
 ])
 def test_a_bad_setting_stops_the_worker_before_it_claims_anything(lab, setting, value, message):
     add("T1012")
