@@ -115,7 +115,12 @@ def main(argv: list[str]) -> int:
 
         step("worker 处理一轮", "uv run python worker.py --once", ["worker.py", "--once"], env)
         listing = step("看收件箱", "uv run python inbox.py list", ["inbox.py", "list"], env).splitlines()
-        shown_draft = listing[listing.index(next(ln for ln in listing if ln.startswith("T1012 "))) + 1].split("草稿:", 1)[1]
+        drafts = [after.split("草稿:", 1)[1] for line, after in zip(listing, listing[1:])
+                  if line.startswith("T1012 ") and "草稿:" in after]
+        if not drafts:  # worker 那一步每个事件都失败了,多半是模型连不上
+            raise SystemExit("演示中断:T1012 没有进收件箱,看上面 worker 那一步为什么失败"
+                             "(用真模型时检查 LLM_API_KEY、LLM_BASE_URL;不设 LLM_API_KEY 就用离线模型)")
+        shown_draft = drafts[0]
         step("批准 T1012", "uv run python inbox.py accept T1012", ["inbox.py", "accept", "T1012"], env)
         step("对 T1041 提意见,让 Agent 重写", f'uv run python inbox.py respond T1041 "{FEEDBACK}"',
              ["inbox.py", "respond", "T1041", FEEDBACK], env)

@@ -59,6 +59,11 @@ def tidy(graph) -> None:
             print(f"(更正:{ev['ticket_id']} 上次处理中途中断,事件 {ev['event_id']} 改为 {status})", file=sys.stderr)
 
 
+def indented(label: str, text: str) -> str:
+    """「        标签:正文」;正文有好几行(邮件工单、真模型的草稿)时,后面几行也缩进,不和下一条待办混在一起。"""
+    return "\n".join(f"        {label if i == 0 else ''}{line}" for i, line in enumerate(text.splitlines() or [""]))
+
+
 def show_list(graph) -> None:
     waiting = store.events_by_status("waiting_human")
     if not waiting:
@@ -69,10 +74,10 @@ def show_list(graph) -> None:
         args = item["action_request"]["args"]
         print(f"{ev['ticket_id']}  {item['description']}")
         if item["action_request"]["action"] == "notify_supervisor":
-            print(f"        工单:{args['ticket_text']}")
+            print(indented("工单:", args["ticket_text"]))
             print("        只能 ignore(看过即可)")
             continue
-        print(f"        草稿:{args['reply']}")
+        print(indented("草稿:", args["reply"]))
         if not item["config"]["allow_respond"]:
             rounds = len(snap.values.get("feedback", []))
             print(f"        已按意见重写 {rounds} 次,到上限了:只能 {' / '.join(COMMAND_OF[k] for k in allowed(item))}")

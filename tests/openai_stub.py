@@ -7,12 +7,15 @@ import json
 import re
 import select
 import socket
+import sys
 import threading
 import time
 from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
-from llm import offline_draft
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # 单独运行(uv run python tests/openai_stub.py)时也找得到 llm.py
+from llm import offline_draft  # noqa: E402
 
 
 class OpenAIStub:
@@ -138,9 +141,6 @@ class OpenAIStub:
 
 
 if __name__ == "__main__":  # 手动试用:uv run python tests/openai_stub.py
-    import sys
-
-    sys.path.insert(0, ".")
     with OpenAIStub() as s:
         print("OpenAI 兼容服务:", s.base_url, flush=True)
         threading.Event().wait()

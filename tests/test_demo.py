@@ -24,3 +24,15 @@ def test_demo_replays_the_lesson_and_checks_its_result(tmp_path):
                  "和课文一致"):
         assert line in out
     assert list(tmp_path.iterdir()) == []  # 临时数据目录跑完就删了
+
+
+def test_demo_with_a_model_it_cannot_reach_stops_with_the_reason_not_a_traceback(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k not in ("EVENTS_DB", "CHECKPOINTS_DB", "BIZ_DB")}
+    unreachable = {"LLM_API_KEY": "sk-test", "LLM_BASE_URL": f"http://127.0.0.1:{free_port()}/v1", "LLM_MAX_RETRIES": "0"}
+    r = run(["demo.py"], {**env, **unreachable, "TMPDIR": str(tmp_path)}, timeout=300)
+    assert r.returncode == 1
+    assert "evt_T1012_created 第 1 次失败 → pending: OpenAIConnectionError: Connection error.\n" in r.stdout
+    assert r.stderr.splitlines()[-1] == ("演示中断:T1012 没有进收件箱,看上面 worker 那一步为什么失败"
+                                         "(用真模型时检查 LLM_API_KEY、LLM_BASE_URL;不设 LLM_API_KEY 就用离线模型)")
+    assert "Traceback" not in r.stderr  # 原来是 StopIteration
+    assert list(tmp_path.iterdir()) == []  # 临时数据目录照样删了
