@@ -658,7 +658,7 @@ def test_complaint_mail_becomes_a_notification_that_only_allows_ignore(lab):
     assert listing.stdout.splitlines() == [
         f"{ticket}  【通知】[bug] 工单提到「投诉到」,Agent 没有起草回复,请主管看一下",
         "        工单:银行流水导入报错一直没人管:银行流水导入报错的问题提了一个月都没解决,再没人处理,我要投诉到消费者协会。",
-        "周婷",
+        "        周婷",  # 署名另起一行:也缩进在这条待办下面(原来顶格,像是下一条)
         "        只能 ignore(看过即可)",
     ]
 

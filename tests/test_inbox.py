@@ -121,21 +121,6 @@ def test_notify_item_only_allows_ignore(lab):
     assert rows("SELECT COUNT(*) FROM outbox") == [(0,)]
 
 
-def test_a_multi_line_ticket_text_stays_indented_under_its_item(lab):
-    """邮件建的工单正文有好几行(署名另起一行):原来后面几行顶格打印,看着像是下一条待办。"""
-    customer = rows("SELECT id FROM customers ORDER BY id LIMIT 1", path=lab["BIZ_DB"])[0][0]
-    ticket = store.add_mail_ticket(["M0a1b2c"], customer, "银行流水导入报错", "一直没人管。\n我要投诉到消费者协会。\n周婷",
-                                   "2026-11-01")
-    queue(ticket)
-    assert inbox(lab, "list").stdout.splitlines() == [
-        "M0a1b2c  【通知】[bug] 工单提到「投诉到」,Agent 没有起草回复,请主管看一下",
-        "        工单:银行流水导入报错:一直没人管。",
-        "        我要投诉到消费者协会。",
-        "        周婷",
-        "        只能 ignore(看过即可)",
-    ]
-
-
 @pytest.mark.parametrize("args, message", [
     ([], "缺少子命令"),
     (["send", "T1012"], "不认识的子命令:send"),
