@@ -278,6 +278,9 @@ def imap_settings() -> ImapSettings:
     if use_ssl not in ("0", "1"):
         raise SetupError(f"IMAP_SSL 只能是 1(SSL 直连,默认)或 0(明文),现在是 {use_ssl!r}")
     cafile = config.get("IMAP_CAFILE")
+    if cafile and use_ssl == "0":  # 多半是以为设了 CA 就是加密连接:其实密码会明文发出去
+        raise SetupError("IMAP_CAFILE 只在 IMAP_SSL=1(SSL 直连)时用得上;IMAP_SSL=0 是明文连接,"
+                         "密码不加密、也不校验证书。用自建邮箱的私有 CA 时把 IMAP_SSL 设成 1")
     if cafile and not Path(cafile).expanduser().is_file():
         raise SetupError(f"IMAP_CAFILE 指的 CA 证书文件不存在:{cafile}")
     default_port = IMAP_SSL_PORT if use_ssl == "1" else IMAP_PLAIN_PORT

@@ -368,6 +368,10 @@ def test_connection_lost_while_marking_a_stored_mail_read_loses_nothing_and_the_
     ({"IMAP_PASSWORD": ""}, "缺少邮箱设置:IMAP_PASSWORD(写进环境变量或 .env;IMAP_PASSWORD 填邮箱的授权码)"),
     ({"IMAP_SSL": "yes"}, "IMAP_SSL 只能是 1(SSL 直连,默认)或 0(明文),现在是 'yes'"),
     ({"IMAP_SSL": "1", "IMAP_CAFILE": "/nonexistent/ca.pem"}, "IMAP_CAFILE 指的 CA 证书文件不存在:/nonexistent/ca.pem"),
+    # 原来明文连接时悄悄不用它:以为设了 CA 就加密了,密码却是明文发的
+    ({"IMAP_SSL": "0", "IMAP_CAFILE": str(LAB / "crontab.example")},
+     "IMAP_CAFILE 只在 IMAP_SSL=1(SSL 直连)时用得上;IMAP_SSL=0 是明文连接,密码不加密、也不校验证书。"
+     "用自建邮箱的私有 CA 时把 IMAP_SSL 设成 1"),
     ({"IMAP_PORT": "abc"}, "配置错误:IMAP_PORT='abc' 不是数字"),
     ({"IMAP_PORT": "-1"}, "配置错误:IMAP_PORT='-1' 不能小于 1"),
     ({"IMAP_TIMEOUT_S": "0"}, "配置错误:IMAP_TIMEOUT_S='0' 不能小于 0.1"),
