@@ -401,7 +401,6 @@ def open_checkpointer(durable: bool = False):
         from psycopg.rows import dict_row
 
         pool = open_pg_pool(database_url(), durable, prepare_threshold=0, row_factory=dict_row)
-
         saver = PostgresSaver(pool)
         with opened() as conn:
             # 用 try 轮询,不用 pg_advisory_lock 排队:排队的语句一直挂着快照,而 setup() 里的
