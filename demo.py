@@ -52,6 +52,21 @@ def step(title: str, shown: str, argv: list[str], env: dict) -> str:
     return r.stdout
 
 
+def draft_shown(listing: list[str], ticket_id: str) -> str | None:
+    """inbox.py list 给人看的这张工单的草稿全文;不在收件箱里是 None。草稿有好几行(真模型常这样写)时,
+    后面几行缩进 8 个空格,和「草稿:」那一行的正文接起来。"""
+    indent = " " * 8
+    for i, line in enumerate(listing[:-1]):
+        if line.startswith(f"{ticket_id} ") and listing[i + 1].startswith(f"{indent}草稿:"):
+            lines = [listing[i + 1].split("草稿:", 1)[1]]
+            for more in listing[i + 2:]:
+                if not more.startswith(indent) or more.startswith(f"{indent}已按意见重写"):
+                    break
+                lines.append(more[len(indent):])
+            return "\n".join(lines)
+    return None
+
+
 def query(sql: str, path: Path) -> list[tuple]:
     import sqlite3
 
@@ -115,12 +130,10 @@ def main(argv: list[str]) -> int:
 
         step("worker 处理一轮", "uv run python worker.py --once", ["worker.py", "--once"], env)
         listing = step("看收件箱", "uv run python inbox.py list", ["inbox.py", "list"], env).splitlines()
-        drafts = [after.split("草稿:", 1)[1] for line, after in zip(listing, listing[1:])
-                  if line.startswith("T1012 ") and "草稿:" in after]
-        if not drafts:  # worker 那一步每个事件都失败了,多半是模型连不上
+        shown_draft = draft_shown(listing, "T1012")
+        if shown_draft is None:  # worker 那一步每个事件都失败了,多半是模型连不上
             raise SystemExit("演示中断:T1012 没有进收件箱,看上面 worker 那一步为什么失败"
                              "(用真模型时检查 LLM_API_KEY、LLM_BASE_URL;不设 LLM_API_KEY 就用离线模型)")
-        shown_draft = drafts[0]
         step("批准 T1012", "uv run python inbox.py accept T1012", ["inbox.py", "accept", "T1012"], env)
         step("对 T1041 提意见,让 Agent 重写", f'uv run python inbox.py respond T1041 "{FEEDBACK}"',
              ["inbox.py", "respond", "T1041", FEEDBACK], env)

@@ -25,6 +25,7 @@ class OpenAIStub:
         self.fail_times: dict[str, int] = {}    # 同上的键 → 还要失败几次(不在里面就一直失败)
         self.malformed: dict[str, str] = {}     # 模型名 → "text"(不调工具,只回一段话)、"args"(工具参数不合 Draft)
                                                 # 或 "json"(工具参数被截断,不是合法 JSON)
+        self.multiline = False                  # True:回复草稿分成几行(真模型常这样写)
         self.requests: list[dict] = []          # 每个请求:{"model", "body", "headers", "at"}
         self.in_flight: Counter = Counter()     # 工单号 → 正在等回答、客户端还活着的请求数
         self.overlaps: list[str] = []           # 同一张工单同时有两个活着的起草请求:工单号
@@ -106,6 +107,8 @@ class OpenAIStub:
                     status, kind = failure
                     return self._send(status, {"error": {"message": f"stub says {kind}", "type": kind, "code": kind}})
                 draft = offline_draft(prompt)
+                if stub.multiline:
+                    draft = {**draft, "reply": draft["reply"].replace(",", ",\n", 2)}
                 tools = body.get("tools") or []
                 malformed = stub.malformed.get(body.get("model", ""))
                 if malformed == "text":

@@ -2,6 +2,7 @@
 import os
 
 from conftest import free_port, run
+from openai_stub import OpenAIStub
 
 
 def test_demo_replays_the_lesson_and_checks_its_result(tmp_path):
@@ -36,3 +37,15 @@ def test_demo_with_a_model_it_cannot_reach_stops_with_the_reason_not_a_traceback
                                          "(用真模型时检查 LLM_API_KEY、LLM_BASE_URL;不设 LLM_API_KEY 就用离线模型)")
     assert "Traceback" not in r.stderr  # 原来是 StopIteration
     assert list(tmp_path.iterdir()) == []  # 临时数据目录照样删了
+
+
+def test_demo_with_a_model_that_writes_multi_line_drafts_checks_the_whole_draft(tmp_path):
+    """真模型的草稿常分几行:收件箱里后面几行缩进着,演示核对发件箱时要拿整段草稿比(原来只拿第一行,对不上)。"""
+    env = {k: v for k, v in os.environ.items() if k not in ("EVENTS_DB", "CHECKPOINTS_DB", "BIZ_DB")}
+    with OpenAIStub() as stub:
+        stub.multiline = True
+        model = {"LLM_API_KEY": "sk-test", "LLM_BASE_URL": stub.base_url, "LLM_MODEL": "stub-model"}
+        r = run(["demo.py"], {**env, **model, "TMPDIR": str(tmp_path)}, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "\n        草稿:您好,\n        关于您提到的扣款和退款问题,\n" in r.stdout  # 收件箱里确实是好几行
+    assert "\n和课文一致" in r.stdout
