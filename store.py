@@ -313,12 +313,13 @@ def open_pg_pool(url: str, durable: bool, **kwargs):
     import psycopg
     from psycopg_pool import ConnectionPool, PoolTimeout
 
+    max_size = pool_size()  # 设置写错了先说它,用不着去连服务器
     try:  # 先自己连一次:连不上时马上说出原因。连接池只会在日志里刷屏、重试到超时,最后说一句「超时了」
         psycopg.connect(url, connect_timeout=PG_CONNECT_TIMEOUT_S).close()
     except psycopg.Error as e:
         reason = ";".join(line.strip() for line in str(e).splitlines() if line.strip()) or type(e).__name__
         raise SystemExit(f"连不上 DATABASE_URL 指的 PostgreSQL:{reason}") from None
-    pool = ConnectionPool(url, min_size=1, max_size=pool_size(),
+    pool = ConnectionPool(url, min_size=1, max_size=max_size,
                           kwargs={"autocommit": True, "application_name": pg_application_name(), **kwargs},
                           configure=None if durable else _no_flush_wait, open=False)
     try:

@@ -155,14 +155,42 @@ ACCEPTED = {is_new: JSONResponse({"accepted": True, "duplicate": not is_new}).bo
 
 @asynccontextmanager
 async def lifespan(_: FastAPI):
-    standard_webhooks_key(config.get("WEBHOOK_SECRET", DEFAULT_SECRET))  # 密钥写错了就别启动,启动日志里说清楚
-    store.init()
+    try:
+        standard_webhooks_key(config.get("WEBHOOK_SECRET", DEFAULT_SECRET))  # 密钥写错了就别启动
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
+    store.init()  # 设置不对(DATABASE_URL、PG_POOL_SIZE、EVENTS_DB……)时以 SystemExit("配置错误:…") 之类退出
     await committer.start()
     yield
     await committer.stop()
 
 
+class StartupErrorInOneLine:
+    """启动失败是因为设置不对(带说明的 SystemExit)时,uvicorn 的日志里只有那句说明,而不是一整段 traceback:
+        ERROR:    配置错误:WEBHOOK_SECRET 是 whsec_,后面没有密钥
+        ERROR:    Application startup failed. Exiting.
+    Starlette 把 lifespan 里的异常连同 traceback 写进 lifespan.startup.failed 消息,uvicorn 照原样打印;这里只换掉
+    这种消息的内容。别的异常是程序的错,照旧带 traceback。"""
+
+    def __init__(self, app) -> None:
+        self.app = app
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "lifespan":
+            return await self.app(scope, receive, send)
+
+        async def send_reason(message) -> None:
+            error = sys.exc_info()[1]  # Starlette 在 except 块里发这条消息,正在处理的就是 lifespan 抛出的异常
+            if message["type"] == "lifespan.startup.failed" and isinstance(error, SystemExit) \
+                    and isinstance(error.code, str):
+                message = {**message, "message": error.code}
+            await send(message)
+
+        await self.app(scope, receive, send_reason)
+
+
 app = FastAPI(title="CloudLedger webhook", lifespan=lifespan)
+app.add_middleware(StartupErrorInOneLine)
 
 
 def fail(status: int, detail: str) -> HTTPException:
