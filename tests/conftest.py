@@ -1,5 +1,6 @@
 """测试共用的东西:每个测试一套全新的临时数据库,环境变量只在这个测试里生效。"""
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -39,9 +40,23 @@ def lab(tmp_path, monkeypatch):
 
 
 def run(args: list[str], env: dict, timeout: float = 120, input: str | None = None) -> subprocess.CompletedProcess:
-    """像学员一样在实验目录里跑一个脚本(真的新进程)。"""
-    return subprocess.run([sys.executable, *args], cwd=LAB, env=env, capture_output=True, text=True,
-                          timeout=timeout, input=input)
+    """像学员一样在实验目录里跑一个脚本(真的新进程)。
+    timeout 秒还没结束就判失败;失败信息里是它那时各线程的栈(-X faulthandler,先发 SIGABRT),卡在哪里一看便知。"""
+    proc = subprocess.Popen([sys.executable, "-X", "faulthandler", *args], cwd=LAB, env=env, text=True,
+                            stdin=None if input is None else subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        out, err = proc.communicate(input, timeout=timeout)
+        return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGABRT)
+    try:
+        out, err = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+    pytest.fail(f"{' '.join(args)[:200]} 超过 {timeout:g} 秒没结束。标准输出:\n{out[-5000:]}\n"
+                f"标准错误(最后是各线程当时的栈):\n{err[-20000:]}", pytrace=False)
 
 
 # 让进程在写 checkpoint 的某一刻消失,像 kill -9 一样不清理、不回滚。两种时刻:
