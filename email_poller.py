@@ -408,7 +408,7 @@ def poll_mailbox(s: ImapSettings | None = None) -> list[Outcome]:
                 typ, answer = imap.uid("STORE", uid, "+FLAGS", flags)
                 if typ != "OK":
                     raise MailboxError(f"{source} 已处理,但标已读失败:{server_words(Exception(answer[0]))};"
-                                       "下次会再收到它,显示 duplicate 或 skip")
+                                       "下次会再收到它,不会重复建工单")
     except (imaplib.IMAP4.error, OSError) as e:
         raise MailboxError(f"收信中途出错:{server_words(e)};已处理 {len(done)} 封,没标已读的下次再收") from e
     finally:

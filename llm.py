@@ -44,10 +44,16 @@ TRANSIENT_ERRORS = (openai.RateLimitError, openai.APITimeoutError, openai.APICon
                     openai.InternalServerError)
 
 
-# 这两种不算永久(换了 key 就好),但要在 last_error 里说清楚怎么修
+# 这几种重试解决不了,要人去修;last_error 里说清楚先查什么、修好后怎么把死信放回来。
+# 401/403 走退避(换了 key 就好,别把积压悄悄烧成死信),400/404/422 直接死信(worker.PERMANENT_ERRORS)。
+REQUEUE = "运行 uv run python worker.py --requeue-dead"
+BAD_REQUEST = f"模型服务说请求不对:检查 LLM_MODEL、LLM_EXTRA_BODY,或者工单太长,修好后{REQUEUE}"
 HINTS = {
-    openai.AuthenticationError: "模型服务拒绝了 API key:检查 LLM_API_KEY,修好后运行 uv run python worker.py --requeue-dead",
-    openai.PermissionDeniedError: "模型服务拒绝访问(余额、权限或地区):处理好后运行 uv run python worker.py --requeue-dead",
+    openai.AuthenticationError: f"模型服务拒绝了 API key:检查 LLM_API_KEY,修好后{REQUEUE}",
+    openai.PermissionDeniedError: f"模型服务拒绝访问(余额、权限或地区):处理好后{REQUEUE}",
+    openai.NotFoundError: f"模型服务说找不到:多半是 LLM_MODEL 或 LLM_BASE_URL 写错了,修好后{REQUEUE}",
+    openai.BadRequestError: BAD_REQUEST,
+    openai.UnprocessableEntityError: BAD_REQUEST,
 }
 
 

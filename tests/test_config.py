@@ -120,3 +120,23 @@ def test_a_database_path_that_cannot_be_opened_names_the_setting_and_changes_not
         assert (r.returncode, r.stdout, r.stderr) == (code, "", message), command
     assert rows("SELECT status, attempts FROM events") == [("pending", 0)]
     assert not (tmp_path / "missing").exists()
+
+
+def test_a_business_database_that_is_not_sqlite_is_refused_by_every_command_and_left_as_it_was(lab, tmp_path):
+    """BIZ_DB 指到了一个不是数据库的文件(比如手滑指到了笔记):每个要用业务库的命令都说清楚、什么都不做,
+    store.py 也不在它上面新建业务库。"""
+    notes = tmp_path / "notes.txt"
+    notes.write_text("我的笔记,别动\n", encoding="utf-8")
+    store.add_event("evt_T1012_created", "webhook", "ticket.created",
+                    '{"id": "evt_T1012_created", "type": "ticket.created", "data": {"ticket_id": "T1012"}}')
+    problem = f"业务库打不开:{notes}:file is not a database"
+    for command, code, stderr in (
+            (["store.py"], 2, f"{problem}。没有动它:删掉它(或者让 BIZ_DB 指到别处)再运行 uv run python store.py,"
+                              "就会新建一份\n"),
+            (["worker.py", "--once"], 1, problem + "\n"),
+            (["email_poller.py", "--eml", "samples/01_utf8_plain.eml"], 2, problem + "\n"),
+            (["cron_jobs.py", "scan"], 2, problem + "\n")):
+        r = run(command, {**lab, "BIZ_DB": str(notes)})
+        assert (r.returncode, r.stdout, r.stderr) == (code, "", stderr), command
+    assert notes.read_text(encoding="utf-8") == "我的笔记,别动\n"
+    assert rows("SELECT event_id, status, attempts FROM events") == [("evt_T1012_created", "pending", 0)]

@@ -686,3 +686,59 @@ def test_when_every_candidate_ticket_id_belongs_to_other_mails_nothing_is_stored
     with pytest.raises(ValueError, match="^工单号全都被别的邮件占了:MAAAAAA, MAAAAAAAA$"):
         store.add_mail_ticket(["MAAAAAA", "MAAAAAAAA"], "C001", "张伟的信", "张伟的正文", "2026-11-30")
     assert biz_rows(MAIL_TICKETS) == before
+
+
+# ---------------------------------------------------------------- 命令行写错、服务器拒绝命令
+@pytest.mark.parametrize("args, message", [
+    (["--eml"], "error: argument --eml: expected at least one argument"),
+    (["--bogus"], "error: unrecognized arguments: --bogus"),
+])
+def test_bad_command_line_exits_2_with_usage_and_nothing_is_stored(imap_env, imap_server, args, message):
+    imap_server.append(ZHANG)  # 邮箱设置齐全、有一封未读:参数写错时也不该去收
+    r = run(["email_poller.py", *args], imap_env)
+    assert (r.returncode, r.stdout) == (2, "")
+    assert r.stderr.startswith("usage: email_poller.py") and r.stderr.endswith(message + "\n")
+    nothing_stored(imap_server, [101])
+
+
+@pytest.mark.parametrize("refused, stdout, message, stored", [
+    ("SEARCH", "", "搜索未读邮件失败:[UNAVAILABLE] try again later", 0),
+    # 工单和事件已经存好,只是没能标已读:信保持未读,下次收到时是 duplicate,不会多一张工单
+    ("STORE", "{ticket}  UID 101\n", "UID 101 已处理,但标已读失败:[UNAVAILABLE] try again later;"
+                                      "下次会再收到它,不会重复建工单", 1),
+])
+def test_a_command_the_server_refuses_is_one_clear_line_and_no_mail_is_lost(imap_env, imap_server, monkeypatch,
+                                                                             capsys, refused, stdout, message, stored):
+    """服务器对 UID SEARCH / UID STORE 回 NO(不是断线):退出码 3,说明是哪一步;信还是未读,下次再收。
+    pymap 不会回这种 NO,这里在本进程里让 imaplib 收到它。"""
+    imap_server.append(ZHANG)
+    for k, v in imap_env.items():
+        monkeypatch.setenv(k, v)
+    real_uid = imaplib.IMAP4.uid
+
+    def uid(self, command, *args):
+        if command == refused:
+            return "NO", [b"[UNAVAILABLE] try again later"]
+        return real_uid(self, command, *args)
+
+    monkeypatch.setattr(imaplib.IMAP4, "uid", uid)
+    assert email_poller.main([]) == 3
+    ticket = ticket_of("<t1@example.com>")
+    assert capsys.readouterr() == (stdout.format(ticket=ticket), message + "\n")
+    assert imap_server.unseen() == [101]
+    assert len(rows(EVENTS)) == len(biz_rows(MAIL_TICKETS)) == stored
+
+    monkeypatch.setattr(imaplib.IMAP4, "uid", real_uid)  # 服务器恢复了:下次运行补上
+    again = run(["email_poller.py"], imap_env)
+    assert (again.returncode, again.stderr) == (0, "")
+    assert again.stdout.splitlines()[0] == ("duplicate  UID 101" if stored else f"{ticket}  UID 101")
+    assert imap_server.unseen() == [] and len(rows(EVENTS)) == len(biz_rows(MAIL_TICKETS)) == 1
+
+
+def test_a_host_name_that_does_not_resolve_is_one_clear_line(imap_env):
+    """IMAP_HOST 写错(解析不出来):说是域名解析失败、该查哪一项,而不是一段 socket.gaierror。"""
+    r = run(["email_poller.py"], {**imap_env, "IMAP_HOST": "imap.no-such-host.invalid", "IMAP_PORT": "993"})
+    assert (r.returncode, r.stdout) == (3, "")
+    assert r.stderr.startswith("连不上 IMAP 服务器 imap.no-such-host.invalid:993:域名解析失败(")
+    assert r.stderr.endswith("),检查 IMAP_HOST\n") and len(r.stderr.splitlines()) == 1
+    nothing_stored()

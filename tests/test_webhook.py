@@ -394,3 +394,38 @@ def test_event_writer_answers_each_batch_and_survives_a_bad_line(lab):
         {"error": "JSONDecodeError: Expecting value: line 1 column 1 (char 0)"},
         {"error": "ValueError: not enough values to unpack (expected 4, got 2)"}]
     assert rows("SELECT event_id, ticket_id, status FROM events") == [("evt_demo", "T1012", "pending")]
+
+
+@pytest.mark.parametrize("event, detail", [
+    ({"id": "e" * 201, "type": "ticket.created", "data": {"ticket_id": "T1"}},
+     "id must be a non-empty string (at most 200 characters)"),
+    ({"id": 1012, "type": "ticket.created", "data": {"ticket_id": "T1"}},
+     "id must be a non-empty string (at most 200 characters)"),
+    ({"id": "e1", "type": 1, "data": {"ticket_id": "T1"}}, "type must be a string"),
+    ({"id": "e1", "type": "ticket.created", "data": {"ticket_id": "T" * 65}},
+     "data.ticket_id must be a string of letters, digits, _ or - (at most 64)"),
+    ({"id": "e1", "type": "ticket.created", "data": "T1012"},
+     "data.ticket_id must be a string of letters, digits, _ or - (at most 64)"),
+])
+def test_over_long_or_wrongly_typed_fields_are_rejected_with_400_and_nothing_stored(client, event, detail):
+    """长度上限和类型:id 最多 200 个字符,ticket_id 最多 64 个;刚好超出一个就拒,什么都不存。"""
+    body = json.dumps(event).encode()
+    r = post(client, body, send_webhook.sign(body, SECRET))
+    assert (r.status_code, r.json()) == (400, {"detail": detail})
+    assert stored() == []
+
+
+@pytest.mark.parametrize("leave_out, seconds_ahead, detail", [
+    ("webhook-timestamp", 0, "bad signature header"),
+    ("webhook-id", 0, "bad signature header"),
+    (None, 301, "timestamp too far in the future"),
+])
+def test_standard_webhooks_without_id_or_timestamp_or_from_the_future_is_rejected_and_nothing_stored(
+        client, leave_out, seconds_ahead, detail):
+    body = body_for()
+    # 签名本身是对的(未来的时间戳也照样签):拒它的是缺了的头、或者时间
+    headers = standard_headers(body, SECRET.encode(), ts=int(time.time()) + seconds_ahead)
+    headers.pop(leave_out, None)
+    r = client.post(URL, content=body, headers=headers)
+    assert (r.status_code, r.json()) == (400, {"detail": detail})
+    assert stored() == []

@@ -122,16 +122,29 @@ def test_transient_server_errors_are_retried_inside_one_attempt(lab, monkeypatch
     assert events() == [("evt_T1012_created", "waiting_human", 1)]
 
 
-@pytest.mark.parametrize("status, kind", [(400, "invalid_request_error"), (404, "model_not_found"),
-                                          (422, "unprocessable_entity")])
-def test_request_the_model_rejects_as_invalid_is_dead_at_once(lab, monkeypatch, status, kind):
+BAD_REQUEST_HINT = "模型服务说请求不对:检查 LLM_MODEL、LLM_EXTRA_BODY,或者工单太长,修好后运行 uv run python worker.py --requeue-dead"
+
+
+@pytest.mark.parametrize("status, kind, reason", [
+    (400, "invalid_request_error", f"OpenAIInvalidRequestError: Error code: 400 - stub says invalid_request_error({BAD_REQUEST_HINT})"),
+    (404, "model_not_found", "OpenAIModelNotFoundError: Error code: 404 - stub says model_not_found"
+     "(模型服务说找不到:多半是 LLM_MODEL 或 LLM_BASE_URL 写错了,修好后运行 uv run python worker.py --requeue-dead)"),
+    (422, "unprocessable_entity", f"UnprocessableEntityError: Error code: 422 - stub says unprocessable_entity({BAD_REQUEST_HINT})"),
+])
+def test_request_the_model_rejects_as_invalid_is_dead_at_once_with_what_to_fix(lab, monkeypatch, capsys, status, kind, reason):
+    """模型说「你的请求不对」(400/404/422):重试也不会好,直接死信,一次都不重试;last_error 和打印的一行说清
+    是哪个错误、先查哪一项、修好后怎么放回来;发件箱是空的,checkpoint 停在 draft 前,--requeue-dead 后从这里接着跑。"""
     with OpenAIStub() as stub:
         use_stub(monkeypatch, stub, retries=2)
         stub.fail["stub-model"] = (status, kind)
         add("T1012")
         assert drain() == [("evt_T1012_created", "dead")]
         assert len(stub.requests) == 1
-    assert rows("SELECT status, attempts FROM events") == [("dead", 1)]
+    assert rows("SELECT event_id, status, attempts, last_error, not_before, claimed_by FROM events") == [
+        ("evt_T1012_created", "dead", 1, reason, None, None)]
+    assert capsys.readouterr().out == f"evt_T1012_created 第 1 次失败 → dead: {reason}\n"
+    assert rows("SELECT COUNT(*) FROM outbox") == [(0,)]
+    assert thread_history("T1012")[0].next == ("draft",)
 
 
 def test_a_model_that_does_not_answer_in_time_is_a_transient_failure(lab, monkeypatch, capsys):
