@@ -1,12 +1,12 @@
-"""处理一张工单的图:load(读工单)→ draft(模型起草)→ review(interrupt,进收件箱等人)→ send | draft | 结束。
+"""处理一张工单的图:load(读工单)→ draft(模型起草)→ review(interrupt,进收件箱等人)→ send | draft | ignore。
 
 这个文件不单独运行;worker.py 启动一张工单,inbox.py 把人的决定交回来。
 状态存在 CHECKPOINTS_DB(默认 checkpoints.db;设了 DATABASE_URL 就存 PostgreSQL),thread_id 用工单号:ticket-T1012。
 
 收件箱条目照 Agent Inbox 的 HumanInterrupt:action_request{action,args}、config{allow_*}、description;
 人的回复照 HumanResponse:type 是 accept / edit / response / ignore 之一。
-review 在 interrupt() 之前什么都不写:恢复时这个节点会从头重跑。
-send 靠 outbox 的 UNIQUE 幂等:重跑一次只会得到 already_sent。
+review 什么都不写:恢复时这个节点会从头重跑;写库的事(发信、记 ignore)放在它后面各自的节点里。
+send 靠 outbox 的 UNIQUE 幂等:重跑一次只会得到 already_sent;ignore 按工单号去重。
 """
 from typing import Literal
 
@@ -58,7 +58,7 @@ class TicketState(TypedDict, total=False):
     first_draft: dict      # 模型第一版,写 review_log 用
     feedback: list[str]    # 每一轮 respond 的意见;条数就是重写次数,跨进程重启也还在
     decision: str          # accept / edit:最后是怎么发出去的
-    outcome: str           # send / redraft / ignored / sent / already_sent
+    outcome: str           # review 的决定 send / redraft / ignore;做完以后 sent / already_sent / ignored
 
 
 # ---------------------------------------------------------------- 节点
@@ -169,13 +169,11 @@ def review(state: TicketState) -> dict:
     if kind == "response":
         # 意见也要进模型:和工单一样先打码(客服常把客户的电话、邮箱抄进意见里)
         return {"outcome": "redraft", "feedback": state.get("feedback", []) + [mask_pii(answer["args"])]}
-    # ignore 也记一笔(按工单号去重,重跑不会多),日报按类别统计 ignore 用
-    store.record_ignore(state["ticket_id"], review_row(state))
-    return {"outcome": "ignored"}
+    return {"outcome": "ignore"}
 
 
-def after_review(state: TicketState) -> Literal["send", "draft", "__end__"]:
-    return {"send": "send", "redraft": "draft"}.get(state["outcome"], END)
+def after_review(state: TicketState) -> Literal["send", "draft", "ignore"]:
+    return {"send": "send", "redraft": "draft", "ignore": "ignore"}[state["outcome"]]
 
 
 def review_row(state: TicketState) -> dict:
@@ -189,16 +187,27 @@ def send(state: TicketState) -> dict:
     return {"outcome": "sent" if sent else "already_sent"}
 
 
+def ignore(state: TicketState) -> dict:
+    """ignore 也记一笔(按工单号去重,重跑不会多),日报按类别统计 ignore 用。
+    不放在 review 里 interrupt() 之后:那里记账失败(磁盘满)的话,LangGraph 把这次的回答和出错的 review 绑在一起存下,
+    人在收件箱里再给什么回答,review 重跑时拿到的都还是这次的 ignore。放在这里,人的决定先写进 checkpoint,
+    记账失败就和 send 失败一样交回 worker 续跑(tests/test_inbox.py)。"""
+    store.record_ignore(state["ticket_id"], review_row(state))
+    return {"outcome": "ignored"}
+
+
 builder = StateGraph(TicketState)
 builder.add_node("load", load)
 builder.add_node("draft", draft)
 builder.add_node("review", review)
 builder.add_node("send", send)
+builder.add_node("ignore", ignore)
 builder.add_edge(START, "load")
 builder.add_edge("load", "draft")
 builder.add_edge("draft", "review")
-builder.add_conditional_edges("review", after_review, ["send", "draft", END])
+builder.add_conditional_edges("review", after_review, ["send", "draft", "ignore"])
 builder.add_edge("send", END)
+builder.add_edge("ignore", END)
 
 
 def open_graph(durable: bool = False):

@@ -667,13 +667,11 @@ def record_reply(ticket_id: str, body: str, sent_by: str, review: dict) -> bool:
 
 
 def record_review(conn: sqlite3.Connection, ticket_id: str, review: dict) -> None:
-    """每张工单一行,写最后的决定。send 重跑时已有的 accept / edit 不动;已有的是 ignore 时换成这一次的:
-    ignore 是在 review 里记的,记完、review 的结果还没写下就被杀的话,人会被再问一遍,这次的决定才算数。"""
+    """每张工单一行,写人的决定。只有执行这个决定的节点(send / ignore)会写,那时决定已经写进 checkpoint、
+    不会再变;节点重跑时已有的一行不动。"""
     conn.execute(
         "INSERT INTO review_log (ticket_id, category, draft, final, action, feedback, created_at) "
-        "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (ticket_id) DO UPDATE SET "
-        "category = excluded.category, draft = excluded.draft, final = excluded.final, action = excluded.action, "
-        "feedback = excluded.feedback, created_at = excluded.created_at WHERE review_log.action = 'ignore'",
+        "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (ticket_id) DO NOTHING",
         (ticket_id, review["category"], review["draft"], review.get("final"), review["action"],
          json.dumps(review.get("feedback", []), ensure_ascii=False), now()),
     )

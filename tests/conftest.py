@@ -63,6 +63,7 @@ def run(args: list[str], env: dict, timeout: float = 120, input: str | None = No
 # "put:<step>":第 step 步的 checkpoint 要写(put)时。这时上一步各节点的结果(put_writes)已经写下了:默认的 async
 #   下两次写入在后台线程里按顺序做,kill -9 真会落在这中间(test_chaos 碰到过)。
 # "writes:<channel>":某个节点的结果里有 channel 这个键、要写下(put_writes)时,也就是这个节点刚跑完、结果还没存。
+#   "writes:<channel>=<值>":只在这个键的值是它时(字符串),比如 writes:outcome=ignored 是 ignore 节点的结果。
 DIE_AT = """
 import os, runpy, sys
 from agent import open_graph
@@ -75,8 +76,10 @@ def put(self, config, checkpoint, metadata, new_versions):
     if kind == "put" and metadata.get("step") == int(where):
         os._exit(9)
     return real_put(self, config, checkpoint, metadata, new_versions)
+channel_wanted, has_value, value_wanted = where.partition("=")
 def put_writes(self, config, writes, task_id, task_path=""):
-    if kind == "writes" and any(channel == where for channel, _ in writes):
+    if kind == "writes" and any(channel == channel_wanted and (not has_value or value == value_wanted)
+                                for channel, value in writes):
         os._exit(9)
     return real_put_writes(self, config, writes, task_id, task_path)
 saver_class.put, saver_class.put_writes = put, put_writes

@@ -261,12 +261,12 @@ def test_inbox_killed_after_the_answer_is_saved_but_before_review_used_it_asks_a
     assert rows("SELECT event_id, status FROM events") == [("evt_T1012_created", "done")]
 
 
-def test_inbox_killed_after_ignore_was_recorded_but_not_saved_asks_again_and_the_log_shows_what_was_done(any_lab):
-    """ignore 在 review 里记了一笔 review_log,review 的结果还没写下就被杀:下一次 list 照样再问一遍。
-    人这次选了 accept,回复发出去了:review_log 里那张工单的一行要说 accept,不能还是被盖过去之前的 ignore。"""
+def test_inbox_killed_before_an_ignore_is_saved_asks_again_and_the_log_shows_only_what_was_done(any_lab):
+    """ignore 的决定(review 的结果)还没写下就被杀:什么都还没记,下一次 list 照样再问一遍。
+    人这次选了 accept,回复发出去了:review_log 里那张工单只有一行 accept。"""
     queue("T1012")
-    die_at(any_lab, "writes:outcome", "inbox.py", "ignore", "T1012")
-    assert rows("SELECT ticket_id, action FROM review_log") == [("T1012", "ignore")]
+    die_at(any_lab, "writes:outcome", "inbox.py", "ignore", "T1012")  # review 的结果里有 outcome
+    assert rows("SELECT COUNT(*) FROM review_log") == [(0,)]
     listing = inbox(any_lab, "list")
     assert (listing.returncode, listing.stderr) == (
         0, "(更正:T1012 上次处理中途中断,事件 evt_T1012_created 改为 waiting_human)\n")
@@ -276,6 +276,21 @@ def test_inbox_killed_after_ignore_was_recorded_but_not_saved_asks_again_and_the
     assert rows("SELECT ticket_id, action, draft = final FROM review_log") == [("T1012", "accept", 1)]
     assert rows("SELECT ticket_id, sent_by FROM outbox") == [("T1012", "agent+reviewer")]
     assert rows("SELECT event_id, status FROM events") == [("evt_T1012_created", "done")]
+
+
+def test_inbox_killed_after_an_ignore_was_recorded_is_finished_by_the_worker_with_one_log_row(any_lab):
+    """ignore 的决定写下了,ignore 节点记完 review_log、它的结果还没写下时被杀:人已经做了决定,不再问。
+    下一次 list 把事件交回 worker;worker 重跑 ignore 节点(按工单号去重,不多记),事件是 ignored,什么都没发。"""
+    queue("T1012")
+    die_at(any_lab, "writes:outcome=ignored", "inbox.py", "ignore", "T1012")
+    assert rows("SELECT ticket_id, action FROM review_log") == [("T1012", "ignore")]
+    listing = inbox(any_lab, "list")
+    assert (listing.returncode, listing.stdout, listing.stderr) == (
+        0, "收件箱是空的\n", "(更正:T1012 上次处理中途中断,事件 evt_T1012_created 改为 pending)\n")
+    assert drain() == [("evt_T1012_created", "ignored")]
+    assert rows("SELECT ticket_id, action, final FROM review_log") == [("T1012", "ignore", None)]
+    assert rows("SELECT COUNT(*) FROM outbox") == [(0,)]
+    assert state("T1012")["outcome"] == "ignored"
 
 
 def test_inbox_killed_while_redrafting_is_finished_by_the_worker_with_the_feedback_kept(any_lab):
@@ -340,3 +355,86 @@ def test_an_item_is_not_taken_while_another_event_of_its_ticket_is_being_process
     assert rows("SELECT event_id, status FROM events ORDER BY event_id") == [
         (second, "processing"), ("evt_T1012_created", "waiting_human")]
     assert rows("SELECT COUNT(*) FROM outbox") == [(0,)]
+
+
+REFUSE_REVIEW_LOG = ("CREATE TRIGGER refuse BEFORE INSERT ON review_log "
+                     "BEGIN SELECT RAISE(ABORT, '磁盘写满了(测试制造的故障)'); END")
+
+
+def refuse_review_log(on: bool) -> None:
+    conn = store.connect()
+    conn.execute(REFUSE_REVIEW_LOG if on else "DROP TRIGGER refuse")
+    conn.close()
+
+
+def test_an_ignore_that_cannot_be_recorded_is_handed_to_the_worker_and_nothing_is_recorded(lab):
+    """ignore 要记一笔 review_log;记不进去时(这里用触发器,和磁盘满一样是真的 SQLite 错误):说明原因、退出码 1。
+    人的决定已经写进 checkpoint,所以和发信失败一样交回 worker 续跑,不回收件箱;review_log、发件箱都是空的。"""
+    queue("T1012")
+    refuse_review_log(True)
+    r = inbox(lab, "ignore", "T1012")
+    assert (r.returncode, r.stdout, r.stderr) == (
+        1, "", "T1012 处理失败(IntegrityError: 磁盘写满了(测试制造的故障)),已交回 worker 续跑\n")
+    assert rows("SELECT event_id, status, last_error, claimed_by FROM events") == [
+        ("evt_T1012_created", "pending", "IntegrityError: 磁盘写满了(测试制造的故障)", None)]
+    assert rows("SELECT COUNT(*) FROM review_log") == [(0,)]
+    assert rows("SELECT COUNT(*) FROM outbox") == [(0,)]
+    listing = inbox(lab, "list")
+    assert (listing.returncode, listing.stdout, listing.stderr) == (0, "收件箱是空的\n", "")
+
+
+def test_an_ignore_that_failed_to_be_recorded_is_carried_out_by_the_worker_and_not_replaced_later(lab):
+    """上一条之后:故障修好,worker 把人已经做的 ignore 做完(记一笔,不发信);之后再 accept 被拒,什么都不发。
+    原来 ignore 在 review 里 interrupt() 之后记账:记账失败时 LangGraph 把这次的回答和出错的 review 绑在一起存下,
+    待办回到收件箱,人再 accept,打印的却是 T1012 → ignored,回复没有发出。"""
+    queue("T1012")
+    refuse_review_log(True)
+    assert inbox(lab, "ignore", "T1012").returncode == 1
+    refuse_review_log(False)
+    assert drain() == [("evt_T1012_created", "ignored")]
+    assert rows("SELECT ticket_id, action, final FROM review_log") == [("T1012", "ignore", None)]
+    accept = inbox(lab, "accept", "T1012")
+    assert (accept.returncode, accept.stdout, accept.stderr) == (
+        1, "", "T1012 不在收件箱里(已经处理过,或者还没轮到 worker)\n")
+    assert rows("SELECT COUNT(*) FROM outbox") == [(0,)]
+    assert rows("SELECT event_id, status FROM events") == [("evt_T1012_created", "ignored")]
+
+
+def test_a_ticket_whose_event_is_still_with_the_worker_is_refused_as_busy_and_left_alone(any_lab):
+    """事件还在 worker 手里(processing,还没进收件箱):说「正在被处理」而不是「不在收件箱里」,什么都不动。"""
+    payload = json.dumps({"id": "evt_T1012_created", "type": "ticket.created", "data": {"ticket_id": "T1012"}})
+    store.add_event("evt_T1012_created", "webhook", "ticket.created", payload)
+    conn = store.connect()
+    conn.execute("UPDATE events SET status = 'processing', attempts = 1, claimed_by = 'worker-elsewhere:1'")
+    conn.close()
+    r = inbox(any_lab, "accept", "T1012")
+    assert (r.returncode, r.stdout, r.stderr) == (
+        1, "", "T1012 正在被处理(另一个收件箱命令或 worker),稍后再 list 看看\n")
+    assert rows("SELECT event_id, status, attempts, claimed_by FROM events") == [
+        ("evt_T1012_created", "processing", 1, "worker-elsewhere:1")]
+    assert rows("SELECT COUNT(*) FROM outbox") == [(0,)]
+    assert state("T1012") == {}  # 没有替 worker 开跑这张工单的图
+
+
+def test_an_item_taken_by_another_inbox_command_in_between_is_refused_and_not_touched(lab, monkeypatch, capsys):
+    """list 看到了、正要拿走时被另一个收件箱命令抢先拿走:说清楚,退出码 1,不动别人手里的事件。
+    两个进程真的同时跑时谁先谁后不确定(见 test_two_inbox_commands_on_one_ticket_at_once_send_one_reply),
+    这里在本进程里把「别人先拿走」放在确定的时刻。"""
+    import inbox as inbox_mod
+
+    queue("T1012")
+    real_take = store.take_for_review
+
+    def someone_else_first(event_id, owner=None):
+        assert real_take(event_id, owner="其他收件箱:1")  # 另一个收件箱命令先拿走了
+        return real_take(event_id, owner)
+
+    monkeypatch.setattr(store, "take_for_review", someone_else_first)
+    capsys.readouterr()
+    assert inbox_mod.main(["accept", "T1012"]) == 1
+    assert capsys.readouterr() == ("", "T1012 刚被另一个收件箱命令拿走处理了,稍后再 list 看看\n")
+    assert rows("SELECT event_id, status, claimed_by FROM events") == [
+        ("evt_T1012_created", "processing", "其他收件箱:1")]
+    assert rows("SELECT COUNT(*) FROM outbox") == [(0,)]
+    assert rows("SELECT COUNT(*) FROM review_log") == [(0,)]
+    assert state("T1012").get("outcome") is None  # 人的决定没有交给图
