@@ -96,6 +96,10 @@ DIALECTS = {
 }
 PG_POOL_SIZE = 10  # 个(至少 1);每个连接池最多开几个连接(比 worker 的并发数小时,线程排队等连接);一个进程最多三个池:等落盘的、不等落盘的、checkpoint
 PG_CONNECT_TIMEOUT_S = 10  # 秒;第一次连 PostgreSQL 最多等多久,连不上就说明原因退出(不会一直挂着)
+# 秒(0–86400);连接上次借出去已经是这么久以前(闲着),这次借出去之前先空跑一条语句,确认它还连着。服务器重启、主备切换、防火墙或
+# PgBouncer 掐掉闲连接之后,池里剩下的都是死连接,不查的话下一个事件就撞上去、白白失败一次。忙的时候连接一直在用,
+# 闲不到这么久,不多一次往返(每次多一次往返约 0.05 ms,一个事件要借十几次连接)。
+PG_IDLE_CHECK_S = 5
 
 BIZ_SCHEMA = """
 CREATE TABLE IF NOT EXISTS customers (
@@ -295,6 +299,20 @@ def pool_size() -> int:
     return config.integer("PG_POOL_SIZE", PG_POOL_SIZE, minimum=1)
 
 
+def idle_check_s() -> float:
+    return config.number("PG_IDLE_CHECK_S", PG_IDLE_CHECK_S, minimum=0, maximum=86400)
+
+
+def unavailable_errors() -> tuple[type[Exception], ...]:
+    """数据库暂时用不了时抛的异常:SQLite 的 OperationalError(库被锁太久、磁盘出错),PostgreSQL 的连接断了、
+    服务器在重启、连接池借不到连接(PoolTimeout 也是 psycopg.OperationalError)。常驻的 worker 遇到它们不退出。"""
+    try:
+        import psycopg
+    except ImportError:
+        return (sqlite3.OperationalError,)
+    return sqlite3.OperationalError, psycopg.OperationalError
+
+
 def _pg_pool(url: str, durable: bool = True):
     """每个进程、每个 URL 两个连接池(提交等不等落盘,见 connect()),第一次用到时才建(import 时不连数据库)。"""
     with _pools_lock:
@@ -313,7 +331,17 @@ def open_pg_pool(url: str, durable: bool, **kwargs):
     import psycopg
     from psycopg_pool import ConnectionPool, PoolTimeout
 
-    max_size = pool_size()  # 设置写错了先说它,用不着去连服务器
+    max_size, idle_limit = pool_size(), idle_check_s()  # 设置写错了先说它,用不着去连服务器
+
+    def check(conn) -> None:
+        """借出去之前(连接池的 check 回调):上次借出去已经是 idle_limit 秒以前,就先确认还连着;死了就抛错,
+        连接池扔掉它、换一个。刚连上的不查。不用连接池的 reset 回调记「还回来的时间」:设了 reset,每次还连接
+        都要交给连接池的后台线程去做,PostgreSQL 上每个事件慢 1 ms 多(bench/worker.py 量过)。"""
+        now, last = time.monotonic(), getattr(conn, "_ambient_taken_at", None)
+        conn._ambient_taken_at = now
+        if last is not None and now - last >= idle_limit:
+            ConnectionPool.check_connection(conn)
+
     try:  # 先自己连一次:连不上时马上说出原因。连接池只会在日志里刷屏、重试到超时,最后说一句「超时了」
         psycopg.connect(url, connect_timeout=PG_CONNECT_TIMEOUT_S).close()
     except psycopg.Error as e:
@@ -321,7 +349,7 @@ def open_pg_pool(url: str, durable: bool, **kwargs):
         raise SystemExit(f"连不上 DATABASE_URL 指的 PostgreSQL:{reason}") from None
     pool = ConnectionPool(url, min_size=1, max_size=max_size,
                           kwargs={"autocommit": True, "application_name": pg_application_name(), **kwargs},
-                          configure=None if durable else _no_flush_wait, open=False)
+                          configure=None if durable else _no_flush_wait, check=check, open=False)
     try:
         pool.open(wait=True, timeout=PG_CONNECT_TIMEOUT_S)
     except PoolTimeout:

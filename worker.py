@@ -9,8 +9,11 @@
 你会看到每个事件一行:
     evt_T1012_created → waiting_human
     evt_T9999_created 第 1 次失败 → dead: 工单不存在:T9999
+数据库暂时用不了(PostgreSQL 重启、连接被掐断)时,常驻模式在标准错误上说一行、隔 POLL_SECONDS 秒再试,不退出;
+--once 说一行、退出码 1,手上的事件交回队列。
 """
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -192,7 +195,14 @@ class Worker:
 
     def run(self) -> None:
         while not self.stopping.is_set():
-            if not self.run_once():
+            try:
+                self.hand_back()  # 上一轮数据库出错时没来得及改状态的事件(平时是空的)
+                busy = self.run_once()
+            except store.unavailable_errors() as e:
+                # 数据库重启、连接被掐断、库被锁太久:常驻的 worker 不退出,等一会儿再试;手上的事件下一轮交回队列
+                print(f"数据库暂时用不了({unavailable(e)}),{poll_seconds():g} 秒后再试", file=sys.stderr, flush=True)
+                busy = []
+            if not busy:
                 self.stopping.wait(poll_seconds())
 
     def stop(self, *_) -> None:
@@ -215,19 +225,33 @@ def main(argv: list[str] | None = None) -> int:
     if args.requeue_dead is not None:
         return requeue_dead(args.requeue_dead)
 
-    worker = Worker(args.concurrency)
-    signal.signal(signal.SIGTERM, worker.stop)
-    signal.signal(signal.SIGINT, worker.stop)
+    worker = None
     try:
+        worker = Worker(args.concurrency)
+        signal.signal(signal.SIGTERM, worker.stop)
+        signal.signal(signal.SIGINT, worker.stop)
         worker.run_once() if args.once else worker.run()
+    except store.unavailable_errors() as e:  # --once 中途,或者一开始就用不了;常驻模式运行中自己等着再试
+        print(f"数据库暂时用不了({unavailable(e)}),这一轮停下,下次再跑", file=sys.stderr, flush=True)
+        if worker:
+            with contextlib.suppress(*store.unavailable_errors()):
+                worker.hand_back()
+        return 1
     except KeyboardInterrupt:
-        worker.hand_back()
+        if worker:
+            worker.hand_back()
         # 立即退出:别等还卡在模型调用里的线程(它们的事件已经交回队列了)
         sys.stdout.flush(), sys.stderr.flush()
         os._exit(0)
     finally:
-        worker.close()
+        if worker:
+            worker.close()
     return 0
+
+
+def unavailable(error: Exception) -> str:
+    """数据库错误的一行说明:类型名 + 第一行原文。"""
+    return f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0]}"
 
 
 def requeue_dead(event_ids: list[str]) -> int:

@@ -2,6 +2,7 @@
 import json
 import os
 import signal
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -696,3 +697,91 @@ def test_an_events_database_built_the_lessons_way_is_upgraded_then_worked_on(lab
     assert [line.split()[0] for line in listing.stdout.splitlines() if not line.startswith(" ")] == ["T1012", "T1041"]
     assert rows("SELECT event_id, status FROM events ORDER BY event_id") == [
         ("evt_T1003_created", "done"), ("evt_T1012_created", "waiting_human"), ("evt_T1041_created", "waiting_human")]
+
+
+# ---------------------------------------------------------------- 数据库连接在服务器那头断了(PostgreSQL 重启、被掐断)
+def cut_connections(pid: int) -> int:
+    """像 PostgreSQL 重启、防火墙或 PgBouncer 掐掉闲连接那样,在服务器那头断掉这个进程的所有连接;返回断了几个。
+    用一个单独的连接来做:测试进程自己的连接池也可能在被断的名单里。"""
+    import psycopg
+
+    from conftest import PG_URL
+
+    name = store.pg_application_name(f"{socket.gethostname()}:{pid}")
+    with psycopg.connect(PG_URL, autocommit=True) as conn:
+        return conn.execute("SELECT COUNT(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                            "WHERE application_name = %s", (name,)).fetchone()[0]
+
+
+def wait_until(condition, what: str, timeout: float = 60) -> None:
+    deadline = time.time() + timeout
+    while not condition():
+        assert time.time() < deadline, what
+        time.sleep(0.05)
+
+
+def start_worker(env: dict) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "worker.py"], cwd=LAB, env={**env, "POLL_SECONDS": "0.2"}, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def stop_worker(proc: subprocess.Popen) -> tuple[str, str]:
+    proc.send_signal(signal.SIGTERM)
+    return proc.communicate(timeout=60)
+
+
+def test_connections_the_server_dropped_while_idle_are_replaced_before_an_event_uses_them(pg_lab):
+    """常驻 worker 处理完一个事件、闲着的时候,它的连接在服务器那头全断了。下一个事件来时,闲过 PG_IDLE_CHECK_S 的连接
+    借出去之前先确认一下,死的换新的:事件一次就成,不白白失败、不用掉尝试次数,worker 一直活着。"""
+    proc = start_worker({**pg_lab, "PG_IDLE_CHECK_S": "0"})  # 0:每次借都查,不用真等 5 秒
+    try:
+        add("T1012")
+        wait_until(lambda: events() == [("evt_T1012_created", "waiting_human", 1)], "第一个事件没处理完")
+        assert cut_connections(proc.pid) >= 2  # 事件表的池、checkpoint 的池都有连接
+        add("T1041")
+        wait_until(lambda: len(events()) == 2 and events()[1][1] != "pending", "第二个事件没被领走")
+        wait_until(lambda: events()[1][1] == "waiting_human", "第二个事件没处理完")
+        assert proc.poll() is None
+    finally:
+        out, err = stop_worker(proc)
+    assert out == "evt_T1012_created → waiting_human\nevt_T1041_created → waiting_human\n"
+    assert events() == [("evt_T1012_created", "waiting_human", 1), ("evt_T1041_created", "waiting_human", 1)]
+    assert "Traceback" not in err
+
+
+def test_a_running_worker_whose_connections_are_cut_says_so_waits_and_goes_on(pg_lab):
+    """不查闲连接(PG_IDLE_CHECK_S 很大)时,死连接会被用上:常驻 worker 不退出,在标准错误上说一行、等一会儿再试;
+    被连累的事件按暂时性失败退避重试。最后事件照样进收件箱,worker 一直活着,没有 traceback。"""
+    proc = start_worker({**pg_lab, "PG_IDLE_CHECK_S": "86400", "BACKOFF_BASE_MINUTES": "0", "MAX_ATTEMPTS": "20"})
+    try:
+        add("T1012")
+        wait_until(lambda: events() == [("evt_T1012_created", "waiting_human", 1)], "第一个事件没处理完")
+        assert cut_connections(proc.pid) >= 2
+        add("T1041")
+        wait_until(lambda: len(events()) == 2 and events()[1][1] == "waiting_human", "第二个事件没处理完")
+        assert proc.poll() is None
+    finally:
+        out, err = stop_worker(proc)
+    said = [line for line in err.splitlines() if line.startswith("数据库暂时用不了(")]
+    assert said and all(line.endswith("),0.2 秒后再试") for line in said), err
+    assert "Traceback" not in err
+    assert out.splitlines()[0] == "evt_T1012_created → waiting_human"
+    assert out.splitlines()[-1] == "evt_T1041_created → waiting_human"
+    assert all(" 次失败 → pending: " in line for line in out.splitlines()[1:-1]), out  # 连累的事件只是退避,不进死信
+    assert rows("SELECT COUNT(*) FROM outbox") == [(0,)]
+
+
+def test_worker_once_with_cut_connections_says_so_in_one_line_exits_1_and_the_next_run_works(pg_lab, monkeypatch,
+                                                                                            capsys):
+    """--once(crontab 每分钟跑一次)遇上断了的连接:一行说明、退出码 1,事件原样留在队列里;下一次运行照常处理。"""
+    monkeypatch.setenv("PG_IDLE_CHECK_S", "86400")
+    store.close_pools()  # 按这个设置重开连接池
+    add("T1012")
+    assert cut_connections(os.getpid()) >= 1
+    assert worker_mod.main(["--once"]) == 1
+    assert capsys.readouterr() == ("", "数据库暂时用不了(AdminShutdown: terminating connection due to administrator "
+                                       "command),这一轮停下,下次再跑\n")
+    assert events() == [("evt_T1012_created", "pending", 0)]
+    assert worker_mod.main(["--once"]) == 0
+    assert capsys.readouterr().out == "evt_T1012_created → waiting_human\n"
+    assert events() == [("evt_T1012_created", "waiting_human", 1)]
