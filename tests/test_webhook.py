@@ -8,6 +8,7 @@ import os
 import signal
 import sys
 import time
+import types
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -91,9 +92,17 @@ def test_any_matching_v1_signature_passes_during_secret_rotation(client):
     ("t={now},v1={wrong}", 401, "bad signature"),
     ("t={now},v1=非ASCII签名", 401, "bad signature"),
 ])
-def test_bad_signature_is_rejected_and_nothing_stored(client, header, status, detail):
-    body = body_for()
+def frozen_clock(monkeypatch) -> int:
+    """webhook 看到的「现在」停在这一秒:刚好超出 ±300 秒一秒的时间戳,不会因为测试和服务端之间跨过了一秒而变成刚好在界内
+    (CI 上碰到过:now + 301 在服务端看来只差 300 秒,回了 202)。"""
     now = int(time.time())
+    monkeypatch.setattr(webhook, "time", types.SimpleNamespace(time=lambda: float(now)))
+    return now
+
+
+def test_bad_signature_is_rejected_and_nothing_stored(client, monkeypatch, header, status, detail):
+    body = body_for()
+    now = frozen_clock(monkeypatch)
     sig = lambda ts, secret=SECRET: send_webhook.sign(body, secret, ts).split("v1=")[1]  # noqa: E731
     if header is not None:
         header = header.format(now=now, old=now - 301, future=now + 301, sig_old=sig(now - 301),
@@ -421,10 +430,10 @@ def test_over_long_or_wrongly_typed_fields_are_rejected_with_400_and_nothing_sto
     (None, 301, "timestamp too far in the future"),
 ])
 def test_standard_webhooks_without_id_or_timestamp_or_from_the_future_is_rejected_and_nothing_stored(
-        client, leave_out, seconds_ahead, detail):
+        client, monkeypatch, leave_out, seconds_ahead, detail):
     body = body_for()
     # 签名本身是对的(未来的时间戳也照样签):拒它的是缺了的头、或者时间
-    headers = standard_headers(body, SECRET.encode(), ts=int(time.time()) + seconds_ahead)
+    headers = standard_headers(body, SECRET.encode(), ts=frozen_clock(monkeypatch) + seconds_ahead)
     headers.pop(leave_out, None)
     r = client.post(URL, content=body, headers=headers)
     assert (r.status_code, r.json()) == (400, {"detail": detail})
