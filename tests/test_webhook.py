@@ -81,6 +81,14 @@ def test_any_matching_v1_signature_passes_during_secret_rotation(client):
     assert (r.status_code, r.json()) == (202, {"accepted": True, "duplicate": False})
 
 
+def frozen_clock(monkeypatch) -> int:
+    """webhook 看到的「现在」停在这一秒:刚好超出 ±300 秒一秒的时间戳,不会因为测试和服务端之间跨过了一秒而变成刚好在界内
+    (CI 上碰到过:now + 301 在服务端看来只差 300 秒,回了 202)。"""
+    now = int(time.time())
+    monkeypatch.setattr(webhook, "time", types.SimpleNamespace(time=lambda: float(now)))
+    return now
+
+
 @pytest.mark.parametrize("header, status, detail", [
     (None, 400, "missing signature header (X-CloudLedger-Signature or webhook-signature)"),
     ("garbage", 400, "bad signature header"),
@@ -92,14 +100,6 @@ def test_any_matching_v1_signature_passes_during_secret_rotation(client):
     ("t={now},v1={wrong}", 401, "bad signature"),
     ("t={now},v1=非ASCII签名", 401, "bad signature"),
 ])
-def frozen_clock(monkeypatch) -> int:
-    """webhook 看到的「现在」停在这一秒:刚好超出 ±300 秒一秒的时间戳,不会因为测试和服务端之间跨过了一秒而变成刚好在界内
-    (CI 上碰到过:now + 301 在服务端看来只差 300 秒,回了 202)。"""
-    now = int(time.time())
-    monkeypatch.setattr(webhook, "time", types.SimpleNamespace(time=lambda: float(now)))
-    return now
-
-
 def test_bad_signature_is_rejected_and_nothing_stored(client, monkeypatch, header, status, detail):
     body = body_for()
     now = frozen_clock(monkeypatch)
