@@ -275,6 +275,7 @@ NOWHERE = "postgresql://postgres@127.0.0.1:1/nowhere"
     ({"DATABASE_URL": NOWHERE}, '连不上 DATABASE_URL 指的 PostgreSQL:connection failed: connection to server at "127.0.0.1", '
      "port 1 failed: Connection refused;Is the server running on that host and accepting TCP/IP connections?"),
     ({"DATABASE_URL": NOWHERE, "PG_POOL_SIZE": "0"}, "配置错误:PG_POOL_SIZE='0' 不能小于 1"),
+    ({"DATABASE_URL": NOWHERE, "PG_IDLE_CHECK_S": "soon"}, "配置错误:PG_IDLE_CHECK_S='soon' 不是数字"),
     ({"EVENTS_DB": "{tmp}/no-such-dir/ambient.db"}, "事件库打不开:EVENTS_DB={tmp}/no-such-dir/ambient.db(目录 {tmp}/no-such-dir 不存在)"),
 ])
 def test_a_setting_that_cannot_work_stops_the_webhook_with_one_line_and_nothing_stored(lab, tmp_path, settings, message):

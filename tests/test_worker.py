@@ -599,6 +599,17 @@ def test_a_bad_setting_stops_the_worker_before_it_claims_anything(lab, setting, 
     assert events() == [("evt_T1012_created", "pending", 0)]
 
 
+@pytest.mark.parametrize("setting, value, message", [
+    ("PG_IDLE_CHECK_S", "-1", "配置错误:PG_IDLE_CHECK_S='-1' 不能小于 0"),
+    ("PG_POOL_SIZE", "0", "配置错误:PG_POOL_SIZE='0' 不能小于 1"),
+])
+def test_a_bad_postgres_pool_setting_stops_the_worker_before_it_claims_anything(pg_lab, setting, value, message):
+    add("T1012")
+    r = run(["worker.py", "--once"], {**pg_lab, setting: value})
+    assert (r.returncode, r.stdout, r.stderr) == (1, "", message + "\n")
+    assert events() == [("evt_T1012_created", "pending", 0)]
+
+
 def test_worker_without_the_business_database_stops_before_it_claims_anything_and_creates_no_file(lab, tmp_path):
     add("T1012")
     missing = tmp_path / "gone.db"
