@@ -14,7 +14,8 @@
           每类工单的处理结果(accept / edit / response / ignore)、模型调用次数、token 和单事件成本。
 
 日期一律按 UTC:工单的 created_at、事件 id 里的日期都是 UTC 的日子。
-退出码:0 成功;1 日报发 Slack 失败(日报已经打印出来了);2 参数或设置不对,什么都没做。
+退出码:0 成功;1 日报发 Slack 失败(日报已经打印出来了);2 参数或设置不对,什么都没做;
+3 数据库暂时用不了(PostgreSQL 重启、连接被掐断、SQLite 被锁太久),一行说明,下次照常跑(scan 重跑不会重复入队)。
 """
 import argparse
 import json
@@ -35,7 +36,7 @@ INBOX_ALERT_HOURS = 24           # 小时(至少 0);收件箱里有待办等了�
 # 六七百个 token(提示词 + 结构化输出),约合 0.002 元 / 千 token;换模型或服务商调价时按价目表改。
 LLM_PRICE_PER_1K_TOKENS = 0.002
 OUTCOME_KINDS = ("accept", "edit", "response", "ignore")
-EXIT_OK, EXIT_SLACK_FAILED, EXIT_USAGE = 0, 1, 2
+EXIT_OK, EXIT_SLACK_FAILED, EXIT_USAGE, EXIT_DB_UNAVAILABLE = 0, 1, 2, 3
 
 
 class SlackError(Exception):
@@ -212,6 +213,11 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(e.code, file=sys.stderr)
         return EXIT_USAGE
+    except store.unavailable_errors() as e:
+        # scan 做到一半:已经入队的提交了;没入队的下次补上,事件 id 带日期,同一天重跑不会多出一个
+        then = "scan 没有做完,稍后再跑(同一天重跑不会重复入队)" if args.command == "scan" else "没有出日报,稍后再跑"
+        print(f"{store.unavailable(e)},{then}", file=sys.stderr)
+        return EXIT_DB_UNAVAILABLE
     return EXIT_OK
 
 

@@ -21,7 +21,8 @@ IMAP_MAILBOX(默认 INBOX)、IMAP_TIMEOUT_S(默认 30 秒)。
 Message-ID,重跑时补上缺的那一半。解析不了的邮件在 stderr 上说明原因,在邮箱里标已读并加星标(\\Flagged)
 留给人看,其他邮件照常处理。
 
-退出码:0 全部处理好;1 有邮件无法解析或存储失败(其余照常处理了);2 设置或参数不对;3 连不上邮箱、登录失败。
+退出码:0 全部处理好;1 有邮件无法解析或存储失败(其余照常处理了),或者数据库暂时用不了(这时后面的邮件这一轮
+不收,保持未读);2 设置或参数不对;3 连不上邮箱、登录失败。
 """
 import argparse
 import base64
@@ -74,6 +75,7 @@ class Outcome:
     source: str   # 哪封邮件:「UID 101」或文件路径
     kind: str     # ticket / skip / duplicate / broken / failed
     text: str     # 打印出来的结果:工单号、skip: 不是已知客户、duplicate,或者出错原因
+    database_down: bool = False  # 存储失败是因为数据库暂时用不了:后面的邮件这一轮不收了(每封都会白等一遍)
 
     @property
     def handled(self) -> bool:
@@ -224,7 +226,9 @@ def handle(raw: bytes, source: str, retry: str = "邮件保持未读,下次再�
     else:
         try:
             result = to_event(mail)
-        except Exception as e:  # noqa: BLE001 —— 存不进去(库被锁、磁盘满、表不对):邮件留着下次再收
+        except store.unavailable_errors() as e:  # PostgreSQL 重启、连接被掐断、SQLite 被锁太久
+            outcome = Outcome(source, "failed", f"存储失败,{retry}:{store.unavailable(e)}", database_down=True)
+        except Exception as e:  # noqa: BLE001 —— 存不进去(磁盘满、表不对):邮件留着下次再收
             outcome = Outcome(source, "failed", f"存储失败,{retry}:{type(e).__name__}: {e}")
         else:
             kind = "skip" if result.startswith("skip") else "duplicate" if result == "duplicate" else "ticket"
@@ -254,7 +258,17 @@ def eml_files(paths: list[str]) -> list[Path]:
 
 def store_files(files: list[Path]) -> list[Outcome]:
     """离线模式的 run_once:每个 .eml 走和 IMAP 邮件一样的 handle()。"""
-    return [handle(f.read_bytes(), str(f), retry="修好后重跑这条命令,已经存好的会显示 duplicate") for f in files]
+    done: list[Outcome] = []
+    for i, f in enumerate(files):
+        done.append(handle(f.read_bytes(), str(f), retry="修好后重跑这条命令,已经存好的会显示 duplicate"))
+        if done[-1].database_down and (left := len(files) - i - 1):
+            stop_early(f"剩下的 {left} 个文件没有处理,修好后重跑这条命令")
+            break
+    return done
+
+
+def stop_early(rest: str) -> None:
+    print(f"数据库暂时用不了,这一轮停下:{rest}", file=sys.stderr, flush=True)
 
 
 # ---------------------------------------------------------------- IMAP
@@ -395,7 +409,8 @@ def poll_mailbox(s: ImapSettings | None = None) -> list[Outcome]:
         typ, data = imap.uid("SEARCH", None, "UNSEEN")
         if typ != "OK":
             raise MailboxError(f"搜索未读邮件失败:{server_words(Exception(data[0]))}")
-        for uid in data[0].split():
+        uids = data[0].split()
+        for i, uid in enumerate(uids):
             source = f"UID {uid.decode()}"
             typ, fetched = imap.uid("FETCH", uid, "(BODY.PEEK[])")  # PEEK:取信不改已读状态
             raw = _fetched_bytes(fetched) if typ == "OK" else None
@@ -403,6 +418,10 @@ def poll_mailbox(s: ImapSettings | None = None) -> list[Outcome]:
                 continue  # 这期间被别的客户端删了
             outcome = handle(raw, source)
             done.append(outcome)
+            if outcome.database_down:
+                if left := len(uids) - i - 1:
+                    stop_early(f"剩下的 {left} 封这次不收,保持未读,下次再收")
+                break
             if outcome.handled:  # 工单和事件都提交了(或确定跳过、重复、坏信)才标已读
                 flags = r"(\Seen \Flagged)" if outcome.kind == "broken" else r"(\Seen)"
                 typ, answer = imap.uid("STORE", uid, "+FLAGS", flags)
@@ -445,6 +464,9 @@ def main(argv: list[str] | None = None) -> int:
     except MailboxError as e:
         print(e, file=sys.stderr)
         return EXIT_MAILBOX
+    except store.unavailable_errors() as e:  # 还没开始收信(建表时)就用不了;收信途中的在 handle() 里
+        print(f"{store.unavailable(e)},这一轮一封都没有处理,稍后再跑", file=sys.stderr)
+        return EXIT_SOME_FAILED
     print(summary(outcomes), flush=True)
     return EXIT_SOME_FAILED if any(o.kind in ("broken", "failed") for o in outcomes) else EXIT_OK
 

@@ -8,7 +8,7 @@
     uv run python inbox.py ignore  T1012                      # 不回(别名 reject)
 
 你会看到:list 每条待办两行(工单号 + [类别] 概括,下一行是草稿);处理后一行结果,例如 T1012 → sent。
-出错时:工单不在收件箱里、或者这条待办不允许这种处理 → 说明原因,退出码 1;命令写错 → 用法,退出码 2。
+出错时:工单不在收件箱里、这条待办不允许这种处理、数据库暂时用不了 → 说明原因,退出码 1;命令写错 → 用法,退出码 2。
 """
 import sys
 
@@ -118,6 +118,8 @@ def act(graph, command: str, ticket_id: str, text: str) -> None:
         # 还没写下,send 可能已经写了发件箱;这时被杀,checkpoint 里 review 还停在 interrupt,下一次 list 会把已经
         # 发出的工单再放回收件箱问人(tests/test_inbox.py 碰到过)。收件箱是人在敲命令,多等几毫秒无所谓。
         result = graph.invoke(Command(resume=answer_for(command, ticket_id, text)), cfg, durability="sync")
+    except store.unavailable_errors():
+        raise  # 数据库用不了:这时也改不了事件状态,交给 main() 说一行;下次运行 tidy() 按 checkpoint 更正
     except Exception as e:
         status = "waiting_human" if graph.get_state(cfg).interrupts else "pending"
         store.set_status(ev["event_id"], status, describe(e), owner=store.worker_id())
@@ -149,9 +151,10 @@ def main(argv: list[str] | None = None) -> int:
         return usage(f"{args[0]} 的参数太多了;文字里有空格时请用引号括起来")
 
     check_settings()  # 配置错了现在就退出:待办还没被拿走,不会卡在 processing
-    store.init()
-    graph, conn = open_graph(durable=True)  # 人的决定等落盘之后才发信
+    conn = None
     try:
+        store.init()
+        graph, conn = open_graph(durable=True)  # 人的决定等落盘之后才发信
         tidy(graph)
         if command == "list":
             show_list(graph)
@@ -160,8 +163,13 @@ def main(argv: list[str] | None = None) -> int:
     except Refused as e:
         print(e, file=sys.stderr)
         return 1
+    except store.unavailable_errors() as e:  # 数据库重启、连接被掐断、库被锁太久
+        print(f"{store.unavailable(e)},这次没有做完;稍后再试,做到一半的下次运行 inbox.py 时会按 checkpoint 更正",
+              file=sys.stderr)
+        return 1
     finally:
-        conn.close()
+        if conn is not None:
+            conn.close()
     return 0
 
 

@@ -9,6 +9,7 @@
 发给客户的回复写进 outbox(今天不真的发邮件,写进这张表就算发出去了)。
 """
 import json
+import logging
 import os
 import re
 import socket
@@ -24,7 +25,9 @@ import config
 
 HERE = config.HERE
 SEED_FILE = HERE / "cloudledger_seed.json"  # 业务库的种子数据:30 个客户、41 张工单
-BUSY_TIMEOUT_S = 30  # 秒;webhook、几个 worker、收件箱同时写库时,等锁而不是报 database is locked
+# 秒(0–3600);SQLite 库被别人写着时等锁等多久(webhook、几个 worker、收件箱同时写库是常事,等一等就好)。
+# 等过这么久还没轮到(比如有人在 sqlite3 里开着没提交的事务),才报 database is locked:各个程序说一行「数据库暂时用不了」
+BUSY_TIMEOUT_S = 30
 
 STATUSES = ("pending", "processing", "waiting_human", "done", "ignored", "dead")
 
@@ -195,7 +198,7 @@ def connect(path: Path | str | None = None, *, durable: bool = True):
         # 事件库没有就建(init 建表);给了路径的库(业务库)只打开已有的:sqlite3 默认会顺手建一个空文件,
         # 之后 store.py 以为业务库已经在了,worker 读工单只会得到 no such table
         target = key[0] if path is None else f"{Path(key[0]).absolute().as_uri()}?mode=rw"
-        conn = sqlite3.connect(target, timeout=BUSY_TIMEOUT_S, isolation_level=None, factory=KeptConnection,
+        conn = sqlite3.connect(target, timeout=busy_timeout_s(), isolation_level=None, factory=KeptConnection,
                                uri=path is not None)
         conn.row_factory = sqlite3.Row
         # WAL 模式(init 写进库文件):读写不互相挡
@@ -258,8 +261,15 @@ def init() -> None:
         with opened() as conn:
             conn.execute("PRAGMA journal_mode = WAL")  # 写进库文件,之后每个连接都是 WAL;不能放在事务里
             conn.executescript(sql("SCHEMA"))
+            have = {r["name"] for r in conn.execute("PRAGMA table_info(events)")}
     except sqlite3.OperationalError as e:  # 每个程序都先 init():路径设错了在这里一行说清楚,什么都还没做
         raise SystemExit(cannot_open("事件库", "EVENTS_DB", events_db(), e)) from None
+    if set(ADDED_COLUMNS) <= have:
+        # 表已经是最新的(平常都是):不拿写锁。别人长时间占着写锁时,只读的 report、inbox list 照样能用;
+        # 索引已经有了时这条语句什么都不做,也不要写锁
+        with opened() as conn:
+            conn.execute(ONE_PROCESSING_PER_TICKET)
+        return
     with transaction() as conn:
         have = {r["name"] for r in conn.execute("PRAGMA table_info(events)")}
         for column, kind in ADDED_COLUMNS.items():
@@ -303,6 +313,10 @@ def idle_check_s() -> float:
     return config.number("PG_IDLE_CHECK_S", PG_IDLE_CHECK_S, minimum=0, maximum=86400)
 
 
+def busy_timeout_s() -> float:
+    return config.number("BUSY_TIMEOUT_S", BUSY_TIMEOUT_S, minimum=0, maximum=3600)
+
+
 def unavailable_errors() -> tuple[type[Exception], ...]:
     """数据库暂时用不了时抛的异常:SQLite 的 OperationalError(库被锁太久、磁盘出错),PostgreSQL 的连接断了、
     服务器在重启、连接池借不到连接(PoolTimeout 也是 psycopg.OperationalError)。常驻的 worker 遇到它们不退出。"""
@@ -311,6 +325,13 @@ def unavailable_errors() -> tuple[type[Exception], ...]:
     except ImportError:
         return (sqlite3.OperationalError,)
     return sqlite3.OperationalError, psycopg.OperationalError
+
+
+def unavailable(error: Exception) -> str:
+    """遇上 unavailable_errors() 时给人看的那一行的开头:「数据库暂时用不了(类型名: 原文第一行)」。
+    psycopg 的错误常带好几行 DETAIL / HINT,日志和终端里只留第一行。各个程序在后面接上自己接下来怎么办。"""
+    first = (str(error).strip().splitlines() or [""])[0]
+    return f"数据库暂时用不了({type(error).__name__}: {first})"
 
 
 def _pg_pool(url: str, durable: bool = True):
@@ -332,6 +353,9 @@ def open_pg_pool(url: str, durable: bool, **kwargs):
     from psycopg_pool import ConnectionPool, PoolTimeout
 
     max_size, idle_limit = pool_size(), idle_check_s()  # 设置写错了先说它,用不着去连服务器
+    # psycopg 和连接池在数据库断开后会用英文 WARNING 说它扔掉了哪个连接、重连失败了几次(没配日志时直接打到 stderr,
+    # 服务器不在时每秒好几行)。这些程序自己会说一行「数据库暂时用不了(…)」,所以只留 ERROR 及以上
+    logging.getLogger("psycopg").setLevel(logging.ERROR)
 
     def check(conn) -> None:
         """借出去之前(连接池的 check 回调):上次借出去已经是 idle_limit 秒以前,就先确认还连着;死了就抛错,
@@ -444,7 +468,7 @@ def open_checkpointer(durable: bool = False):
     from langgraph.checkpoint.sqlite import SqliteSaver
 
     try:
-        conn = sqlite3.connect(checkpoints_db(), check_same_thread=False, timeout=BUSY_TIMEOUT_S)
+        conn = sqlite3.connect(checkpoints_db(), check_same_thread=False, timeout=busy_timeout_s())
         conn.execute("PRAGMA journal_mode = WAL")  # worker 和收件箱是不同进程,同时写 checkpoint
     except sqlite3.OperationalError as e:
         raise SystemExit(cannot_open("checkpoint 库", "CHECKPOINTS_DB", checkpoints_db(), e)) from None

@@ -200,7 +200,7 @@ class Worker:
                 busy = self.run_once()
             except store.unavailable_errors() as e:
                 # 数据库重启、连接被掐断、库被锁太久:常驻的 worker 不退出,等一会儿再试;手上的事件下一轮交回队列
-                print(f"数据库暂时用不了({unavailable(e)}),{poll_seconds():g} 秒后再试", file=sys.stderr, flush=True)
+                print(f"{store.unavailable(e)},{poll_seconds():g} 秒后再试", file=sys.stderr, flush=True)
                 busy = []
             if not busy:
                 self.stopping.wait(poll_seconds())
@@ -222,17 +222,16 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--concurrency 至少是 1")
     if args.concurrency is not None and args.concurrency > MAX_CONCURRENCY:
         parser.error(f"--concurrency 最多是 {MAX_CONCURRENCY}")
-    if args.requeue_dead is not None:
-        return requeue_dead(args.requeue_dead)
-
     worker = None
     try:
+        if args.requeue_dead is not None:
+            return requeue_dead(args.requeue_dead)
         worker = Worker(args.concurrency)
         signal.signal(signal.SIGTERM, worker.stop)
         signal.signal(signal.SIGINT, worker.stop)
         worker.run_once() if args.once else worker.run()
     except store.unavailable_errors() as e:  # --once 中途,或者一开始就用不了;常驻模式运行中自己等着再试
-        print(f"数据库暂时用不了({unavailable(e)}),这一轮停下,下次再跑", file=sys.stderr, flush=True)
+        print(f"{store.unavailable(e)},这一轮停下,下次再跑", file=sys.stderr, flush=True)
         if worker:
             with contextlib.suppress(*store.unavailable_errors()):
                 worker.hand_back()
@@ -247,11 +246,6 @@ def main(argv: list[str] | None = None) -> int:
         if worker:
             worker.close()
     return 0
-
-
-def unavailable(error: Exception) -> str:
-    """数据库错误的一行说明:类型名 + 第一行原文。"""
-    return f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0]}"
 
 
 def requeue_dead(event_ids: list[str]) -> int:

@@ -2,6 +2,7 @@
 import os
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
@@ -59,7 +60,8 @@ def run(args: list[str], env: dict, timeout: float = 120, input: str | None = No
                 f"标准错误(最后是各线程当时的栈):\n{err[-20000:]}", pytrace=False)
 
 
-# 让进程在写 checkpoint 的某一刻消失,像 kill -9 一样不清理、不回滚。两种时刻:
+# 让进程在写 checkpoint 的某一刻消失,像 kill -9 一样不清理、不回滚(die_at);或者在那一刻让 PostgreSQL 服务器
+# 断掉这个进程的所有连接、然后接着往下跑,像数据库正好在这时重启(cut_at)。两种时刻:
 # "put:<step>":第 step 步的 checkpoint 要写(put)时。这时上一步各节点的结果(put_writes)已经写下了:默认的 async
 #   下两次写入在后台线程里按顺序做,kill -9 真会落在这中间(test_chaos 碰到过)。
 # "writes:<channel>":某个节点的结果里有 channel 这个键、要写下(put_writes)时,也就是这个节点刚跑完、结果还没存。
@@ -70,17 +72,25 @@ from agent import open_graph
 graph, conn = open_graph()
 saver_class = type(graph.checkpointer)
 conn.close()
-kind, _, where = sys.argv.pop(1).partition(":")
+action, _, spec = sys.argv.pop(1).rpartition("@")
+kind, _, where = spec.partition(":")
+def strike():
+    if action != "cut":
+        os._exit(9)
+    import psycopg, store  # 用一个新连接去断:这个进程自己池里的连接都在名单上
+    with psycopg.connect(os.environ["DATABASE_URL"], autocommit=True) as admin:
+        admin.execute("SELECT pg_terminate_backend(pid, 10000) FROM pg_stat_activity WHERE application_name = %s",
+                      (store.pg_application_name(),))  # 10000:等那些连接真的断了(毫秒)再往下跑
 real_put, real_put_writes = saver_class.put, saver_class.put_writes
 def put(self, config, checkpoint, metadata, new_versions):
     if kind == "put" and metadata.get("step") == int(where):
-        os._exit(9)
+        strike()
     return real_put(self, config, checkpoint, metadata, new_versions)
 channel_wanted, has_value, value_wanted = where.partition("=")
 def put_writes(self, config, writes, task_id, task_path=""):
     if kind == "writes" and any(channel == channel_wanted and (not has_value or value == value_wanted)
                                 for channel, value in writes):
-        os._exit(9)
+        strike()
     return real_put_writes(self, config, writes, task_id, task_path)
 saver_class.put, saver_class.put_writes = put, put_writes
 sys.argv = sys.argv[1:]
@@ -93,6 +103,33 @@ def die_at(env: dict, when: str, *args: str) -> subprocess.CompletedProcess:
     r = run(["-c", DIE_AT, when, *args], env)
     assert r.returncode == 9, r.stderr
     return r
+
+
+def cut_at(env: dict, when: str, *args: str) -> subprocess.CompletedProcess:
+    """跑实验目录里的一个脚本,到 when(见 DIE_AT)那一刻让 PostgreSQL 断掉它的所有连接,让它接着跑完。"""
+    return run(["-c", DIE_AT, f"cut@{when}", *args], env)
+
+
+def cut_connections(pid: int) -> int:
+    """像 PostgreSQL 重启、防火墙或 PgBouncer 掐掉闲连接那样,在服务器那头断掉这个进程的所有连接;返回断了几个。
+    用一个单独的连接来做:测试进程自己的连接池也可能在被断的名单里。"""
+    import psycopg
+
+    name = store.pg_application_name(f"{socket.gethostname()}:{pid}")
+    with psycopg.connect(PG_URL, autocommit=True) as conn:
+        return conn.execute("SELECT COUNT(pg_terminate_backend(pid, 10000)) FROM pg_stat_activity "
+                            "WHERE application_name = %s", (name,)).fetchone()[0]
+
+
+@contextmanager
+def write_locked(path=None):
+    """像有人在 sqlite3 里开了事务、改了东西还没提交那样,占着这个 SQLite 库(默认事件库)的写锁,直到 with 结束。"""
+    conn = sqlite3.connect(path or store.events_db(), isolation_level=None)
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        yield
+    finally:
+        conn.close()  # 没提交的事务随之回滚
 
 
 def die_before_checkpoint(env: dict, step: int, *args: str) -> subprocess.CompletedProcess:

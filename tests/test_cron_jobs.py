@@ -1,5 +1,6 @@
 """cron_jobs.py 的 scan / report,日报发 Slack(测试里起一个本机 HTTP 接收端),以及 crontab.example 能不能用。"""
 import json
+import os
 import re
 import shutil
 import socket
@@ -14,7 +15,7 @@ import pytest
 
 import cron_jobs
 import store
-from conftest import LAB, rows, run
+from conftest import LAB, cut_connections, rows, run, write_locked
 
 SEED = json.loads((LAB / "cloudledger_seed.json").read_text(encoding="utf-8"))
 EVENTS = "SELECT event_id, source, kind, payload, status FROM events ORDER BY received_at, event_id"
@@ -66,6 +67,46 @@ def test_scan_enqueues_the_oldest_unreplied_tickets_up_to_the_limit_and_a_same_d
     assert (again.returncode, again.stderr) == (0, "")
     assert again.stdout.splitlines()[0] == "超过 20 天还开着的工单 9 张,其中没回复过的 9 张,本次入队 0 个"
     assert rows(EVENTS) == [stale_event(t) for t in stale[:5]]
+
+
+def test_scan_on_a_write_locked_database_says_so_in_one_line_and_enqueues_nothing_while_report_still_works(lab):
+    """事件库被别人占着写锁超过 BUSY_TIMEOUT_S(有人在 sqlite3 里改了东西没提交):scan 一行说明、退出码 3,一个都没入队;
+    只读的 report 照样出(WAL 下读不等写锁)。锁放开之后 scan 照常。"""
+    env = {**lab, "BUSY_TIMEOUT_S": "0.2"}
+    with write_locked():
+        scan = run(["cron_jobs.py", "scan"], env)
+        report = run(["cron_jobs.py", "report"], env)
+    assert (scan.returncode, scan.stdout) == (3, "")
+    assert scan.stderr == ("数据库暂时用不了(OperationalError: database is locked),"
+                           "scan 没有做完,稍后再跑(同一天重跑不会重复入队)\n")
+    assert (report.returncode, report.stderr) == (0, "")
+    unlocked = run(["cron_jobs.py", "report"], lab)
+    assert report.stdout.splitlines()[1:] == unlocked.stdout.splitlines()[1:]  # 第一行是时间
+    assert rows(EVENTS) == []
+    again = run(["cron_jobs.py", "scan"], lab)
+    assert (again.returncode, again.stderr) == (0, "")
+    assert rows(EVENTS) == [stale_event(t) for t in old_open_tickets(20)[:5]]
+
+
+@pytest.mark.parametrize("command, then", [
+    ("scan", "scan 没有做完,稍后再跑(同一天重跑不会重复入队)"),
+    ("report", "没有出日报,稍后再跑"),
+])
+def test_cut_database_connections_stop_the_job_in_one_line_with_exit_3_and_the_next_run_works(pg_lab, monkeypatch,
+                                                                                              capsys, command, then):
+    """PostgreSQL 重启、连接在服务器那头被掐断之后,cron 任务用上了死连接:一行说明、退出码 3,没有 traceback,
+    什么都没写;下一次(crontab 明天、或者手动再跑)照常。"""
+    monkeypatch.setenv("PG_IDLE_CHECK_S", "86400")  # 借连接前不查,死连接一定会被用上
+    store.close_pools()
+    assert rows(EVENTS) == []  # 开好连接池
+    assert cut_connections(os.getpid()) >= 1
+    assert cron_jobs.main([command]) == 3
+    assert capsys.readouterr() == (
+        "", f"数据库暂时用不了(AdminShutdown: terminating connection due to administrator command),{then}\n")
+    assert rows(EVENTS) == []
+    assert cron_jobs.main([command]) == 0
+    assert capsys.readouterr().err == ""
+    assert rows(EVENTS) == ([stale_event(t) for t in old_open_tickets(20)[:5]] if command == "scan" else [])
 
 
 def test_scan_uses_stale_days_and_limit(lab):

@@ -1,6 +1,7 @@
 """email_poller.py:对着测试里起的真 IMAP 服务器(pymap,内存后端,只听 127.0.0.1)收信,以及离线 .eml 模式。"""
 import hashlib
 import imaplib
+import os
 import re
 import shutil
 import socket
@@ -17,7 +18,7 @@ from hypothesis import strategies as st
 
 import email_poller
 import store
-from conftest import LAB, rows, run
+from conftest import LAB, cut_connections, rows, run, write_locked
 
 SAMPLES = LAB / "samples"
 USER, PASSWORD = "kefu@cloudledger.test", "imap-app-code-7788"  # 测试邮箱的账号和「授权码」
@@ -239,6 +240,63 @@ def test_mail_stays_unseen_when_storing_the_ticket_fails_and_nothing_is_half_sto
     assert r.stdout.splitlines()[:2] == [f"{ticket_of('<t1@example.com>')}  UID 101",
                                          f"{ticket_of('<t3@example.com>')}  UID 102"]
     assert imap_server.unseen() == [] and len(rows(EVENTS)) == 2
+
+
+def test_a_write_locked_database_stops_the_run_at_the_first_mail_and_leaves_the_rest_unseen(imap_env, imap_server):
+    """事件库被别人占着写锁超过 BUSY_TIMEOUT_S:第一封已知客户的信存不进去,这一轮就停下(后面的每封都要白等一遍锁),
+    剩下的不取、保持未读;一行说明,退出码 1。锁放开之后下一次全部收好,工单号不变。"""
+    imap_server.append(ZHANG, STRANGER, LI)
+    with write_locked():
+        r = run(["email_poller.py"], {**imap_env, "BUSY_TIMEOUT_S": "0.2"})
+    assert r.returncode == 1
+    assert r.stderr.splitlines() == [
+        "存储失败,邮件保持未读,下次再收:数据库暂时用不了(OperationalError: database is locked)  UID 101",
+        "数据库暂时用不了,这一轮停下:剩下的 2 封这次不收,保持未读,下次再收"]
+    assert r.stdout == "本次收取 1 封:新工单 0,重复 0,跳过 0,无法解析 0,存储失败 1\n"
+    t1, t3 = ticket_of("<t1@example.com>"), ticket_of("<t3@example.com>")
+    assert (imap_server.unseen(), [t[0] for t in biz_rows(MAIL_TICKETS)], rows(EVENTS)) == ([101, 102, 103], [t1], [])
+
+    r = run(["email_poller.py"], imap_env)
+    assert (r.returncode, r.stderr) == (0, "")
+    assert r.stdout.splitlines() == [f"{t1}  UID 101", "skip: 不是已知客户  UID 102", f"{t3}  UID 103",
+                                     "本次收取 3 封:新工单 2,重复 0,跳过 1,无法解析 0,存储失败 0"]
+    assert imap_server.unseen() == [] and [e[0] for e in rows(EVENTS)] == ["<t1@example.com>", "<t3@example.com>"]
+
+
+def test_offline_run_on_a_write_locked_database_stops_at_the_first_failure_and_says_what_is_left(lab, tmp_path):
+    (tmp_path / "a.eml").write_bytes(ZHANG)
+    (tmp_path / "b.eml").write_bytes(LI)
+    with write_locked():
+        r = run(["email_poller.py", "--eml", str(tmp_path)], {**lab, "BUSY_TIMEOUT_S": "0.2"})
+    assert (r.returncode, r.stdout) == (1, "本次收取 1 封:新工单 0,重复 0,跳过 0,无法解析 0,存储失败 1\n")
+    assert r.stderr.splitlines() == [
+        "存储失败,修好后重跑这条命令,已经存好的会显示 duplicate:数据库暂时用不了(OperationalError: database is locked)"
+        f"  {tmp_path}/a.eml",
+        "数据库暂时用不了,这一轮停下:剩下的 1 个文件没有处理,修好后重跑这条命令"]
+    assert rows(EVENTS) == []
+    again = run(["email_poller.py", "--eml", str(tmp_path)], lab)
+    assert (again.returncode, again.stderr) == (0, "")
+    assert again.stdout.splitlines() == [f"{ticket_of('<t1@example.com>')}  {tmp_path}/a.eml",
+                                         f"{ticket_of('<t3@example.com>')}  {tmp_path}/b.eml",
+                                         "本次收取 2 封:新工单 2,重复 0,跳过 0,无法解析 0,存储失败 0"]
+
+
+def test_cut_database_connections_before_the_first_mail_stop_the_run_in_one_line(pg_lab, tmp_path, monkeypatch,
+                                                                                 capsys):
+    """PostgreSQL 重启、连接在服务器那头被掐断之后,一开始建表就用上了死连接:一行说明、退出码 1,一封都没碰;
+    下一次照常。"""
+    (tmp_path / "a.eml").write_bytes(ZHANG)
+    monkeypatch.setenv("PG_IDLE_CHECK_S", "86400")  # 借连接前不查,死连接一定会被用上
+    store.close_pools()
+    assert rows(EVENTS) == []  # 开好连接池
+    assert cut_connections(os.getpid()) >= 1
+    assert email_poller.main(["--eml", str(tmp_path)]) == 1
+    assert capsys.readouterr() == ("", "数据库暂时用不了(AdminShutdown: terminating connection due to administrator "
+                                       "command),这一轮一封都没有处理,稍后再跑\n")
+    assert (rows(EVENTS), biz_rows(MAIL_TICKETS)) == ([], [])
+    assert email_poller.main(["--eml", str(tmp_path)]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == f"{ticket_of('<t1@example.com>')}  {tmp_path}/a.eml"
+    assert [e[0] for e in rows(EVENTS)] == ["<t1@example.com>"]
 
 
 def test_offline_storage_failure_says_to_rerun_and_the_rerun_heals(lab, tmp_path):

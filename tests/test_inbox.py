@@ -4,7 +4,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import LAB, die_at, die_before_checkpoint, drain, free_port, rows, run
+from conftest import LAB, cut_at, die_at, die_before_checkpoint, drain, free_port, rows, run, write_locked
 from openai_stub import OpenAIStub
 
 import store
@@ -438,3 +438,46 @@ def test_an_item_taken_by_another_inbox_command_in_between_is_refused_and_not_to
     assert rows("SELECT COUNT(*) FROM outbox") == [(0,)]
     assert rows("SELECT COUNT(*) FROM review_log") == [(0,)]
     assert state("T1012").get("outcome") is None  # 人的决定没有交给图
+
+
+# ---------------------------------------------------------------- 数据库暂时用不了
+UNAVAILABLE_TAIL = ",这次没有做完;稍后再试,做到一半的下次运行 inbox.py 时会按 checkpoint 更正\n"
+
+
+def test_a_decision_on_a_write_locked_database_is_refused_in_one_line_and_nothing_changes(lab):
+    """事件库被别人占着写锁超过 BUSY_TIMEOUT_S(有人在 sqlite3 里改了东西没提交):list 照样能看(WAL 下读不等写锁);
+    accept 拿不到待办,一行说明、退出码 1,待办原样还在,什么都没发。锁放开之后照常处理。"""
+    queue("T1012")
+    before = inbox(lab, "list").stdout
+    env = {**lab, "BUSY_TIMEOUT_S": "0.2"}
+    with write_locked():
+        listing = inbox(env, "list")
+        r = inbox(env, "accept", "T1012")
+    assert (listing.returncode, listing.stdout, listing.stderr) == (0, before, "")
+    assert (r.returncode, r.stdout) == (1, "")
+    assert r.stderr == "数据库暂时用不了(OperationalError: database is locked)" + UNAVAILABLE_TAIL
+    assert rows("SELECT event_id, status FROM events") == [("evt_T1012_created", "waiting_human")]
+    assert rows("SELECT COUNT(*) FROM outbox") == [(0,)]
+    r = inbox(lab, "accept", "T1012")
+    assert (r.returncode, r.stdout, r.stderr) == (0, "T1012 → sent\n", "")
+    assert rows("SELECT ticket_id, sent_by FROM outbox") == [("T1012", "agent+reviewer")]
+
+
+def test_a_decision_whose_database_connections_are_cut_midway_says_so_and_the_worker_sends_it_once(pg_lab):
+    """人 accept 之后、review 的结果正要写下时,PostgreSQL 断了这个进程的所有连接(重启、主备切换):一行说明、
+    退出码 1,没有 traceback,什么都没发。人的决定已经进了 checkpoint(下一步的 checkpoint 换了新连接写下),
+    下一次 list 说明交回 worker;worker 把回复发出去,只发一封,人不用再决定一次。"""
+    queue("T1012")
+    # PG_IDLE_CHECK_S 很大:借连接前不查,断掉的连接一定会被用上
+    r = cut_at({**pg_lab, "PG_IDLE_CHECK_S": "86400"}, "writes:outcome", "inbox.py", "accept", "T1012")
+    assert (r.returncode, r.stdout) == (1, "")
+    assert r.stderr == ("数据库暂时用不了(AdminShutdown: terminating connection due to administrator command)"
+                        + UNAVAILABLE_TAIL)
+    assert rows("SELECT status FROM events") == [("processing",)]
+    assert rows("SELECT COUNT(*) FROM outbox") == [(0,)]
+    listing = inbox(pg_lab, "list")
+    assert (listing.returncode, listing.stdout, listing.stderr) == (
+        0, "收件箱是空的\n", "(更正:T1012 上次处理中途中断,事件 evt_T1012_created 改为 pending)\n")
+    assert drain() == [("evt_T1012_created", "done")]
+    assert rows("SELECT ticket_id, sent_by FROM outbox") == [("T1012", "agent+reviewer")]
+    assert rows("SELECT ticket_id, action FROM review_log") == [("T1012", "accept")]
