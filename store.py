@@ -890,6 +890,15 @@ def _outcomes_by_category(reviews) -> list[dict]:
 
 
 def main() -> int:
+    try:
+        return build_and_count()
+    except unavailable_errors() as e:  # PostgreSQL 重启、连接被掐断;SQLite 被锁太久
+        print(f"{unavailable(e)},稍后再运行 uv run python store.py(已经建好的不会重建)", file=sys.stderr)
+        return 1
+
+
+def build_and_count() -> int:
+    """建库(已有就不动),打印每张表的行数。"""
     init()
     biz = biz_db()
     if not biz.exists() or biz.stat().st_size == 0:  # 空文件(touch 出来的)里什么都没有,建在它上面不丢东西

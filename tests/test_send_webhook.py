@@ -1,9 +1,10 @@
 """send_webhook.py 和 store.py 的命令行:坏参数、服务没起来、对方拒绝,都说清楚,什么都不存。"""
+import os
 import sqlite3
 from contextlib import closing
 
 import pytest
-from conftest import free_port, rows, run, webhook_server
+from conftest import cut_connections, free_port, rows, run, webhook_server
 
 import store
 
@@ -67,6 +68,18 @@ def test_store_builds_missing_databases_and_prints_row_counts(tmp_path):
     again = run(["store.py"], env)  # 已经有了就不动,也不重建
     assert again.stdout == first.stdout.split("\n", 1)[1]
     assert rows("SELECT COUNT(*) FROM tickets WHERE status = 'open'", path=tmp_path / "b.db") == [(29,)]
+
+
+def test_store_with_cut_database_connections_says_so_in_one_line_and_the_next_run_works(pg_lab, monkeypatch, capsys):
+    monkeypatch.setenv("PG_IDLE_CHECK_S", "86400")  # 借连接前不查,死连接一定会被用上
+    store.close_pools()
+    assert rows("SELECT COUNT(*) FROM events") == [(0,)]  # 开好连接池
+    assert cut_connections(os.getpid()) >= 1
+    assert store.main() == 1
+    assert capsys.readouterr() == ("", "数据库暂时用不了(AdminShutdown: terminating connection due to administrator "
+                                       "command),稍后再运行 uv run python store.py(已经建好的不会重建)\n")
+    assert store.main() == 0
+    assert capsys.readouterr().out.splitlines()[0].endswith(":events 0 行,outbox 0 行,review_log 0 行,llm_usage 0 行")
 
 
 def test_stale_scan_finds_some_but_not_all_open_tickets_whatever_the_build_date(tmp_path):
