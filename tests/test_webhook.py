@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from conftest import rows, run, webhook_server
+from conftest import cut_connections, rows, run, webhook_server
 from fastapi.testclient import TestClient
 
 import send_webhook
@@ -319,6 +319,28 @@ def test_writer_process_killed_mid_batch_answers_503_then_a_new_one_takes_the_re
     assert (r.status_code, r.json()) == (202, {"accepted": True, "duplicate": False})
     assert stored() == [("evt_T1012_created", "webhook", "ticket.created", "pending", 0)]
     assert webhook.committer.proc.pid != old and store._process_alive(webhook.committer.proc.pid)
+
+
+def test_cut_database_connections_answer_503_with_the_reason_and_the_retry_is_stored(pg_lab, monkeypatch, capfd):
+    """PostgreSQL 重启、写库进程的连接在服务器那头被掐断:用上死连接的那一批回 503(原因一行),什么都没存;
+    上游重试时连接池换了新连接,收下。写库进程不退出,也不往 webhook 的日志里打 psycopg 的英文 WARNING。"""
+    monkeypatch.setenv("WEBHOOK_SECRET", SECRET)
+    monkeypatch.setenv("PG_IDLE_CHECK_S", "86400")  # 借连接前不查,死连接一定会被用上
+    with TestClient(webhook.app) as client:
+        first = body_for("T1012")
+        assert post(client, first, send_webhook.sign(first, SECRET)).status_code == 202
+        writer = webhook.committer.proc.pid
+        assert cut_connections(writer) >= 1
+        body = body_for("T1041")
+        r = post(client, body, send_webhook.sign(body, SECRET))
+        assert (r.status_code, r.json()) == (503, {"detail": "event store unavailable (AdminShutdown: terminating "
+                                                             "connection due to administrator command), retry later"})
+        assert [e[0] for e in stored()] == ["evt_T1012_created"]
+        r = post(client, body, send_webhook.sign(body, SECRET))
+        assert (r.status_code, r.json()) == (202, {"accepted": True, "duplicate": False})
+        assert webhook.committer.proc.pid == writer
+    assert [e[0] for e in stored()] == ["evt_T1012_created", "evt_T1041_created"]
+    assert capfd.readouterr().err == ""
 
 
 def stop_writer() -> None:
