@@ -239,6 +239,18 @@ def test_requeue_dead_puts_dead_events_back_and_refuses_unknown_ids(any_lab):
     assert rows("SELECT status, attempts, not_before FROM events") == [("pending", 0, None)] * 2
 
 
+def test_requeue_dead_on_a_write_locked_database_says_so_in_one_line_and_leaves_the_dead_letters(lab):
+    add("T9999")
+    drain()
+    with write_locked():
+        r = run(["worker.py", "--requeue-dead"], {**lab, "BUSY_TIMEOUT_S": "0.2"})
+    assert (r.returncode, r.stdout) == (1, "")
+    assert r.stderr == "数据库暂时用不了(OperationalError: database is locked),这一轮停下,下次再跑\n"
+    assert rows("SELECT status, attempts FROM events") == [("dead", 1)]
+    r = run(["worker.py", "--requeue-dead"], lab)
+    assert (r.returncode, r.stdout) == (0, "已把 1 个死信放回队列\n")
+
+
 @pytest.mark.parametrize("args, message", [
     (["--concurrency", "0"], "error: --concurrency 至少是 1"),
     (["--concurrency", "257"], "error: --concurrency 最多是 256"),
