@@ -261,14 +261,16 @@ def store_files(files: list[Path]) -> list[Outcome]:
     done: list[Outcome] = []
     for i, f in enumerate(files):
         done.append(handle(f.read_bytes(), str(f), retry="修好后重跑这条命令,已经存好的会显示 duplicate"))
-        if done[-1].database_down and (left := len(files) - i - 1):
-            stop_early(f"剩下的 {left} 个文件没有处理,修好后重跑这条命令")
+        if stops_here(done[-1], len(files) - i - 1, "个文件没有处理,修好后重跑这条命令"):
             break
     return done
 
 
-def stop_early(rest: str) -> None:
-    print(f"数据库暂时用不了,这一轮停下:{rest}", file=sys.stderr, flush=True)
+def stops_here(outcome: Outcome, left: int, rest: str) -> bool:
+    """这封是因为数据库暂时用不了才没存进去的:这一轮到此为止(后面的每封都会白等一遍),说一声剩下的 left 封怎么办。"""
+    if outcome.database_down and left:
+        print(f"数据库暂时用不了,这一轮停下:剩下的 {left} {rest}", file=sys.stderr, flush=True)
+    return outcome.database_down
 
 
 # ---------------------------------------------------------------- IMAP
@@ -418,9 +420,7 @@ def poll_mailbox(s: ImapSettings | None = None) -> list[Outcome]:
                 continue  # 这期间被别的客户端删了
             outcome = handle(raw, source)
             done.append(outcome)
-            if outcome.database_down:
-                if left := len(uids) - i - 1:
-                    stop_early(f"剩下的 {left} 封这次不收,保持未读,下次再收")
+            if stops_here(outcome, len(uids) - i - 1, "封这次不收,保持未读,下次再收"):
                 break
             if outcome.handled:  # 工单和事件都提交了(或确定跳过、重复、坏信)才标已读
                 flags = r"(\Seen \Flagged)" if outcome.kind == "broken" else r"(\Seen)"
