@@ -18,6 +18,9 @@ import time
 from pathlib import Path
 
 import config
+import store
+import webhook
+import worker
 
 LAB = config.HERE
 PORT = 8139  # 课文用的端口;被占用时换一个空闲端口
@@ -98,13 +101,26 @@ def wait_for_port(port: int, proc: subprocess.Popen, seconds: float = 30) -> Non
     raise SystemExit(f"webhook 服务 {seconds} 秒内没起来")
 
 
+def check_settings() -> None:
+    """演示里每个程序要读的设置(webhook 密钥、worker 和图的设置、SQLite 等锁的时间),开始之前先在这里读一遍:
+    哪一项写错了,一步都不跑就说是哪一项,而不是跑到用它的那一步才停下。"""
+    for read in (store.busy_timeout_s, webhook.check_secret, worker.read_settings):
+        read()
+
+
 def main(argv: list[str]) -> int:
     keep = "--keep" in argv
-    data = Path(tempfile.mkdtemp(prefix="ambient-demo-"))
-    port = free_port()
+    os.chdir(LAB)  # 和每一步一样在实验目录里读 .env
     # 演示总是用临时目录里的 SQLite:环境变量或 .env 里设了 DATABASE_URL 也不碰那个 PostgreSQL
     # (设成空串:空串算没设置,.env 也不会覆盖已经存在的环境变量)
-    env = {**os.environ, "DATABASE_URL": "", "EVENTS_DB": str(data / "ambient.db"),
+    os.environ["DATABASE_URL"] = ""
+    try:
+        check_settings()
+    except SystemExit as e:
+        raise SystemExit(f"演示没有开始:{e.code}(改好环境变量或 .env 里的这一项再跑)") from None
+    data = Path(tempfile.mkdtemp(prefix="ambient-demo-"))
+    port = free_port()
+    env = {**os.environ, "EVENTS_DB": str(data / "ambient.db"),
            "CHECKPOINTS_DB": str(data / "checkpoints.db"), "BIZ_DB": str(data / "cloudledger.db"), "WEBHOOK_URL": f"http://127.0.0.1:{port}/hooks/cloudledger",
            "PYTHONUNBUFFERED": "1"}
     events_db = data / "ambient.db"

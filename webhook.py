@@ -155,10 +155,7 @@ ACCEPTED = {is_new: JSONResponse({"accepted": True, "duplicate": not is_new}).bo
 
 @asynccontextmanager
 async def lifespan(_: FastAPI):
-    try:
-        standard_webhooks_key(config.get("WEBHOOK_SECRET", DEFAULT_SECRET))  # 密钥写错了就别启动
-    except ValueError as e:
-        raise SystemExit(str(e)) from None
+    check_secret()  # 密钥写错了就别启动
     store.init()  # 设置不对(DATABASE_URL、PG_POOL_SIZE、EVENTS_DB……)时以 SystemExit("配置错误:…") 之类退出
     await committer.start()
     yield
@@ -236,6 +233,14 @@ def standard_webhooks_key(secret: str) -> bytes:
             raise ValueError("配置错误:WEBHOOK_SECRET 是 whsec_,后面没有密钥")
         return key
     return secret.encode()
+
+
+def check_secret() -> None:
+    """WEBHOOK_SECRET 写错了(whsec_ 后面不是 base64、或者是空的)以 SystemExit("配置错误:…") 退出。"""
+    try:
+        standard_webhooks_key(config.get("WEBHOOK_SECRET", DEFAULT_SECRET))
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
 
 
 def verify_standard(raw: bytes, msg_id: str | None, ts: str | None, header: str, secret: str) -> None:

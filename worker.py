@@ -89,11 +89,16 @@ def default_concurrency() -> int:
     return config.integer("WORKER_CONCURRENCY", CONCURRENCY, minimum=1, maximum=MAX_CONCURRENCY)
 
 
-def check_settings() -> None:
-    """worker 要用的设置都读一遍:配置错了启动时就退出(还没领任何事件),别等领到事件、用掉一次尝试才发现。"""
+def read_settings() -> None:
+    """worker 要用的设置都读一遍,哪一项不对就以 SystemExit("配置错误:…") 退出。"""
     for read in (durability, max_attempts, lambda: backoff_minutes(0), stale_minutes, poll_seconds, default_concurrency,
                  graph_settings):
         read()
+
+
+def check_settings() -> None:
+    """配置错了启动时就退出(还没领任何事件),别等领到事件、用掉一次尝试才发现。"""
+    read_settings()
     if problem := store.biz_db_problem():  # 业务库还没建(课文假设它已经在了)
         raise SystemExit(problem)
 

@@ -49,3 +49,15 @@ def test_demo_with_a_model_that_writes_multi_line_drafts_checks_the_whole_draft(
     assert r.returncode == 0, r.stdout + r.stderr
     assert "\n        草稿:您好,\n        关于您提到的扣款和退款问题,\n" in r.stdout  # 收件箱里确实是好几行
     assert "\n和课文一致" in r.stdout
+
+
+def test_demo_with_a_bad_setting_says_which_one_before_running_any_step(tmp_path):
+    """原来要跑完建库、起服务、发 webhook 几步,到 worker 那一步才因为设置不对停下;现在一步都不跑。"""
+    env = {k: v for k, v in os.environ.items() if k not in ("LLM_API_KEY", "EVENTS_DB", "CHECKPOINTS_DB", "BIZ_DB")}
+    for name, value, problem in (("WORKER_CONCURRENCY", "abc", "WORKER_CONCURRENCY='abc' 不是数字"),
+                                 ("WEBHOOK_SECRET", "whsec_", "WEBHOOK_SECRET 是 whsec_,后面没有密钥"),
+                                 ("LLM_TIMEOUT_S", "-1", "LLM_TIMEOUT_S='-1' 不能小于 0.1")):
+        r = run(["demo.py"], {**env, name: value, "TMPDIR": str(tmp_path)}, timeout=120)
+        assert (r.returncode, r.stdout) == (1, "")
+        assert r.stderr == f"演示没有开始:配置错误:{problem}(改好环境变量或 .env 里的这一项再跑)\n"
+        assert list(tmp_path.iterdir()) == []  # 连临时数据目录都没建
