@@ -110,7 +110,10 @@ def check_settings() -> None:
 
 
 def main(argv: list[str]) -> int:
-    keep = "--keep" in argv
+    if any(a != "--keep" for a in argv):
+        print("用法:uv run python demo.py [--keep](--keep:跑完保留临时数据目录)", file=sys.stderr)
+        return 2
+    keep = bool(argv)
     os.chdir(LAB)  # 和每一步一样在实验目录里读 .env
     # 演示总是用临时目录里的 SQLite:环境变量或 .env 里设了 DATABASE_URL 也不碰那个 PostgreSQL
     # (设成空串:空串算没设置,.env 也不会覆盖已经存在的环境变量)

@@ -61,3 +61,11 @@ def test_demo_with_a_bad_setting_says_which_one_before_running_any_step(tmp_path
         assert (r.returncode, r.stdout) == (1, "")
         assert r.stderr == f"演示没有开始:配置错误:{problem}(改好环境变量或 .env 里的这一项再跑)\n"
         assert list(tmp_path.iterdir()) == []  # 连临时数据目录都没建
+
+
+def test_demo_with_an_unknown_argument_shows_usage_and_runs_nothing(tmp_path):
+    """打错了 --keep(比如 --kep)不能悄悄照跑、再把想留下的数据目录删掉。"""
+    r = run(["demo.py", "--kep"], {**os.environ, "TMPDIR": str(tmp_path)})
+    assert (r.returncode, r.stdout) == (2, "")
+    assert r.stderr == "用法:uv run python demo.py [--keep](--keep:跑完保留临时数据目录)\n"
+    assert list(tmp_path.iterdir()) == []
