@@ -1,5 +1,7 @@
 """uv run python demo.py:课文的全流程,用真的 webhook 服务、真 HTTP、真进程跑一遍,结果和课文一致。"""
 import os
+import sqlite3
+from contextlib import closing
 
 from conftest import free_port, run
 from openai_stub import OpenAIStub
@@ -45,10 +47,16 @@ def test_demo_with_a_model_that_writes_multi_line_drafts_checks_the_whole_draft(
     with OpenAIStub() as stub:
         stub.multiline = True
         model = {"LLM_API_KEY": "sk-test", "LLM_BASE_URL": stub.base_url, "LLM_MODEL": "stub-model"}
-        r = run(["demo.py"], {**env, **model, "TMPDIR": str(tmp_path)}, timeout=300)
+        r = run(["demo.py", "--keep"], {**env, **model, "TMPDIR": str(tmp_path)}, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "\n        草稿:您好,\n        关于您提到的扣款和退款问题,\n" in r.stdout  # 收件箱里确实是好几行
     assert "\n和课文一致" in r.stdout
+    # --keep:数据目录留着,最后一行说它在哪,里面是这一次的三个库
+    [data] = tmp_path.iterdir()
+    assert r.stdout.endswith(f"\n数据留在 {data}\n")
+    assert {"ambient.db", "checkpoints.db", "cloudledger.db"} <= {p.name for p in data.iterdir()}
+    with closing(sqlite3.connect(data / "ambient.db")) as conn:
+        assert conn.execute("select ticket_id from outbox").fetchall() == [("T1012",), ("T1041",)]
 
 
 def test_demo_with_a_bad_setting_says_which_one_before_running_any_step(tmp_path):
