@@ -551,7 +551,7 @@ WHERE event_id = (
     LIMIT 1
     {skip_locked}
 )
-RETURNING event_id, kind, payload, attempts, ticket_id
+RETURNING event_id, kind, payload, attempts, ticket_id, last_error
 """
 
 
@@ -658,8 +658,13 @@ def _has_pg_sessions(owner: str, conn=None) -> bool:
     return conn.execute(PG_SESSIONS_SQL, (pg_application_name(owner),)).fetchone()[0] > 0
 
 
+# requeue_stale 放回队列时写进 last_error 的话。worker 领到 attempts 已经超过 MAX_ATTEMPTS、last_error 又是这句的事件,
+# 就知道前一次是处理到一半进程没了(而不是普通的失败),不再跑它:每次都让 worker 崩溃的事件不能无限循环下去。
+REQUEUED_STALE = "上次领它的进程中途没了(被杀、崩溃,或者卡住超过 STALE_MINUTES),放回了队列"
+
+
 def requeue_stale(minutes: float) -> int:
-    """把卡在 processing 的事件放回 pending。
+    """把卡在 processing 的事件放回 pending,last_error 记上 REQUEUED_STALE。
     本机的进程:已经死了的马上放回,还活着的不动(STALE_MINUTES=0 重启时也不会抢别人正在做的);
     别的机器上的进程看不到死活,只能按时间:超过 minutes 分钟没动静才放回。"""
     cutoff = minutes_from_now(-minutes)
@@ -672,9 +677,9 @@ def requeue_stale(minutes: float) -> int:
                  or (state == "unknown" and parse_time(r["updated_at"]) <= parse_time(cutoff))]
         for r in stale:
             conn.execute(
-                "UPDATE events SET status = 'pending', claimed_by = NULL, updated_at = ? "
+                "UPDATE events SET status = 'pending', claimed_by = NULL, last_error = ?, updated_at = ? "
                 "WHERE event_id = ? AND status = 'processing'",
-                (now(), r["event_id"]),
+                (REQUEUED_STALE, now(), r["event_id"]),
             )
     return len(stale)
 

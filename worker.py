@@ -114,6 +114,12 @@ def handle(graph, ev: dict) -> str:
         return "done" if ticket_id in waiting else "waiting_human"
     if snap.values.get("outcome") in FINISHED:
         return "done"  # 这张工单已经处理完了(上游换了个 event_id 又通知了一次)
+    if ev["attempts"] > max_attempts() and ev.get("last_error") == store.REQUEUED_STALE:
+        # 普通的失败到了 MAX_ATTEMPTS 就进死信,领的次数超过它,只能是上一次处理到一半进程没了。
+        # 每次都让 worker 崩溃的事件(太大、触发了 bug)不能无限循环、每圈都调一次模型
+        raise PermanentError(f"领了 {ev['attempts']} 次都没做完,超过 MAX_ATTEMPTS={max_attempts()}:最后一次处理到一半"
+                             "进程没了(被杀、崩溃或卡住),多半是这个事件让 worker 崩溃;查清原因后运行 "
+                             f"uv run python worker.py --requeue-dead {ev['event_id']}")
     if snap.tasks:
         # 崩溃的 thread:checkpoint 停在失败的节点前面。不给新输入,从那里接着跑。
         # 看 tasks 不看 next:节点的结果写下了、下一个 checkpoint 还没写就被杀时,next 是空的(那个任务已经有结果),

@@ -280,6 +280,61 @@ def test_stale_processing_event_of_a_dead_process_is_requeued_but_a_live_ones_is
     assert store.requeue_stale(10) == 2
     assert events() == [("evt_T1012_created", "pending", 1), ("evt_T1041_created", "processing", 1),
                         ("evt_T1003_created", "pending", 1)]
+    assert rows("SELECT event_id, last_error FROM events WHERE status = 'pending' ORDER BY event_id") == [
+        ("evt_T1003_created", store.REQUEUED_STALE), ("evt_T1012_created", store.REQUEUED_STALE)]
+
+
+def test_an_event_whose_worker_died_on_its_last_attempt_goes_dead_instead_of_looping(any_lab, capsys):
+    """中间件笔记「调用上限不能被另一种循环绕过」:一个每次都让 worker 崩溃的事件,放回、再领、再崩……
+    普通失败到 MAX_ATTEMPTS 就进死信;崩溃没机会记失败,所以领的次数超过上限、上一次又是崩掉的,就不再跑、不调模型。
+    等人的 thread(收件箱命令做到一半被杀)不算:它照常回到收件箱。"""
+    add("T1041")
+    assert drain() == [("evt_T1041_created", "waiting_human")]
+    add("T1012"), add("T1003")
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    conn = store.connect()
+    for ticket, attempts in (("T1041", 3), ("T1012", 3), ("T1003", 2)):  # 默认 MAX_ATTEMPTS = 3
+        conn.execute("UPDATE events SET status = 'processing', attempts = ?, claimed_by = ? WHERE ticket_id = ?",
+                     (attempts, f"{store.socket.gethostname()}:{dead.pid}", ticket))
+    conn.close()
+    capsys.readouterr()
+    assert drain() == [("evt_T1041_created", "waiting_human"), ("evt_T1012_created", "dead"),
+                       ("evt_T1003_created", "waiting_human")]
+    reason = ("领了 4 次都没做完,超过 MAX_ATTEMPTS=3:最后一次处理到一半进程没了(被杀、崩溃或卡住),"
+              "多半是这个事件让 worker 崩溃;查清原因后运行 uv run python worker.py --requeue-dead evt_T1012_created")
+    assert capsys.readouterr().out.splitlines() == [
+        "放回队列 3 个卡住的事件",
+        "evt_T1041_created → waiting_human",
+        f"evt_T1012_created 第 4 次失败 → dead: {reason}",
+        "evt_T1003_created → waiting_human",
+    ]
+    assert rows("SELECT event_id, status, attempts, last_error FROM events ORDER BY received_at") == [
+        ("evt_T1041_created", "waiting_human", 4, None), ("evt_T1012_created", "dead", 4, f"PermanentError: {reason}"),
+        ("evt_T1003_created", "waiting_human", 3, None)]
+    assert rows("SELECT event_id FROM llm_usage ORDER BY id") == [("evt_T1041_created",), ("evt_T1003_created",)]
+    assert rows("SELECT COUNT(*) FROM outbox") == [(0,)]
+    # 查清之后放回队列:attempts 清零,照常起草
+    assert store.requeue_dead(["evt_T1012_created"]) == 1
+    assert drain() == [("evt_T1012_created", "waiting_human")]
+    assert rows("SELECT status, attempts FROM events WHERE event_id = 'evt_T1012_created'") == [("waiting_human", 1)]
+
+
+def test_a_slow_worker_whose_event_was_requeued_and_taken_meanwhile_leaves_its_status_to_the_new_owner(any_lab, capsys):
+    """别的机器上的 worker 慢到超过 STALE_MINUTES,事件被放回队列、又被另一个 worker 领走:
+    慢的那个做完时不去覆盖状态,说一声;状态由接手的 worker 改。"""
+    add("T1012")
+    ev = store.claim("slow-host:1")
+    conn = store.connect()
+    conn.execute("UPDATE events SET claimed_by = 'other-host:2'")  # 放回队列后被 other-host:2 领走了
+    conn.close()
+    graph, conn = open_graph()
+    try:
+        assert worker_mod.process(graph, ev, "slow-host:1") == "waiting_human"
+    finally:
+        conn.close()
+    assert capsys.readouterr().out == "evt_T1012_created → waiting_human(这期间事件被放回了队列,状态留给接手的 worker 改)\n"
+    assert rows("SELECT status, attempts, claimed_by, last_error FROM events") == [("processing", 1, "other-host:2", None)]
 
 
 def test_a_killed_workers_event_waits_until_its_last_postgres_statement_is_finished(pg_lab):
