@@ -8,7 +8,7 @@
 你会看到:
     scan:超过 20 天还开着的工单 9 张,其中没回复过的 9 张,本次入队 5 个
           同一天再跑一次(补跑、手动跑):……本次入队 0 个。事件 id 是 cron:stale:<工单号>:<日期>,同一天同一张工单只有一个。
-          已经在队列或收件箱里的、客服选了「不回」的工单不再入队,有这种情况时多一行说明。
+          已经在队列或收件箱里的、客服选了「不回」的、事件进了死信的工单不再入队,有这种情况时多一行说明。
           worker 处理 ticket.stale 事件时,提示词会说这张工单等了很久,草稿开头先为久等道歉。
     report:事件状态、队列深度(pending)、收件箱里等得最久的一条、死信数和每条死信、
           每类工单的处理结果(accept / edit / response / ignore)、模型调用次数、token 和单事件成本。
@@ -65,7 +65,8 @@ def scan(limit: int = SCAN_LIMIT) -> dict:
     unreplied = [t for t in old if t not in blockers["replied"]]
     busy = [t for t in unreplied if t in queued]
     ignored = [t for t in unreplied if t in blockers["ignored"] and t not in queued]
-    todo = [t for t in unreplied if t not in queued and t not in blockers["ignored"]]
+    dead = [t for t in unreplied if t in blockers["dead"] and t not in queued and t not in blockers["ignored"]]
+    todo = [t for t in unreplied if t not in queued and t not in blockers["ignored"] and t not in blockers["dead"]]
     enqueued = []
     for ticket_id in todo[:limit]:
         event_id = stale_event_id(ticket_id, today)
@@ -73,11 +74,13 @@ def scan(limit: int = SCAN_LIMIT) -> dict:
         if store.add_event(event_id, "cron", "ticket.stale", json.dumps(payload)):
             enqueued.append(ticket_id)
     print(f"超过 {stale_days} 天还开着的工单 {len(old)} 张,其中没回复过的 {len(unreplied)} 张,本次入队 {len(enqueued)} 个")
-    held = [(len(busy), "已在队列或收件箱里"), (len(ignored), "客服选了不回"), (len(todo[limit:]), f"超出 --limit {limit}")]
-    if any(n for n, _ in held):
-        print("没有入队的:" + ",".join(f"{why} {n} 张" for n, why in held if n))
+    held = [(len(busy), "已在队列或收件箱里", ""), (len(ignored), "客服选了不回", ""),
+            (len(dead), "在死信里", "(查清原因后 uv run python worker.py --requeue-dead)"),
+            (len(todo[limit:]), f"超出 --limit {limit}", "")]
+    if any(n for n, *_ in held):
+        print("没有入队的:" + ",".join(f"{why} {n} 张{note}" for n, why, note in held if n))
     return {"old": len(old), "unreplied": len(unreplied), "enqueued": enqueued, "busy": busy, "ignored": ignored,
-            "over_limit": todo[limit:]}
+            "dead": dead, "over_limit": todo[limit:]}
 
 
 # ---------------------------------------------------------------- report

@@ -840,7 +840,8 @@ def open_tickets_created_by(last_day: str) -> list[str]:
 
 def followup_blockers() -> dict[str, set]:
     """定时扫描要避开的工单。replied:outbox 里有回复;ignored:客服在收件箱里选了不回;
-    queued:(工单号, 事件 id),这张工单已经有事件在队列里、处理中或在收件箱里等人。"""
+    queued:(工单号, 事件 id),这张工单已经有事件在队列里、处理中或在收件箱里等人;
+    dead:有事件进了死信(要人查清后 --requeue-dead,定时任务不能绕过死信每天自动再试、再调模型)。"""
     with opened() as conn:
         replied = conn.execute("SELECT ticket_id FROM outbox").fetchall()
         ignored = conn.execute(
@@ -851,8 +852,11 @@ def followup_blockers() -> dict[str, set]:
             "SELECT ticket_id, event_id FROM events "
             "WHERE status IN ('pending', 'processing', 'waiting_human') AND ticket_id IS NOT NULL"
         ).fetchall()
+        dead = conn.execute(
+            "SELECT DISTINCT ticket_id FROM events WHERE status = 'dead' AND ticket_id IS NOT NULL"
+        ).fetchall()
     return {"replied": {r[0] for r in replied}, "ignored": {r[0] for r in ignored},
-            "queued": {(r[0], r[1]) for r in queued}}
+            "queued": {(r[0], r[1]) for r in queued}, "dead": {r[0] for r in dead}}
 
 
 def report_numbers() -> dict:

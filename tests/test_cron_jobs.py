@@ -124,12 +124,22 @@ def test_scan_leaves_out_replied_ignored_and_already_queued_tickets(any_lab):
     add_event_with("evt_T1010_created", "T1010", "waiting_human")    # 正在收件箱里等人
     yesterday = (date.fromisoformat(today()) - timedelta(days=1)).isoformat()
     add_event_with(f"cron:stale:T1007:{yesterday}", "T1007", "pending", kind="ticket.stale")  # 昨天的提醒还没处理
+    # 昨天的提醒试了 MAX_ATTEMPTS 次进了死信:要人查清后 --requeue-dead,今天的扫描不能绕过死信再入队、再调模型
+    add_event_with(f"cron:stale:T1022:{yesterday}", "T1022", "dead", kind="ticket.stale")
     r = run(["cron_jobs.py", "scan"], any_lab)
     assert (r.returncode, r.stderr) == (0, "")
-    assert r.stdout.splitlines() == ["超过 20 天还开着的工单 9 张,其中没回复过的 8 张,本次入队 5 个",
-                                     "没有入队的:已在队列或收件箱里 2 张,客服选了不回 1 张"]
+    assert r.stdout.splitlines() == [
+        "超过 20 天还开着的工单 9 张,其中没回复过的 8 张,本次入队 4 个",
+        "没有入队的:已在队列或收件箱里 2 张,客服选了不回 1 张,在死信里 1 张(查清原因后 uv run python worker.py --requeue-dead)"]
     new = [e[0] for e in rows(EVENTS) if e[0].endswith(today())]
-    assert new == [stale_event(t)[0] for t in ("T1022", "T1002", "T1031", "T1011", "T1038")]
+    assert new == [stale_event(t)[0] for t in ("T1002", "T1031", "T1011", "T1038")]
+    # 死信放回队列之后,它就是「已在队列里」;今天入队的 4 个算今天这次扫描自己的,重跑照旧挑出它们,不重复入队
+    assert store.requeue_dead() == 1
+    again = run(["cron_jobs.py", "scan"], any_lab)
+    assert (again.returncode, again.stderr) == (0, "")
+    assert again.stdout.splitlines() == ["超过 20 天还开着的工单 9 张,其中没回复过的 8 张,本次入队 0 个",
+                                         "没有入队的:已在队列或收件箱里 3 张,客服选了不回 1 张"]
+    assert [e[0] for e in rows(EVENTS) if e[0].endswith(today())] == new
 
 
 def test_worker_drafts_an_apologising_follow_up_for_stale_tickets(lab):
