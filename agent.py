@@ -11,7 +11,7 @@ send 靠 outbox 的 UNIQUE 幂等:重跑一次只会得到 already_sent;ignore �
 from typing import Literal
 
 from langchain_core.callbacks import UsageMetadataCallbackHandler
-from langchain_core.exceptions import OutputParserException
+from langchain_core.exceptions import ModelRefusalError
 from langchain_core.runnables import RunnableConfig
 from langchain_core.utils.function_calling import convert_to_openai_tool
 from langgraph.graph import END, START, StateGraph
@@ -112,8 +112,8 @@ def draft(state: TicketState, config: RunnableConfig) -> dict:
     try:
         with deadline():  # 重试、备用模型加在一起也不能让这张工单一直占着处理线程
             args = model.invoke(build_prompt(state), {"callbacks": [usage]})
-    except OutputParserException as e:  # 模型拒答(refusal)之类,解析器直接报错
-        raise ValueError(f"模型没有按 Draft 格式回答:{str(e).splitlines()[0]}") from None
+    except ModelRefusalError as e:  # 模型拒答:回答里是一段 refusal,没有调 Draft 工具;和格式不对一样,退避后再试
+        raise ValueError(f"模型拒绝起草:{str(e).splitlines()[0] if str(e) else '(没说原因)'}") from None
     finally:
         # 记账在 interrupt 之前也没关系:它在 draft 节点里,每一行对应一次真实发生的模型调用;
         # 模型回答了但格式不对(下面抛错)也照样花了钱,所以放在 finally 里

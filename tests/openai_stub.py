@@ -18,13 +18,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # 单独运行(uv 
 from llm import offline_draft  # noqa: E402
 
 
+REFUSAL = "I'm sorry, I can't help with that."
+
+
 class OpenAIStub:
     def __init__(self, delay: float = 0.0):
         self.delay = delay                      # 秒;每个请求先等这么久再回答
         self.fail: dict[str, tuple[int, str]] = {}   # 模型名或 "key:<api key>" → (状态码, 错误类型)
         self.fail_times: dict[str, int] = {}    # 同上的键 → 还要失败几次(不在里面就一直失败)
-        self.malformed: dict[str, str] = {}     # 模型名 → "text"(不调工具,只回一段话)、"args"(工具参数不合 Draft)
-                                                # 或 "json"(工具参数被截断,不是合法 JSON)
+        self.malformed: dict[str, str] = {}     # 模型名 → "text"(不调工具,只回一段话)、"args"(工具参数不合 Draft)、
+                                                # "json"(工具参数被截断,不是合法 JSON)或 "refusal"(拒答)
         self.multiline = False                  # True:回复草稿分成几行(真模型常这样写)
         self.requests: list[dict] = []          # 每个请求:{"model", "body", "headers", "at"}
         self.in_flight: Counter = Counter()     # 工单号 → 正在等回答、客户端还活着的请求数
@@ -119,6 +122,8 @@ class OpenAIStub:
                 if malformed == "json":
                     arguments = arguments[: len(arguments) // 2]
                 message = {"role": "assistant", "content": draft["reply"]}
+                if malformed == "refusal":  # OpenAI 的拒答:content 是空的,理由在 refusal 里
+                    message, tools = {"role": "assistant", "content": None, "refusal": REFUSAL}, []
                 if tools:
                     message = {"role": "assistant", "content": None, "tool_calls": [{
                         "id": "call_stub", "type": "function",

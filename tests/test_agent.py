@@ -79,6 +79,7 @@ def test_real_chatopenai_path_end_to_end_with_extra_body(lab, monkeypatch):
     ("args", "ValueError: 模型没有按 Draft 格式回答:category: Input should be 'refund', 'billing', 'invoice', 'bug', "
              "'account' or 'other'"),
     ("json", "ValueError: 模型没有按 Draft 格式回答:回答里没有能用的 Draft 工具调用(只回了一段话,或者工具参数不是完整的 JSON)"),  # 工具参数被截断
+    ("refusal", "ValueError: 模型拒绝起草:I'm sorry, I can't help with that."),  # 拒答
 ])
 def test_answer_not_in_draft_format_is_retried_later_and_its_tokens_still_counted(lab, monkeypatch, malformed, message):
     with OpenAIStub() as stub:
