@@ -371,8 +371,10 @@ def open_pg_pool(url: str, durable: bool, **kwargs):
     except psycopg.Error as e:
         reason = ";".join(line.strip() for line in str(e).splitlines() if line.strip()) or type(e).__name__
         raise SystemExit(f"连不上 DATABASE_URL 指的 PostgreSQL:{reason}") from None
+    # connect_timeout:接上了却一直不回话的服务器,连接池的后台线程也别一直等着(连不上时关连接池要等它)
     pool = ConnectionPool(url, min_size=1, max_size=max_size,
-                          kwargs={"autocommit": True, "application_name": pg_application_name(), **kwargs},
+                          kwargs={"autocommit": True, "application_name": pg_application_name(),
+                                  "connect_timeout": PG_CONNECT_TIMEOUT_S, **kwargs},
                           configure=None if durable else _no_flush_wait, check=check, open=False)
     try:
         pool.open(wait=True, timeout=PG_CONNECT_TIMEOUT_S)
@@ -763,7 +765,10 @@ def build_biz_db(path: Path, today: date | None = None) -> None:
     today = today or datetime.now(timezone.utc).date()
     tmp = path.with_name(path.name + ".building")
     tmp.unlink(missing_ok=True)
-    conn = sqlite3.connect(tmp)
+    try:
+        conn = sqlite3.connect(tmp)
+    except sqlite3.OperationalError as e:  # 目录不存在、没有写权限:说清楚是哪一项设置,不要说成「数据库暂时用不了」
+        raise SystemExit(cannot_open("业务库", "BIZ_DB", path, e)) from None
     try:
         conn.executescript(BIZ_SCHEMA)
         with conn:
