@@ -1,5 +1,6 @@
 """命令行收件箱:四种处理、多轮 respond、通知类待办、重写上限、拒绝坏输入、崩溃后对账、并发。"""
 import json
+import sqlite3
 import subprocess
 import sys
 
@@ -166,6 +167,29 @@ def test_respond_whose_redraft_fails_is_handed_to_the_worker_with_the_feedback_k
     assert rows("SELECT COUNT(*) FROM outbox") == [(0,)]
     assert drain() == [("evt_T1012_created", "waiting_human")]  # worker 从 draft 接着跑,带着意见重写
     assert state("T1012")["feedback"] == ["语气软一点"]
+
+
+def test_a_decision_the_checkpoint_store_cannot_save_leaves_the_item_in_the_inbox_and_sends_nothing(lab):
+    """人的决定写不进 checkpoint(磁盘满之类,不是「数据库暂时用不了」):thread 还停在 interrupt,
+    待办留在收件箱里,说清楚;修好之后同一条命令照常做完,发件箱只有一行。"""
+    queue("T1012")
+    conn = sqlite3.connect(store.checkpoints_db())
+    for table in ("writes", "checkpoints"):  # 磁盘满了:哪张表都写不进去
+        conn.execute(f"CREATE TRIGGER broken_{table} BEFORE INSERT ON {table} "
+                     "BEGIN SELECT RAISE(ABORT, '磁盘写满了(测试制造的故障)'); END")
+    conn.commit()
+    r = inbox(lab, "accept", "T1012")
+    assert (r.returncode, r.stdout) == (1, "")
+    assert r.stderr == "T1012 处理失败(IntegrityError: 磁盘写满了(测试制造的故障)),仍在收件箱里\n"
+    assert rows("SELECT status, last_error FROM events") == [("waiting_human", "IntegrityError: 磁盘写满了(测试制造的故障)")]
+    assert rows("SELECT COUNT(*) FROM outbox") == [(0,)]
+    assert inbox(lab, "list").stdout.startswith("T1012  [invoice] ")
+    conn.executescript("DROP TRIGGER broken_writes; DROP TRIGGER broken_checkpoints;")
+    conn.close()
+    again = inbox(lab, "accept", "T1012")
+    assert (again.returncode, again.stdout, again.stderr) == (0, "T1012 → sent\n", "")
+    assert rows("SELECT status, last_error FROM events") == [("done", None)]
+    assert rows("SELECT ticket_id FROM outbox") == [("T1012",)]
 
 
 def test_respond_with_a_model_slower_than_the_deadline_returns_the_terminal_with_the_feedback_kept(lab):
