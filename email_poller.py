@@ -15,13 +15,17 @@ IMAP_MAILBOX(默认 INBOX)、IMAP_TIMEOUT_S(默认 30 秒)。
     skip: 不是已知客户  UID 102
     duplicate  UID 103                    # 这封邮件之前已经收过了
 最后一行是汇总:本次收取 3 封:新工单 1,重复 1,跳过 1,无法解析 0,存储失败 0
+有邮件没读到(服务器拒绝交出这封信、.eml 文件读不了)时,汇总末尾再加一项「,读取失败 N」;没有就不加。
 
 不丢邮件:取信用 BODY.PEEK(不会顺手标成已读),工单和事件都提交了(或者确定跳过、重复)之后才标 \\Seen。
 存储失败的邮件保持未读,下次运行再收;两个库之间崩了也没关系:工单是 INSERT OR IGNORE、事件 id 就是
 Message-ID,重跑时补上缺的那一半。解析不了的邮件在 stderr 上说明原因,在邮箱里标已读并加星标(\\Flagged)
-留给人看,其他邮件照常处理。
+留给人看,其他邮件照常处理。服务器拒绝交出某一封信(FETCH 回 NO)时,那封保持未读,下次再收,其他邮件照常处理;
+离线模式读不了某个 .eml 文件(没有权限、磁盘 I/O 错误)也一样:说是哪个文件,其余照常,修好后重跑这条命令。
+解析不了的原因里带着邮件原文的(比如找不到发件人地址时的 From 头),先打码(手机号、身份证号、银行卡号、邮箱地址)
+再打印,stderr 和日志里不留客户的个人信息。
 
-退出码:0 全部处理好;1 有邮件无法解析或存储失败(其余照常处理了),或者数据库暂时用不了(这时后面的邮件这一轮
+退出码:0 全部处理好;1 有邮件无法解析、存储失败或读取失败(其余照常处理了),或者数据库暂时用不了(这时后面的邮件这一轮
 不收,保持未读);2 设置或参数不对;3 连不上邮箱、登录失败。
 """
 import argparse
@@ -73,14 +77,19 @@ class SetupError(Exception):
 @dataclass
 class Outcome:
     source: str   # 哪封邮件:「UID 101」或文件路径
-    kind: str     # ticket / skip / duplicate / broken / failed
+    kind: str     # ticket / skip / duplicate / broken / failed / unreadable(没读到这封信:服务器拒绝、文件读不了)
     text: str     # 打印出来的结果:工单号、skip: 不是已知客户、duplicate,或者出错原因
     database_down: bool = False  # 存储失败是因为数据库暂时用不了:后面的邮件这一轮不收了(每封都会白等一遍)
 
     @property
     def handled(self) -> bool:
-        """处理完了(可以在邮箱里标已读)。failed 的要保持未读,下次再收。"""
-        return self.kind != "failed"
+        """处理完了(可以在邮箱里标已读)。failed、unreadable 的要保持未读,下次再收。"""
+        return self.kind not in ("failed", "unreadable")
+
+    @property
+    def problem(self) -> bool:
+        """要人知道的结果:打到 stderr,退出码 1。"""
+        return self.kind in ("broken", "failed", "unreadable")
 
 
 # ---------------------------------------------------------------- 解析:字节 → {message_id, from, subject, body}
@@ -185,7 +194,7 @@ def parse(raw: bytes) -> dict:
             raise BrokenMail("没有邮件头,不像一封邮件(文件被截断或损坏?)")
         address = parseaddr(str(msg.get("From") or ""))[1].strip().lower()
         if "@" not in address:
-            raise BrokenMail(f"找不到发件人地址(From: {header_text(msg.get('From'))!r})")
+            raise BrokenMail(masked(f"找不到发件人地址(From: {header_text(msg.get('From'))!r})"))
         message_id = " ".join(str(msg.get("Message-ID") or "").split())
         return {
             "message_id": message_id or derived_message_id(raw),
@@ -196,7 +205,14 @@ def parse(raw: bytes) -> dict:
     except BrokenMail:
         raise
     except Exception as e:  # noqa: BLE001 —— email 库在怪邮件上抛什么都有可能;一封坏信不能拖垮其余的
-        raise BrokenMail(f"{type(e).__name__}: {e}") from e
+        raise BrokenMail(masked(f"{type(e).__name__}: {e}")) from e
+
+
+def masked(reason: str) -> str:
+    """解析不了的原因里可能带着邮件原文(From 头里的手机号之类):打码后才打印、进日志,和 worker 写 last_error 一样。"""
+    from llm import mask_pii  # 用到才 import:llm 带着 openai、langchain,要 2 秒;每分钟一次的收信大多用不上
+
+    return mask_pii(reason)
 
 
 # ---------------------------------------------------------------- 入库:工单(业务库)+ 事件(事件库)
@@ -217,6 +233,12 @@ def to_event(mail: dict) -> str:
     return ticket_id if store.add_event(mail["message_id"], "email", "ticket.created", payload) else "duplicate"
 
 
+def report(outcome: Outcome) -> Outcome:
+    """打印一封邮件的结果那一行:「结果  哪封邮件」。出了问题的打到 stderr。"""
+    print(f"{outcome.text}  {outcome.source}", file=sys.stderr if outcome.problem else sys.stdout, flush=True)
+    return outcome
+
+
 def handle(raw: bytes, source: str, retry: str = "邮件保持未读,下次再收") -> Outcome:
     """一封邮件走完解析和入库,打印一行,返回结果。retry:存储失败时告诉人这封信接下来会怎样。"""
     try:
@@ -233,9 +255,7 @@ def handle(raw: bytes, source: str, retry: str = "邮件保持未读,下次再�
         else:
             kind = "skip" if result.startswith("skip") else "duplicate" if result == "duplicate" else "ticket"
             outcome = Outcome(source, kind, result)
-    print(f"{outcome.text}  {source}", file=sys.stdout if outcome.kind not in ("broken", "failed") else sys.stderr,
-          flush=True)
-    return outcome
+    return report(outcome)
 
 
 # ---------------------------------------------------------------- 离线:.eml 文件
@@ -257,10 +277,15 @@ def eml_files(paths: list[str]) -> list[Path]:
 
 
 def store_files(files: list[Path]) -> list[Outcome]:
-    """离线模式的 run_once:每个 .eml 走和 IMAP 邮件一样的 handle()。"""
+    """离线模式的 run_once:每个 .eml 走和 IMAP 邮件一样的 handle()。读不了的文件说一声,其余照常。"""
     done: list[Outcome] = []
     for i, f in enumerate(files):
-        done.append(handle(f.read_bytes(), str(f), retry="修好后重跑这条命令,已经存好的会显示 duplicate"))
+        try:
+            raw = f.read_bytes()
+        except OSError as e:  # 存在但读不了:没有权限、磁盘 I/O 错误
+            done.append(report(Outcome(str(f), "unreadable", f"读不了这个文件,修好后重跑这条命令:{e.strerror or e}")))
+            continue
+        done.append(handle(raw, str(f), retry="修好后重跑这条命令,已经存好的会显示 duplicate"))
         if stops_here(done[-1], len(files) - i - 1, "个文件没有处理,修好后重跑这条命令"):
             break
     return done
@@ -290,6 +315,14 @@ def imap_settings() -> ImapSettings:
     missing = [n for n in ("IMAP_HOST", "IMAP_USER", "IMAP_PASSWORD") if not config.get(n)]
     if missing:
         raise SetupError(f"缺少邮箱设置:{'、'.join(missing)}(写进环境变量或 .env;IMAP_PASSWORD 填邮箱的授权码)")
+    # imaplib 的 LOGIN 只能发 ASCII;不在这里拦下,登录时只会报一句看不懂的 UnicodeEncodeError
+    user = config.get("IMAP_USER")
+    if at := first_non_ascii(user):
+        raise SetupError(f"IMAP_USER 里有非 ASCII 的字符(第 {at} 个 {user[at - 1]!r}):{user!r},IMAP 登录只认 ASCII:"
+                         "多半是复制邮箱地址时带进了全角字符或中文")
+    if at := first_non_ascii(config.get("IMAP_PASSWORD")):  # 授权码本身和它的字符都不打印
+        raise SetupError(f"IMAP_PASSWORD 里有非 ASCII 的字符(第 {at} 个),IMAP 登录只认 ASCII:"
+                         "多半是复制授权码时带进了全角字符或中文")
     use_ssl = config.get("IMAP_SSL", "1")
     if use_ssl not in ("0", "1"):
         raise SetupError(f"IMAP_SSL 只能是 1(SSL 直连,默认)或 0(明文),现在是 {use_ssl!r}")
@@ -304,6 +337,11 @@ def imap_settings() -> ImapSettings:
     return ImapSettings(config.get("IMAP_HOST"), port, config.get("IMAP_USER"),
                         config.get("IMAP_PASSWORD"), use_ssl == "1", cafile, config.get("IMAP_MAILBOX", MAILBOX),
                         config.number("IMAP_TIMEOUT_S", IMAP_TIMEOUT_S, minimum=0.1, maximum=3600))
+
+
+def first_non_ascii(text: str) -> int:
+    """第一个非 ASCII 字符是第几个(从 1 数);全是 ASCII 时是 0。"""
+    return next((i for i, ch in enumerate(text, 1) if not ch.isascii()), 0)
 
 
 def ssl_context(cafile: str = "") -> ssl.SSLContext:
@@ -351,7 +389,7 @@ def open_mailbox(s: ImapSettings) -> imaplib.IMAP4:
     except (imaplib.IMAP4.abort, OSError) as e:
         _close(imap)
         raise MailboxError(f"登录 IMAP 服务器 {where} 时连接断了:{server_words(e)}") from e
-    except (imaplib.IMAP4.error, UnicodeEncodeError) as e:
+    except imaplib.IMAP4.error as e:
         _close(imap)
         raise MailboxError(f"IMAP 登录失败(用户 {s.user}):{server_words(e)};检查 IMAP_USER 和 IMAP_PASSWORD"
                            "(很多邮箱要填授权码,不是网页登录密码)") from e
@@ -415,7 +453,11 @@ def poll_mailbox(s: ImapSettings | None = None) -> list[Outcome]:
         for i, uid in enumerate(uids):
             source = f"UID {uid.decode()}"
             typ, fetched = imap.uid("FETCH", uid, "(BODY.PEEK[])")  # PEEK:取信不改已读状态
-            raw = _fetched_bytes(fetched) if typ == "OK" else None
+            if typ != "OK":  # 服务器拒绝交出这一封(不是断线):不标已读,下次再收,其他的照常
+                done.append(report(Outcome(source, "unreadable", "取信失败,邮件保持未读,下次再收:"
+                                                                 f"{server_words(Exception(fetched[0]))}")))
+                continue
+            raw = _fetched_bytes(fetched)
             if raw is None:
                 continue  # 这期间被别的客户端删了
             outcome = handle(raw, source)
@@ -437,9 +479,11 @@ def poll_mailbox(s: ImapSettings | None = None) -> list[Outcome]:
 
 # ---------------------------------------------------------------- 命令行
 def summary(outcomes: list[Outcome]) -> str:
-    n = {k: sum(o.kind == k for o in outcomes) for k in ("ticket", "duplicate", "skip", "broken", "failed")}
-    return (f"本次收取 {len(outcomes)} 封:新工单 {n['ticket']},重复 {n['duplicate']},跳过 {n['skip']},"
+    n = {k: sum(o.kind == k for o in outcomes)
+         for k in ("ticket", "duplicate", "skip", "broken", "failed", "unreadable")}
+    line = (f"本次收取 {len(outcomes)} 封:新工单 {n['ticket']},重复 {n['duplicate']},跳过 {n['skip']},"
             f"无法解析 {n['broken']},存储失败 {n['failed']}")
+    return (line + f",读取失败 {n['unreadable']}") if n["unreadable"] else line  # 少见,没有时不占地方
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -468,7 +512,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{store.unavailable(e)},这一轮一封都没有处理,稍后再跑", file=sys.stderr)
         return EXIT_SOME_FAILED
     print(summary(outcomes), flush=True)
-    return EXIT_SOME_FAILED if any(o.kind in ("broken", "failed") for o in outcomes) else EXIT_OK
+    return EXIT_SOME_FAILED if any(o.problem for o in outcomes) else EXIT_OK
 
 
 if __name__ == "__main__":

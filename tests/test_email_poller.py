@@ -187,6 +187,21 @@ def test_broken_mail_is_reported_with_its_reason_flagged_for_a_human_and_others_
     assert [e[0] for e in rows(EVENTS)] == ["<t1@example.com>"]
 
 
+def test_a_mail_without_a_sender_address_is_reported_with_the_phone_number_in_its_from_masked(imap_env, imap_server):
+    """From 头里没有地址、只有名字和手机号:原因里带的 From 头先打码再打到 stderr(原来手机号原样进了 cron 的日志)。
+    这封信和别的坏信一样标已读加星标留给人看,其他邮件照常。"""
+    imap_server.append(mail("<nofrom@example.com>", "张伟 13812345678", "发票", "发票开错了。"), ZHANG)
+    r = run(["email_poller.py"], imap_env)
+    assert r.returncode == 1
+    assert r.stderr == "无法解析:找不到发件人地址(From: '张伟 138****5678')  UID 101\n"
+    assert "13812345678" not in r.stderr + r.stdout
+    assert r.stdout.splitlines() == [f"{ticket_of('<t1@example.com>')}  UID 102",
+                                     "本次收取 2 封:新工单 1,重复 0,跳过 0,无法解析 1,存储失败 0"]
+    assert imap_server.flags() == {101: {"\\Seen", "\\Flagged"}, 102: {"\\Seen"}}
+    assert [e[0] for e in rows(EVENTS)] == ["<t1@example.com>"]
+    assert [t[0] for t in biz_rows(MAIL_TICKETS)] == [ticket_of("<t1@example.com>")]
+
+
 # ---------------------------------------------------------------- 不丢邮件:存储失败、两个库之间崩溃
 FAIL_EVENTS = ("CREATE TRIGGER broken BEFORE INSERT ON events "
                "BEGIN SELECT RAISE(ABORT, '磁盘写满了(测试制造的故障)'); END")
@@ -305,10 +320,32 @@ def test_offline_storage_failure_says_to_rerun_and_the_rerun_heals(lab, tmp_path
     r = run(["email_poller.py", "--eml", str(tmp_path)], lab)
     assert (r.returncode, r.stderr) == (1, "存储失败,修好后重跑这条命令,已经存好的会显示 duplicate:"
                                            f"IntegrityError: 磁盘写满了(测试制造的故障)  {tmp_path}/a.eml\n")
+    assert r.stdout == "本次收取 1 封:新工单 0,重复 0,跳过 0,无法解析 0,存储失败 1\n"
+    t1 = ticket_of("<t1@example.com>")
+    assert ([t[0] for t in biz_rows(MAIL_TICKETS)], rows(EVENTS)) == ([t1], [])  # 业务库里的那一半,没有事件
     sql_on(store.events_db(), "DROP TRIGGER broken")
     again = run(["email_poller.py", "--eml", str(tmp_path)], lab)
-    assert (again.returncode, again.stdout.splitlines()[0]) == (0, f"{ticket_of('<t1@example.com>')}  {tmp_path}/a.eml")
+    assert (again.returncode, again.stdout.splitlines()[0]) == (0, f"{t1}  {tmp_path}/a.eml")
+    assert (again.stderr, again.stdout.splitlines()[1]) == ("", "本次收取 1 封:新工单 1,重复 0,跳过 0,无法解析 0,存储失败 0")
     assert len(rows(EVENTS)) == 1 and len(biz_rows(MAIL_TICKETS)) == 1
+    assert [t[0] for t in biz_rows(MAIL_TICKETS)] == [t1]  # 工单号不变,补上的事件指向它
+    assert store.ticket_of(rows(EVENTS)[0][3]) == t1
+
+
+def test_an_eml_file_that_cannot_be_read_is_one_line_and_the_other_files_are_still_stored(lab, tmp_path):
+    """文件在,但读不了(这里用 /proc/self/mem:谁读都是 EIO,root 也一样):原来前面的文件存好之后整个崩掉,
+    后面的不处理、只有一段 Traceback。现在说是哪个文件、为什么,其余照常,退出码 1。"""
+    (tmp_path / "a.eml").write_bytes(ZHANG)
+    (tmp_path / "b.eml").write_bytes(LI)
+    a, b = f"{tmp_path}/a.eml", f"{tmp_path}/b.eml"
+    r = run(["email_poller.py", "--eml", a, "/proc/self/mem", b], lab)
+    assert r.returncode == 1
+    assert r.stderr == "读不了这个文件,修好后重跑这条命令:Input/output error  /proc/self/mem\n"
+    t1, t3 = ticket_of("<t1@example.com>"), ticket_of("<t3@example.com>")
+    assert r.stdout.splitlines() == [f"{t1}  {a}", f"{t3}  {b}",
+                                     "本次收取 3 封:新工单 2,重复 0,跳过 0,无法解析 0,存储失败 0,读取失败 1"]
+    assert [t[0] for t in biz_rows(MAIL_TICKETS)] == sorted([t1, t3])
+    assert [e[0] for e in rows(EVENTS)] == ["<t1@example.com>", "<t3@example.com>"]
 
 
 def test_process_killed_after_storing_but_before_marking_seen_gives_duplicate_next_run(lab, imap_env, imap_server):
@@ -441,6 +478,26 @@ def test_bad_settings_are_named_and_nothing_is_stored(imap_env, imap_server, cha
     r = run(["email_poller.py"], {**imap_env, **change})
     assert (r.returncode, r.stdout) == (2, "")
     assert r.stderr == message + "\n"
+    nothing_stored(imap_server, [101])
+
+
+@pytest.mark.parametrize("change, message", [
+    # 授权码是从网页上复制的,带进了一个全角字符:不打印授权码,也不打印那个字符
+    ({"IMAP_PASSWORD": "imap－app-code-7788"}, "IMAP_PASSWORD 里有非 ASCII 的字符(第 5 个),IMAP 登录只认 ASCII:"
+                                              "多半是复制授权码时带进了全角字符或中文"),
+    ({"IMAP_PASSWORD": "imap-app-code-７788"}, "IMAP_PASSWORD 里有非 ASCII 的字符(第 15 个),IMAP 登录只认 ASCII:"
+                                               "多半是复制授权码时带进了全角字符或中文"),  # 全角的 7
+    ({"IMAP_USER": "kefu＠cloudledger.test"}, "IMAP_USER 里有非 ASCII 的字符(第 5 个 '＠'):'kefu＠cloudledger.test',"
+                                              "IMAP 登录只认 ASCII:多半是复制邮箱地址时带进了全角字符或中文"),
+])
+def test_a_non_ascii_imap_user_or_password_is_a_setting_error_that_never_shows_the_password(imap_env, imap_server,
+                                                                                            change, message):
+    """原来登录时 imaplib 抛 UnicodeEncodeError,只打出一句「…:ascii;…」、退出码 3,像是邮箱那头的问题。"""
+    imap_server.append(ZHANG)
+    r = run(["email_poller.py"], {**imap_env, **change})
+    assert (r.returncode, r.stdout, r.stderr) == (2, "", message + "\n")
+    if password := change.get("IMAP_PASSWORD"):
+        assert not any(ch in r.stderr for ch in password if not ch.isascii()) and "7788" not in r.stderr
     nothing_stored(imap_server, [101])
 
 
@@ -689,6 +746,12 @@ def test_mail_without_a_sender_address_cannot_be_parsed():
         email_poller.parse("From: =?utf-8?B?5a6i5pyN57O757uf?=\nSubject: x\n\nbody\n".encode())
 
 
+def test_the_from_header_in_a_missing_sender_reason_is_masked():
+    with pytest.raises(email_poller.BrokenMail) as e:
+        email_poller.parse("From: 张伟 13812345678 身份证 110101199003071234\nSubject: x\n\nbody\n".encode())
+    assert str(e.value) == "找不到发件人地址(From: '张伟 138****5678 身份证 110101********1234')"
+
+
 def test_body_is_cut_at_2000_characters():
     parsed = email_poller.parse(mail("<long@x>", "zhang.wei@example.com", "长信", "很" * 5000))
     assert parsed["body"] == "很" * 2000
@@ -791,6 +854,38 @@ def test_a_command_the_server_refuses_is_one_clear_line_and_no_mail_is_lost(imap
     assert (again.returncode, again.stderr) == (0, "")
     assert again.stdout.splitlines()[0] == ("duplicate  UID 101" if stored else f"{ticket}  UID 101")
     assert imap_server.unseen() == [] and len(rows(EVENTS)) == len(biz_rows(MAIL_TICKETS)) == 1
+
+
+def test_a_mail_the_server_refuses_to_hand_over_stays_unseen_and_the_other_mails_go_on(imap_env, imap_server,
+                                                                                       monkeypatch, capsys):
+    """服务器对某一封的 UID FETCH 回 NO(不是断线):原来悄悄跳过,退出码 0、「本次收取 0 封」,像是没有新信。
+    现在说是哪一封、服务器怎么说,这封保持未读,其他照常;汇总多一项「读取失败」,退出码 1。下次运行补上。"""
+    imap_server.append(ZHANG, LI)
+    for k, v in imap_env.items():
+        monkeypatch.setenv(k, v)
+    real_uid = imaplib.IMAP4.uid
+
+    def uid(self, command, *args):
+        if command == "FETCH" and args[0] in (b"101", "101"):
+            return "NO", [b"[UNAVAILABLE] try again later"]
+        return real_uid(self, command, *args)
+
+    monkeypatch.setattr(imaplib.IMAP4, "uid", uid)
+    assert email_poller.main([]) == 1
+    t1, t3 = ticket_of("<t1@example.com>"), ticket_of("<t3@example.com>")
+    assert capsys.readouterr() == (
+        f"{t3}  UID 102\n本次收取 2 封:新工单 1,重复 0,跳过 0,无法解析 0,存储失败 0,读取失败 1\n",
+        "取信失败,邮件保持未读,下次再收:[UNAVAILABLE] try again later  UID 101\n")
+    assert imap_server.unseen() == [101]
+    assert ([t[0] for t in biz_rows(MAIL_TICKETS)], [e[0] for e in rows(EVENTS)]) == ([t3], ["<t3@example.com>"])
+
+    monkeypatch.setattr(imaplib.IMAP4, "uid", real_uid)  # 服务器恢复了:下次运行补上
+    again = run(["email_poller.py"], imap_env)
+    assert (again.returncode, again.stderr) == (0, "")
+    assert again.stdout == f"{t1}  UID 101\n本次收取 1 封:新工单 1,重复 0,跳过 0,无法解析 0,存储失败 0\n"
+    assert imap_server.unseen() == []
+    assert [t[0] for t in biz_rows(MAIL_TICKETS)] == sorted([t1, t3])
+    assert [e[0] for e in rows(EVENTS)] == ["<t1@example.com>", "<t3@example.com>"]
 
 
 def test_a_host_name_that_does_not_resolve_is_one_clear_line(imap_env):
