@@ -138,8 +138,8 @@ def child(args) -> int:
     lock = attach(w, agent, timers, args.checkpointer)
     out = sys.stdout
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-        worker.handle(w.graph, {"event_id": f"warmup-{args.warmup}", "kind": "ticket.created",
-                                "payload": json.dumps({"data": {"ticket_id": args.warmup}})})
+        worker.handle(w.graph, {"event_id": f"warmup-{args.warmup}", "kind": "ticket.created", "attempts": 1,
+                                "last_error": None, "payload": json.dumps({"data": {"ticket_id": args.warmup}})})
     print("READY", file=out, flush=True)
     for line in sys.stdin:
         command = json.loads(line)
