@@ -34,16 +34,19 @@ def usage(problem: str) -> int:
     return 2
 
 
+def status_of(snap) -> str:
+    """按 checkpoint,事件该是什么状态:停在收件箱 / 做完了 / 跑到一半停了(交回 worker 从停下的节点续跑)。"""
+    if snap.interrupts:
+        return "waiting_human"
+    if snap.values.get("outcome") in FINISHED:
+        return "ignored" if snap.values["outcome"] == "ignored" else "done"
+    return "pending"
+
+
 def reconcile(graph, ev: dict) -> str | None:
     """事件状态和 checkpoint 对不上时(上次收件箱命令做到一半崩了),按 checkpoint 改正事件状态。
     返回改成的状态;对得上就返回 None。"""
-    snap = graph.get_state(thread_of(ev["ticket_id"]))
-    if snap.interrupts:
-        status = "waiting_human"
-    elif snap.values.get("outcome") in FINISHED:
-        status = "ignored" if snap.values["outcome"] == "ignored" else "done"
-    else:
-        status = "pending"  # 跑到一半停了:交回 worker 从停下的节点续跑
+    status = status_of(graph.get_state(thread_of(ev["ticket_id"])))
     if status == ev["status"]:
         return None
     guard = {"owner": ev["claimed_by"]} if ev["status"] == "processing" else {"expect": ev["status"]}
@@ -121,8 +124,15 @@ def act(graph, command: str, ticket_id: str, text: str) -> None:
     except store.unavailable_errors():
         raise  # 数据库用不了:这时也改不了事件状态,交给 main() 说一行;下次运行 tidy() 按 checkpoint 更正
     except Exception as e:
-        status = "waiting_human" if graph.get_state(cfg).interrupts else "pending"
-        store.set_status(ev["event_id"], status, describe(e), owner=store.worker_id())
+        snap = graph.get_state(cfg)
+        status = status_of(snap)
+        finished = status in ("done", "ignored")
+        store.set_status(ev["event_id"], status, None if finished else describe(e), owner=store.worker_id())
+        if finished:
+            # 节点都走完了(回复已进发件箱 / ignore 已记下),报错的是途中某一次 checkpoint 写入:照实说结果
+            print(f"(途中出过错:{describe(e)};这张工单已经处理完了)", file=sys.stderr)
+            print(ticket_id, "→", snap.values["outcome"])
+            return
         where = "仍在收件箱里" if status == "waiting_human" else "已交回 worker 续跑"
         raise Refused(f"{ticket_id} 处理失败({describe(e)}),{where}") from e
     if "__interrupt__" in result:

@@ -192,6 +192,22 @@ def test_a_decision_the_checkpoint_store_cannot_save_leaves_the_item_in_the_inbo
     assert rows("SELECT ticket_id FROM outbox") == [("T1012",)]
 
 
+def test_an_accept_that_finished_although_one_checkpoint_write_failed_says_sent_not_handed_back(lab):
+    """只有 writes 表写不进去(review 那一步的结果),下一个 checkpoint 照样写下了:图其实走完了,回复进了发件箱。
+    原来说「处理失败,已交回 worker 续跑」、事件改成 pending;现在按 checkpoint 说 sent,事件是 done,只有一行回复。"""
+    queue("T1012")
+    conn = sqlite3.connect(store.checkpoints_db())
+    conn.execute("CREATE TRIGGER broken BEFORE INSERT ON writes BEGIN SELECT RAISE(ABORT, '磁盘写满了(测试制造的故障)'); END")
+    conn.commit()
+    conn.close()
+    r = inbox(lab, "accept", "T1012")
+    assert (r.returncode, r.stdout) == (0, "T1012 → sent\n")
+    assert r.stderr == "(途中出过错:IntegrityError: 磁盘写满了(测试制造的故障);这张工单已经处理完了)\n"
+    assert rows("SELECT status, last_error FROM events") == [("done", None)]
+    assert rows("SELECT ticket_id FROM outbox") == [("T1012",)]
+    assert drain() == []  # worker 没有要续跑的
+
+
 def test_respond_with_a_model_slower_than_the_deadline_returns_the_terminal_with_the_feedback_kept(lab):
     queue("T1012")
     with OpenAIStub(delay=30) as stub:  # 没有整体时限的话,人要在终端前等 30 秒
