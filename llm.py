@@ -19,6 +19,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
+from urllib.parse import urlsplit
 
 import openai
 from langchain_core.language_models.chat_models import BaseChatModel
@@ -76,16 +77,33 @@ def llm_settings() -> tuple:
         raise SystemExit(f"配置错误:LLM_EXTRA_BODY 不是合法 JSON:{extra_body}") from None
     if not isinstance(parsed, dict):  # 它的键要并进请求体:[1]、"x" 这种合法 JSON 也不行
         raise SystemExit(f"配置错误:LLM_EXTRA_BODY 应该是 JSON 对象({{…}}):{extra_body}")
+    api_key, base_url = config.get("LLM_API_KEY"), config.url("LLM_BASE_URL", DEFAULT_BASE_URL)
+    fallback_model = config.get("LLM_FALLBACK_MODEL")
+    fallback_url = config.url("LLM_FALLBACK_BASE_URL") or base_url
+    fallback_key = config.get("LLM_FALLBACK_API_KEY")
+    if api_key and fallback_model and not fallback_key:
+        if _origin(fallback_url) != _origin(base_url):
+            # 主服务的 key 不能发给另一家:泄露了不说,对方回 401,错误信息还会让人去查一个没问题的 LLM_API_KEY
+            raise SystemExit(f"配置错误:LLM_FALLBACK_BASE_URL={fallback_url!r} 和 LLM_BASE_URL 不是同一个服务,"
+                             "要另设 LLM_FALLBACK_API_KEY(不会把 LLM_API_KEY 发给别的服务)")
+        fallback_key = api_key  # 同一个服务的另一个模型:用同一个 key
     return (
-        config.get("LLM_API_KEY"),
+        api_key,
         config.get("LLM_MODEL", DEFAULT_MODEL),
-        config.url("LLM_BASE_URL", DEFAULT_BASE_URL),
+        base_url,
         extra_body,
-        config.get("LLM_FALLBACK_MODEL"),
-        config.url("LLM_FALLBACK_BASE_URL"),
+        fallback_model,
+        fallback_url,
+        fallback_key,
         config.number("LLM_TIMEOUT_S", LLM_TIMEOUT_S, minimum=0.1, maximum=3600),
         config.integer("LLM_MAX_RETRIES", LLM_MAX_RETRIES, minimum=0, maximum=10),
     )
+
+
+def _origin(url: str) -> tuple:
+    """网址里决定「是哪个服务」的部分:协议、主机、端口(路径不算,/v1 和没有 /v1 是同一个服务)。"""
+    parts = urlsplit(url)
+    return parts.scheme, parts.hostname, parts.port or {"http": 80, "https": 443}[parts.scheme]
 
 
 def deadline_s() -> float:
@@ -150,25 +168,51 @@ def get_llm(temperature: float = 0):
 
 
 @lru_cache(maxsize=8)
-def _build(temperature, api_key, model, base_url, extra_body, fallback_model, fallback_base_url, timeout, retries):
+def _build(temperature, api_key, model, base_url, extra_body, fallback_model, fallback_url, fallback_key, timeout,
+           retries):
     if not api_key:
         _announce_offline()
         return OfflineChatModel()
     extra = json.loads(extra_body)  # llm_settings() 检查过了
     from langchain_openai import ChatOpenAI
 
-    def chat(name: str, url: str):
+    def chat(cls, name: str, url: str, key: str):
         # 自己给 HTTP 客户端(openai 的默认设置),只为挂上 _within_deadline
         client = openai.DefaultHttpxClient(event_hooks={"request": [_within_deadline]})
-        return ChatOpenAI(model=name, base_url=url, api_key=api_key, temperature=temperature,
-                          extra_body=extra, timeout=timeout, max_retries=retries, http_client=client)
+        return cls(model=name, base_url=url, api_key=key, temperature=temperature,
+                   extra_body=extra, timeout=timeout, max_retries=retries, http_client=client)
 
-    primary = chat(model, base_url)
+    primary = chat(ChatOpenAI, model, base_url, api_key)
     if not fallback_model:
         return primary
-    # 主模型遇到暂时性错误(重试也没救回来)时切备用模型;参数错误、鉴权错误不切,切了也一样错
-    return primary.with_fallbacks([chat(fallback_model, fallback_base_url or base_url)],
-                                  exceptions_to_handle=TRANSIENT_ERRORS)
+    # 主模型遇到暂时性错误(重试也没救回来)时切备用模型;参数错误、鉴权错误不切,切了也一样错。
+    # 备用模型自己的非暂时性错误(它的 key、模型名、地址配错了)变成 BackupFailed,也在这里接住:
+    # 这时抛出的是主模型的暂时性错误,事件照常退避,不会因为备用模型配错了就进死信
+    backup = chat(_backup_chat_class(ChatOpenAI), fallback_model, fallback_url, fallback_key)
+    return primary.with_fallbacks([backup], exceptions_to_handle=(*TRANSIENT_ERRORS, BackupFailed))
+
+
+class BackupFailed(Exception):
+    """备用模型出了不是暂时性的错误。只在 with_fallbacks 里面用,不会传到 worker。"""
+
+
+@lru_cache(maxsize=1)
+def _backup_chat_class(chat_openai: type) -> type:
+    """备用模型用的 ChatOpenAI 子类(langchain_openai 要到用真模型时才导入,所以子类也在这时才建)。"""
+
+    class BackupChatOpenAI(chat_openai):
+        def _generate(self, *args, **kwargs):
+            try:
+                return super()._generate(*args, **kwargs)
+            except TRANSIENT_ERRORS:
+                raise
+            except openai.APIStatusError as e:
+                print(mask_pii(f"[llm] 备用模型 {self.model_name} 出错,不是暂时性的:{type(e).__name__}: {e}"
+                               "(检查 LLM_FALLBACK_MODEL、LLM_FALLBACK_BASE_URL、LLM_FALLBACK_API_KEY);"
+                               "这次按主模型的错误处理"), file=sys.stderr, flush=True)
+                raise BackupFailed(str(e)) from e
+
+    return BackupChatOpenAI
 
 
 @lru_cache(maxsize=1)

@@ -20,6 +20,7 @@ os.environ["AMBIENT_NO_DOTENV"] = "1"  # 不读开发者本机的 .env,免得真
 
 # 子进程里不该带过去的设置:真模型的 key、真数据库
 FOREIGN_ENV = ("LLM_API_KEY", "LLM_BASE_URL", "LLM_MODEL", "LLM_FALLBACK_MODEL", "LLM_FALLBACK_BASE_URL",
+               "LLM_FALLBACK_API_KEY",
                "DATABASE_URL", "EVENTS_DB", "CHECKPOINTS_DB", "BIZ_DB", "WEBHOOK_SECRET", "PG_POOL_SIZE",
                "WORKER_CONCURRENCY")
 OK, NOT_OK = "✓", "✗"

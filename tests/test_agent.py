@@ -181,6 +181,46 @@ def test_primary_and_fallback_both_failing_is_a_readable_transient_error(lab, mo
                                           "(备用模型 backup-model 也没有成功,稍后自动再试)")
 
 
+def sent_key(request: dict) -> str:
+    return {k.lower(): v for k, v in request["headers"].items()}["authorization"]
+
+
+def test_a_misconfigured_backup_model_leaves_a_primary_outage_transient_instead_of_dead(lab, monkeypatch, capsys):
+    """主模型 503、备用模型名写错(404):原来抛的是备用模型的 404,事件直接进死信,提示还让人去查 LLM_MODEL。"""
+    with OpenAIStub() as stub:
+        real_model(monkeypatch, stub, LLM_FALLBACK_MODEL="backup-typo")
+        stub.fail["stub-model"] = (503, "overloaded")
+        stub.fail["backup-typo"] = (404, "model_not_found")
+        assert queue_and_run("T1041") == [("evt_T1041_created", "pending")]
+        assert [r["model"] for r in stub.requests] == ["stub-model", "backup-typo"]
+    assert rows("SELECT status, attempts, last_error FROM events") == [(
+        "pending", 1, "OpenAIAPIError: Error code: 503 - stub says overloaded(备用模型 backup-typo 也没有成功,稍后自动再试)")]
+    assert capsys.readouterr().err == (
+        "[llm] 备用模型 backup-typo 出错,不是暂时性的:OpenAIModelNotFoundError: Error code: 404 - stub says model_not_found"
+        "(检查 LLM_FALLBACK_MODEL、LLM_FALLBACK_BASE_URL、LLM_FALLBACK_API_KEY);这次按主模型的错误处理\n")
+    assert rows("SELECT COUNT(*) FROM llm_usage") == [(0,)]
+
+
+def test_a_backup_on_another_service_gets_its_own_key_and_one_on_the_same_service_shares_the_primary_key(
+        lab, monkeypatch):
+    with OpenAIStub() as primary, OpenAIStub() as other:
+        real_model(monkeypatch, primary, LLM_FALLBACK_MODEL="backup-model", LLM_FALLBACK_BASE_URL=other.base_url,
+                   LLM_FALLBACK_API_KEY="sk-backup")
+        primary.fail["stub-model"] = (503, "overloaded")
+        assert queue_and_run("T1012") == [("evt_T1012_created", "waiting_human")]
+        assert [(r["model"], sent_key(r)) for r in primary.requests] == [("stub-model", "Bearer sk-test")]
+        assert [(r["model"], sent_key(r)) for r in other.requests] == [("backup-model", "Bearer sk-backup")]
+
+        primary.requests.clear()
+        monkeypatch.delenv("LLM_FALLBACK_BASE_URL")
+        monkeypatch.delenv("LLM_FALLBACK_API_KEY")
+        assert queue_and_run("T1041") == [("evt_T1041_created", "waiting_human")]
+        assert [(r["model"], sent_key(r)) for r in primary.requests] == [("stub-model", "Bearer sk-test"),
+                                                                         ("backup-model", "Bearer sk-test")]
+    assert rows("SELECT ticket_id, model FROM llm_usage ORDER BY ticket_id") == [("T1012", "backup-model"),
+                                                                                 ("T1041", "backup-model")]
+
+
 def test_the_graph_itself_refuses_a_redraft_past_the_cap(lab, monkeypatch):
     """收件箱先拦;绕过收件箱直接恢复 thread,图自己也不接受(review 节点按 allow_respond 检查)。"""
     from langgraph.types import Command

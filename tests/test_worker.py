@@ -666,6 +666,19 @@ def test_a_bad_setting_stops_the_worker_before_it_claims_anything(lab, setting, 
     assert events() == [("evt_T1012_created", "pending", 0)]
 
 
+def test_a_backup_model_on_another_service_without_its_own_key_stops_the_worker_before_it_claims_anything(lab):
+    """不设 LLM_FALLBACK_API_KEY 时备用模型用主模型的 key;备用模型在另一个服务上时,那就是把 key 发给了别人。"""
+    add("T1012")
+    env = {**lab, "LLM_API_KEY": "sk-primary", "LLM_BASE_URL": "https://api.deepseek.com",
+           "LLM_FALLBACK_MODEL": "backup", "LLM_FALLBACK_BASE_URL": "https://backup.example.com/v1"}
+    r = run(["worker.py", "--once"], env)
+    assert (r.returncode, r.stdout) == (1, "")
+    assert r.stderr == ("配置错误:LLM_FALLBACK_BASE_URL='https://backup.example.com/v1' 和 LLM_BASE_URL 不是同一个服务,"
+                        "要另设 LLM_FALLBACK_API_KEY(不会把 LLM_API_KEY 发给别的服务)\n")
+    assert "sk-primary" not in r.stderr
+    assert events() == [("evt_T1012_created", "pending", 0)]
+
+
 @pytest.mark.parametrize("setting, value, message", [
     ("PG_IDLE_CHECK_S", "-1", "配置错误:PG_IDLE_CHECK_S='-1' 不能小于 0"),
     ("PG_POOL_SIZE", "0", "配置错误:PG_POOL_SIZE='0' 不能小于 1"),
