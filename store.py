@@ -712,6 +712,17 @@ def events_by_status(status: str) -> list[dict]:
     return [dict(r) for r in rows]
 
 
+def dead_events_of(ticket_id: str, other_than: str) -> list[str]:
+    """这张工单除了 other_than 之外进了死信的事件 id。"""
+    with opened() as conn:
+        rows = conn.execute(
+            "SELECT event_id FROM events WHERE ticket_id = ? AND status = 'dead' AND event_id <> ? "
+            "ORDER BY received_at, event_id",
+            (ticket_id, other_than),
+        ).fetchall()
+    return [r[0] for r in rows]
+
+
 # ---------------------------------------------------------------- 发件箱和审核记录
 def record_reply(ticket_id: str, body: str, sent_by: str, review: dict) -> bool:
     """写 outbox 和 review_log,同一个事务。返回 True 表示这次真的「发」了,False 表示之前已经发过。"""

@@ -147,6 +147,45 @@ def test_request_the_model_rejects_as_invalid_is_dead_at_once_with_what_to_fix(l
     assert thread_history("T1012")[0].next == ("draft",)
 
 
+def test_a_new_event_for_a_ticket_whose_draft_is_dead_goes_dead_without_calling_the_model_again(lab, monkeypatch,
+                                                                                               capsys):
+    """MAX_ATTEMPTS 按事件算:上游每换一个 event_id 通知一次,原来都会接着失败的 draft 再调一遍模型。"""
+    with OpenAIStub() as stub:
+        use_stub(monkeypatch, stub)
+        stub.fail["stub-model"] = (400, "invalid_request_error")
+        add("T1012")
+        assert drain() == [("evt_T1012_created", "dead")]
+        add("T1012", "evt_T1012_updated", "ticket.updated")
+        assert drain() == [("evt_T1012_updated", "dead")]
+        assert len(stub.requests) == 1
+        reason = ("同一张工单的 evt_T1012_created 在死信里,这个事件不再接着跑;查清原因后运行 "
+                  "uv run python worker.py --requeue-dead evt_T1012_created evt_T1012_updated")
+        assert rows("SELECT event_id, status, attempts, last_error FROM events WHERE event_id = 'evt_T1012_updated'") == [
+            ("evt_T1012_updated", "dead", 1, f"PermanentError: {reason}")]
+        out = capsys.readouterr().out.splitlines()
+        assert out[1] == f"evt_T1012_updated 第 1 次失败 → dead: {reason}"
+
+        del stub.fail["stub-model"]  # 修好了,照提示把两个都放回来:只起草一次
+        assert worker_mod.main(["--requeue-dead", "evt_T1012_created", "evt_T1012_updated"]) == 0
+        assert sorted(drain()) == [("evt_T1012_created", "waiting_human"), ("evt_T1012_updated", "done")]
+        assert len(stub.requests) == 2
+    assert rows("SELECT COUNT(*) FROM outbox") == [(0,)]
+
+
+def test_a_new_event_for_a_ticket_that_was_missing_when_its_first_event_died_is_processed(lab):
+    """死在 load(工单当时还不存在)的不挡:续跑不调模型,工单可能已经建好了。"""
+    add("T7777")
+    assert drain() == [("evt_T7777_created", "dead")]
+    conn = store.connect(lab["BIZ_DB"])
+    try:
+        conn.execute("INSERT INTO tickets SELECT 'T7777', customer_id, subject, body, status, created_at FROM tickets "
+                     "WHERE id = 'T1012'")
+    finally:
+        conn.close()
+    add("T7777", "evt_T7777_updated", "ticket.updated")
+    assert drain() == [("evt_T7777_updated", "waiting_human")]
+
+
 def test_a_model_that_does_not_answer_in_time_is_a_transient_failure(lab, monkeypatch, capsys):
     with OpenAIStub(delay=1.0) as stub:
         use_stub(monkeypatch, stub, retries=1)
