@@ -23,21 +23,27 @@ import store  # noqa: E402
 @pytest.fixture
 def lab(tmp_path, monkeypatch):
     """一套新的事件库、checkpoint 库和业务库;返回给子进程用的环境变量。"""
-    env = {
-        "EVENTS_DB": str(tmp_path / "ambient.db"),
-        "CHECKPOINTS_DB": str(tmp_path / "checkpoints.db"),
-        "BIZ_DB": str(tmp_path / "cloudledger.db"),
-        "AMBIENT_NO_DOTENV": "1",
-    }
     monkeypatch.delenv("DATABASE_URL", raising=False)
-    for k, v in env.items():
-        monkeypatch.setenv(k, v)
-    store.init()
-    store.build_biz_db(Path(env["BIZ_DB"]))
+    env = new_lab(tmp_path, monkeypatch.setenv)
     child = {k: v for k, v in os.environ.items() if k not in ("LLM_API_KEY", "DATABASE_URL")}
     yield {**child, **env}
     # 每个测试一套新库:留着的连接不关,几百个测试下来打开的文件描述符会超过 1024,select() 就用不了了
     store.close_connections()
+
+
+def new_lab(folder: Path, setenv) -> dict:
+    """在 folder 里建好三个 SQLite 库,用 setenv 指过去;返回这几个环境变量。"""
+    env = {
+        "EVENTS_DB": str(folder / "ambient.db"),
+        "CHECKPOINTS_DB": str(folder / "checkpoints.db"),
+        "BIZ_DB": str(folder / "cloudledger.db"),
+        "AMBIENT_NO_DOTENV": "1",
+    }
+    for k, v in env.items():
+        setenv(k, v)
+    store.init()
+    store.build_biz_db(Path(env["BIZ_DB"]))
+    return env
 
 
 def run(args: list[str], env: dict, timeout: float = 120, input: str | None = None) -> subprocess.CompletedProcess:
