@@ -32,6 +32,7 @@ class OpenAIStub:
         self.requests: list[dict] = []          # 每个请求:{"model", "body", "headers", "at"}
         self.in_flight: Counter = Counter()     # 工单号 → 正在等回答、客户端还活着的请求数
         self.overlaps: list[str] = []           # 同一张工单同时有两个活着的起草请求:工单号
+        self.peak = 0                           # 最多同时有几个请求在等回答(所有工单加起来)
         self.abandoned = 0                      # 客户端在等回答时断开了(worker 被 kill -9)
         self.lock = threading.Lock()
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
@@ -80,6 +81,7 @@ class OpenAIStub:
                     if stub.in_flight[ticket]:
                         stub.overlaps.append(ticket)
                     stub.in_flight[ticket] += 1
+                    stub.peak = max(stub.peak, sum(stub.in_flight.values()))
                 try:
                     if stub.delay and self._client_left(stub.delay):
                         with stub.lock:

@@ -15,6 +15,8 @@ import store
 import worker as worker_mod
 from agent import open_graph, thread_of
 
+STOP_LINE = "收到停止信号:做完手上的事件就退出(再按一次 Ctrl-C 立即退出,手上的事件交回队列)\n"
+
 
 def add_tickets(env: dict, count: int, first: int = 5000) -> list[str]:
     """业务库里再造 count 张工单(内容借种子工单的),返回工单号。"""
@@ -40,10 +42,9 @@ def accept_twice_at_once(tickets: list[str]) -> None:
     graph, conn = open_graph()
 
     def accept(ticket_id: str) -> None:
-        try:
-            graph.invoke(Command(resume={"type": "accept", "args": None}), thread_of(ticket_id))
-        except Exception:  # noqa: BLE001 —— 同一 thread 被两个线程同时恢复时后到的可能失败;判据是 outbox
-            pass
+        # 不吞异常:两次恢复都不该出错(后到的看到的要么是已经做完的 thread,要么和先到的一起跑到 send,
+        # 由 outbox 的 UNIQUE 只留一行);出了错 pool.map 会把它抛出来,测试失败
+        graph.invoke(Command(resume={"type": "accept", "args": None}), thread_of(ticket_id))
 
     try:
         with ThreadPoolExecutor(8) as pool:
@@ -80,14 +81,13 @@ def test_concurrency_inside_one_worker_drains_everything_once(any_lab, monkeypat
         queue(tickets)
         w = worker_mod.Worker(concurrency=8)
         try:
-            started = time.time()
             done = w.run_once()
-            elapsed = time.time() - started
         finally:
             w.close()
         assert sorted(done) == sorted((f"evt_{t}_created", "waiting_human") for t in tickets)
         assert len(stub.requests) == 24
-        assert elapsed < 24 * 0.3 / 2, f"8 路并发处理 24 个 0.3 秒的事件用了 {elapsed:.1f} 秒,不像是并发"
+        # 模型那边数:同时在等回答的请求最多几个。一个一个做是 1;8 路并发不会超过 8(看的不是墙钟,机器忙时也不会误判)
+        assert 4 <= stub.peak <= 8, f"8 路并发,模型那边最多同时只有 {stub.peak} 个请求"
     assert rows("SELECT COUNT(*) FROM llm_usage") == [(24,)]
 
 
@@ -103,7 +103,7 @@ def test_sigterm_lets_in_flight_events_finish_and_leaves_the_rest_pending(any_la
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
-    assert "收到停止信号:做完手上的事件就退出" in err
+    assert err == STOP_LINE
     finished = handled(out)
     assert 3 <= len(finished) < 12
     statuses = dict(rows("SELECT status, COUNT(*) FROM events GROUP BY status"))
@@ -149,9 +149,8 @@ def test_second_ctrl_c_exits_at_once_and_hands_the_event_back(any_lab):
         while not stub.requests and time.time() < deadline:
             time.sleep(0.05)
         proc.send_signal(signal.SIGINT)
-        time.sleep(0.5)
+        first = proc.stderr.readline()  # 第一次 Ctrl-C 的回答说出来了,再按第二次
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=30)
-    assert proc.returncode == 0, err
-    assert "evt_T5000_created 交回队列" in err
+    assert (proc.returncode, out, first + err) == (0, "", STOP_LINE + "evt_T5000_created 交回队列\n")
     assert rows("SELECT status, attempts, claimed_by FROM events") == [("pending", 0, None)]

@@ -391,7 +391,14 @@ def test_a_killed_workers_event_waits_until_its_last_postgres_statement_is_finis
     conn = store.connect()
     conn.execute("UPDATE events SET status = 'processing', attempts = 1, claimed_by = ?", (owner,))
     conn.close()
-    time.sleep(0.3)  # 让 pg_sleep 开始执行
+    import psycopg
+
+    with psycopg.connect(store.database_url(), autocommit=True) as watcher:  # 等到服务器真的在执行 pg_sleep
+        deadline = time.monotonic() + 30
+        while not watcher.execute("SELECT COUNT(*) FROM pg_stat_activity WHERE state = 'active' "
+                                  "AND query = 'SELECT pg_sleep(3)'").fetchone()[0]:
+            assert time.monotonic() < deadline, "pg_sleep 30 秒了还没开始"
+            time.sleep(0.02)
     child.kill()
     child.wait()  # 进程已经不在了(也不是僵尸)……
     assert store.requeue_stale(10) == 0  # ……但它的连接还在执行 pg_sleep:不放回
@@ -442,7 +449,7 @@ def test_two_worker_processes_claim_each_of_200_events_exactly_once(any_lab):
             assert time.monotonic() < deadline, "worker 进程 60 秒内没走到事件表"
             assert all(p.poll() is None for p in procs), [p.communicate() for p in procs]
             time.sleep(0.05)
-        time.sleep(0.2)  # SQLite:打开库文件之后到开始等锁,只差几条语句
+        time.sleep(1.0)  # SQLite 没有「谁在等锁」可查:打开库文件之后到开始等锁只差几条语句,留足余量
     outs = [p.communicate(timeout=120)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0]
     seen = [line.split()[0] for out in outs for line in out.splitlines()]
@@ -757,13 +764,20 @@ def test_two_claims_racing_for_one_ticket_on_postgres_give_it_to_one_worker(pg_l
 
     add("T1012", "evt_a"), add("T1012", "evt_b")
     got = {}
-    with psycopg.connect(pg_lab["DATABASE_URL"]) as other:  # 不是 autocommit:领取停在提交之前
+    with psycopg.connect(pg_lab["DATABASE_URL"]) as other, \
+            psycopg.connect(pg_lab["DATABASE_URL"], autocommit=True) as watcher:  # other 不是 autocommit:领取停在提交之前
         claimed = other.execute(store.sql("CLAIM_SQL").replace("?", "%s"),
                                 ("other-worker", store.now(), store.now())).fetchone()
         assert claimed[0] == "evt_a"
         racer = threading.Thread(target=lambda: got.update(event=store.claim("this-worker")))
         racer.start()
-        racer.join(1.0)  # 它在等 other 提交(或者,没有唯一索引时,已经领走了 evt_b)
+        # 等到它在服务器上排队等 other 的锁,再让 other 提交;没有唯一索引时它不排队,直接领走 evt_b、线程结束
+        deadline = time.time() + 30
+        while racer.is_alive() and not watcher.execute(
+                "SELECT COUNT(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND application_name = %s",
+                (store.pg_application_name(),)).fetchone()[0]:
+            assert time.time() < deadline, "后到的领取既没有在等锁,也没有结束"
+            time.sleep(0.02)
         other.commit()
     racer.join(10)
     assert got == {"event": None}
