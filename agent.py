@@ -21,7 +21,7 @@ from typing_extensions import TypedDict
 
 import config as settings
 import store
-from llm import classify, deadline, deadline_s, get_llm, llm_settings, mask_pii
+from llm import classify, deadline, deadline_s, get_llm, llm_settings, mask_pii, without_control_chars
 
 MAX_REDRAFTS = 3  # 轮(至少 0);一张工单最多让 Agent 按意见重写几次(每次都要再调一次模型,花钱也耗人的耐心)
 NOTIFY_WORDS = ("律师", "起诉", "投诉到")  # 练习 5:出现这些词不起草,只通知主管
@@ -66,7 +66,7 @@ def load(state: TicketState) -> dict:
     t = store.ticket(state["ticket_id"])
     if t is None:
         raise PermanentError(f"工单不存在:{state['ticket_id']}")
-    return {"ticket_text": mask_pii(f"{t['subject']}:{t['body']}"), "feedback": []}
+    return {"ticket_text": mask_pii(without_control_chars(f"{t['subject']}:{t['body']}")), "feedback": []}
 
 
 def needs_supervisor(text: str) -> str | None:

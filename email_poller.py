@@ -195,7 +195,9 @@ def parse(raw: bytes) -> dict:
         address = parseaddr(str(msg.get("From") or ""))[1].strip().lower()
         if "@" not in address:
             raise BrokenMail(masked(f"找不到发件人地址(From: {header_text(msg.get('From'))!r})"))
-        message_id = " ".join(str(msg.get("Message-ID") or "").split())
+        # 它就是事件 id:去掉不可打印的字符(NUL 落不了 PostgreSQL,原来这封信每次都「存储失败」、永远收不进来)
+        message_id = " ".join("".join(c for c in str(msg.get("Message-ID") or "") if c.isprintable() or c.isspace())
+                              .split())
         return {
             "message_id": message_id or derived_message_id(raw),
             "from": address,

@@ -231,6 +231,15 @@ _BANK_CARD = re.compile(r"(?<!\d)\d(?:[ -]?\d){14,18}(?!\d)")
 _MOBILE = re.compile(r"(?<![\d+])((?:\+?86[ -]?)?[1１][3-9３-９]\d)[ .-]?\d{4}[ .-]?(\d{4})(?!\d)")
 
 
+# 控制字符(换行、回车、制表符除外):模型用不上;NUL 还落不了 PostgreSQL(text 和 JSONB 都不收 \u0000),
+# 工单正文里夹着一个,checkpoint 就写不进去,事件一遍遍失败直到死信。业务库里的原文不动,只清进图、进模型的副本
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+
+
+def without_control_chars(text: str) -> str:
+    return _CONTROL.sub("", text)
+
+
 def mask_pii(text: str) -> str:
     """手机号、身份证号(18 位和 15 位)、银行卡号、邮箱地址打码。业务库里的原文不动,只改进模型和日志的副本。"""
     text = _EMAIL.sub(lambda m: m.group(0)[0] + "***@" + m.group(0).split("@", 1)[1], text)

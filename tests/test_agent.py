@@ -109,6 +109,21 @@ def test_pii_is_masked_in_the_prompt_but_not_in_the_business_db(lab, monkeypatch
     assert b"13812345678" not in blob  # checkpoint 里存的也是脱敏后的文本
 
 
+def test_control_characters_in_a_ticket_are_dropped_before_the_graph_and_kept_in_the_business_db(any_lab):
+    """PostgreSQL 的 checkpoint(JSONB)不收 \\u0000:原来这样的工单每次都写不进 checkpoint,失败三次进死信。"""
+    conn = store.connect(any_lab["BIZ_DB"])
+    conn.execute("UPDATE tickets SET body = ? WHERE id = 'T1012'", ("被扣了两次\x00款\x07,\n请退一笔。\t谢谢",))
+    conn.close()
+    assert queue_and_run("T1012") == [("evt_T1012_created", "waiting_human")]
+    graph, conn = open_graph()
+    try:
+        text = graph.get_state(thread_of("T1012")).values["ticket_text"]
+    finally:
+        conn.close()
+    assert text == store.ticket("T1012")["subject"] + ":被扣了两次款,\n请退一笔。\t谢谢"  # 换行和制表符留着
+    assert store.ticket("T1012")["body"] == "被扣了两次\x00款\x07,\n请退一笔。\t谢谢"
+
+
 @pytest.mark.parametrize("text, masked", [
     ("电话 13812345678。", "电话 138****5678。"),
     ("电话 138-1234-5678", "电话 138****5678"),

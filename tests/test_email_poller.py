@@ -664,6 +664,22 @@ def test_offline_samples_cover_charsets_encodings_html_and_missing_message_id(an
     assert len(biz_rows(MAIL_TICKETS)) == 9 and len(rows(EVENTS)) == 9
 
 
+def test_a_mail_with_nul_bytes_in_its_message_id_and_text_becomes_a_ticket_and_reaches_the_inbox(any_lab, tmp_path):
+    """Message-ID 就是事件 id:里面夹着 NUL 时,PostgreSQL 不收,这封信原来每次都「存储失败」、永远收不进来;
+    正文里的 NUL 进了 checkpoint 也一样写不进去。现在 id 去掉不可打印的字符,正文原样进业务库,进图时再清掉。"""
+    (tmp_path / "nul.eml").write_bytes(mail("<a\x00b@example.com>", "zhang.wei@example.com", "发票\x00开错了",
+                                            "发票抬头\x00写错了,麻烦重开。"))
+    r = run(["email_poller.py", "--eml", str(tmp_path)], any_lab)
+    ticket = ticket_of("<ab@example.com>")
+    assert (r.returncode, r.stderr) == (0, "")
+    assert r.stdout == (f"{ticket}  {tmp_path / 'nul.eml'}\n"
+                        "本次收取 1 封:新工单 1,重复 0,跳过 0,无法解析 0,存储失败 0\n")
+    assert [(e[0], e[4]) for e in rows(EVENTS)] == [("<ab@example.com>", "pending")]
+    assert biz_rows(MAIL_TICKETS) == [(ticket, "C001", "发票\x00开错了", "发票抬头\x00写错了,麻烦重开。", "open")]
+    worker = run(["worker.py", "--once"], any_lab)
+    assert (worker.returncode, worker.stdout) == (0, "<ab@example.com> → waiting_human\n")
+
+
 def test_missing_message_id_gives_the_same_id_from_imap_and_from_the_eml_file(imap_env, imap_server):
     """imaplib 投信时把 LF 换成 CRLF;派生 id 先统一换行符,所以同一封信两条路进来还是同一个事件。"""
     first = run(["email_poller.py", "--eml", "samples/08_no_message_id.eml"], imap_env)
