@@ -52,8 +52,11 @@ PERMANENT_ERRORS = (PermanentError, openai.BadRequestError, openai.NotFoundError
 def payload_ticket(ev: dict) -> str:
     try:
         payload = json.loads(ev["payload"])
+    except ValueError as e:
+        raise PermanentError(f"payload 不是合法的 JSON:{e}") from None
+    try:
         ticket_id = payload["data"]["ticket_id"]
-    except (ValueError, KeyError, TypeError) as e:
+    except (KeyError, TypeError, IndexError) as e:  # 缺键,或者 payload / data 不是对象(列表、字符串……)
         raise PermanentError(f"payload 格式不对,缺 data.ticket_id:{e!r}") from None
     if not isinstance(ticket_id, str) or not ticket_id:
         raise PermanentError(f"payload 格式不对,ticket_id 应该是非空字符串:{ticket_id!r}")

@@ -54,16 +54,27 @@ def test_missing_ticket_is_dead_after_one_attempt_with_reason(any_lab, capsys):
         ("dead", 1, "PermanentError: 工单不存在:T9999")]
 
 
-@pytest.mark.parametrize("data, reason", [
-    ({}, "payload 格式不对,缺 data.ticket_id:KeyError('ticket_id')"),
-    ({"ticket_id": 1012}, "payload 格式不对,ticket_id 应该是非空字符串:1012"),
-    ({"ticket_id": ""}, "payload 格式不对,ticket_id 应该是非空字符串:''"),
+@pytest.mark.parametrize("payload, reason", [
+    ({"id": "evt_bad", "data": {}}, "payload 格式不对,缺 data.ticket_id:KeyError('ticket_id')"),
+    ({"id": "evt_bad", "data": {"ticket_id": 1012}}, "payload 格式不对,ticket_id 应该是非空字符串:1012"),
+    ({"id": "evt_bad", "data": {"ticket_id": ""}}, "payload 格式不对,ticket_id 应该是非空字符串:''"),
+    ({"id": "evt_bad", "data": ["T1012"]},
+     "payload 格式不对,缺 data.ticket_id:TypeError('list indices must be integers or slices, not str')"),
+    (["T1012"], "payload 格式不对,缺 data.ticket_id:TypeError('list indices must be integers or slices, not str')"),
+    ("{not json", "payload 不是合法的 JSON:Expecting property name enclosed in double quotes: line 1 column 2 (char 1)"),
 ])
-def test_malformed_payload_is_dead_at_once(lab, capsys, data, reason):
-    store.add_event("evt_bad", "webhook", "ticket.created", json.dumps({"id": "evt_bad", "data": data}))
+def test_malformed_payload_is_dead_at_once_without_touching_the_graph(lab, capsys, payload, reason):
+    """邮件轮询和定时任务自己写 payload;事件表也可能被人手改。不管坏成什么样,一次就进死信,说清楚哪里不对。"""
+    store.add_event("evt_bad", "webhook", "ticket.created", payload if isinstance(payload, str) else json.dumps(payload))
     assert drain() == [("evt_bad", "dead")]
     assert rows("SELECT status, attempts, last_error FROM events") == [("dead", 1, f"PermanentError: {reason}")]
     assert capsys.readouterr().out == f"evt_bad 第 1 次失败 → dead: {reason}\n"
+    assert rows("SELECT COUNT(*) FROM llm_usage") == [(0,)]
+    graph, conn = open_graph()
+    try:
+        assert list(graph.checkpointer.list(None)) == []  # 没有哪张工单的 thread 被建出来
+    finally:
+        conn.close()
     assert rows("SELECT COUNT(*) FROM outbox") == [(0,)]
 
 
