@@ -162,6 +162,8 @@ def test_worker_drafts_an_apologising_follow_up_for_stale_tickets(lab):
     (["scan", "--limit", "0"], {}, 2, "error: --limit 至少是 1"),
     (["scan", "--limit", "many"], {}, 2, "error: argument --limit: invalid int value: 'many'"),
     ([], {}, 2, "error: the following arguments are required: {scan,report}"),
+    (["bogus"], {}, 2, "error: argument {scan,report}: invalid choice: 'bogus' (choose from 'scan', 'report')"),
+    (["scan", "--bogus"], {}, 2, "error: unrecognized arguments: --bogus"),
     (["scan"], {"STALE_DAYS": "abc"}, 2, "配置错误:STALE_DAYS='abc' 不是数字"),
     (["scan"], {"STALE_DAYS": "-3"}, 2, "配置错误:STALE_DAYS='-3' 不能小于 0"),
     (["scan"], {"STALE_DAYS": "nan"}, 2, "配置错误:STALE_DAYS='nan' 不是数字"),

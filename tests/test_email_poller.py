@@ -187,6 +187,21 @@ def test_broken_mail_is_reported_with_its_reason_flagged_for_a_human_and_others_
     assert [e[0] for e in rows(EVENTS)] == ["<t1@example.com>"]
 
 
+def test_a_mail_the_email_library_chokes_on_is_reported_with_the_library_error_and_flagged(imap_env, imap_server):
+    """email 库自己抛异常的邮件(这里是 charset 里夹着 NUL 字节,codecs 查编码时抛 ValueError;模糊测试里碰到过):
+    和别的坏信一样一行原因、标已读加星标,其他邮件照常,退出码 1。"""
+    choking = mail("<nul@example.com>", "zhang.wei@example.com", "发票", "发票开错了。").replace(
+        b"charset=utf-8", b'charset="utf\x008"')
+    imap_server.append(choking, ZHANG)
+    r = run(["email_poller.py"], imap_env)
+    assert (r.returncode, r.stderr) == (1, "无法解析:ValueError: embedded null character  UID 101\n")
+    assert r.stdout.splitlines() == [f"{ticket_of('<t1@example.com>')}  UID 102",
+                                     "本次收取 2 封:新工单 1,重复 0,跳过 0,无法解析 1,存储失败 0"]
+    assert imap_server.flags() == {101: {"\\Seen", "\\Flagged"}, 102: {"\\Seen"}}
+    assert [e[0] for e in rows(EVENTS)] == ["<t1@example.com>"]
+    assert [t[0] for t in biz_rows(MAIL_TICKETS)] == [ticket_of("<t1@example.com>")]
+
+
 def test_a_mail_without_a_sender_address_is_reported_with_the_phone_number_in_its_from_masked(imap_env, imap_server):
     """From 头里没有地址、只有名字和手机号:原因里带的 From 头先打码再打到 stderr(原来手机号原样进了 cron 的日志)。
     这封信和别的坏信一样标已读加星标留给人看,其他邮件照常。"""

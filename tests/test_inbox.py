@@ -8,6 +8,7 @@ import pytest
 from conftest import LAB, cut_at, die_at, die_before_checkpoint, drain, free_port, rows, run, write_locked
 from openai_stub import OpenAIStub
 
+import inbox as inbox_mod
 import store
 from agent import open_graph, send, thread_of
 
@@ -115,9 +116,12 @@ def test_notify_item_only_allows_ignore(lab):
     assert listing[2] == "        只能 ignore(看过即可)"
     for command, text in (("accept", None), ("edit", "随便回一句"), ("respond", "写个回复")):
         r = inbox(lab, command, "T1010", *([text] if text else []))
-        assert r.returncode == 1
+        assert (r.returncode, r.stdout) == (1, "")
         assert r.stderr == f"T1010 是通知类待办,Agent 没有起草回复,不能 {command};只能 ignore(看过即可)\n"
-    assert rows("SELECT status FROM events") == [("waiting_human",)]
+    assert rows("SELECT status, claimed_by FROM events") == [("waiting_human", None)]
+    assert state("T1010").get("feedback") == []  # 被拒的 respond 没有留下意见
+    assert rows("SELECT COUNT(*) FROM review_log") == [(0,)]
+    assert rows("SELECT COUNT(*) FROM llm_usage") == [(0,)]
     assert inbox(lab, "ignore", "T1010").stdout == "T1010 → ignored\n"
     assert rows("SELECT COUNT(*) FROM outbox") == [(0,)]
 
@@ -130,13 +134,15 @@ def test_notify_item_only_allows_ignore(lab):
     (["respond", "T1012", "   "], "respond 需要第三个参数:给 Agent 的意见(不能为空)"),
     (["respond", "T1012", "语气", "软一点"], "respond 的参数太多了;文字里有空格时请用引号括起来"),
     (["list", "extra"], "list 不带参数"),
+    (["accept", "T1012", "好的"], "accept 的参数太多了;文字里有空格时请用引号括起来"),
+    (["reject", "T1012", "不回"], "reject 的参数太多了;文字里有空格时请用引号括起来"),
 ])
 def test_bad_command_line_prints_usage_and_exits_2_and_changes_nothing(lab, args, message):
     queue("T1012")
     r = inbox(lab, *args)
-    assert r.returncode == 2 and r.stdout == ""
-    assert r.stderr.startswith(message + "\n用法:")
-    assert "uv run python inbox.py respond T1012" in r.stderr
+    assert (r.returncode, r.stdout, r.stderr) == (2, "", f"{message}\n用法:{inbox_mod.USAGE}\n")
+    assert "uv run python inbox.py respond T1012" in inbox_mod.USAGE
+    assert rows("SELECT COUNT(*) FROM outbox") == [(0,)]
     assert rows("SELECT status FROM events") == [("waiting_human",)]
     assert state("T1012").get("feedback") == []
 
@@ -226,11 +232,15 @@ def test_respond_with_a_model_slower_than_the_deadline_returns_the_terminal_with
 def test_unknown_or_finished_ticket_is_not_in_the_inbox(lab):
     queue("T1012")
     r = inbox(lab, "accept", "T4040")
-    assert (r.returncode, r.stderr) == (1, "T4040 不在收件箱里(已经处理过,或者还没轮到 worker)\n")
-    assert inbox(lab, "accept", "T1012").returncode == 0
+    assert (r.returncode, r.stdout, r.stderr) == (1, "", "T4040 不在收件箱里(已经处理过,或者还没轮到 worker)\n")
+    assert rows("SELECT event_id, status, claimed_by FROM events") == [("evt_T1012_created", "waiting_human", None)]
+    assert (inbox(lab, "accept", "T1012").returncode, rows("SELECT COUNT(*) FROM outbox")) == (0, [(1,)])
+    sent = rows("SELECT * FROM outbox")
     again = inbox(lab, "edit", "T1012", "再发一次")
-    assert (again.returncode, again.stderr) == (1, "T1012 不在收件箱里(已经处理过,或者还没轮到 worker)\n")
-    assert rows("SELECT COUNT(*) FROM outbox") == [(1,)]
+    assert (again.returncode, again.stdout, again.stderr) == (1, "", "T1012 不在收件箱里(已经处理过,或者还没轮到 worker)\n")
+    assert rows("SELECT * FROM outbox") == sent  # 发出去的那一行没被改成「再发一次」
+    assert rows("SELECT event_id, status FROM events") == [("evt_T1012_created", "done")]
+    assert rows("SELECT COUNT(*) FROM review_log") == [(1,)]
 
 
 def test_send_run_twice_leaves_one_outbox_row(any_lab):
@@ -460,8 +470,6 @@ def test_an_item_taken_by_another_inbox_command_in_between_is_refused_and_not_to
     """list 看到了、正要拿走时被另一个收件箱命令抢先拿走:说清楚,退出码 1,不动别人手里的事件。
     两个进程真的同时跑时谁先谁后不确定(见 test_two_inbox_commands_on_one_ticket_at_once_send_one_reply),
     这里在本进程里把「别人先拿走」放在确定的时刻。"""
-    import inbox as inbox_mod
-
     queue("T1012")
     real_take = store.take_for_review
 

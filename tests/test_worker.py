@@ -8,7 +8,7 @@ import sys
 import time
 
 import pytest
-from conftest import LAB, cut_connections, die_before_checkpoint, drain, rows, run, write_locked
+from conftest import LAB, cut_at, cut_connections, die_before_checkpoint, drain, rows, run, write_locked
 from openai_stub import OpenAIStub
 
 import store
@@ -935,6 +935,21 @@ def test_worker_once_with_cut_connections_says_so_in_one_line_exits_1_and_the_ne
     assert events() == [("evt_T1012_created", "pending", 0)]
     assert worker_mod.main(["--once"]) == 0
     assert capsys.readouterr().out == "evt_T1012_created → waiting_human\n"
+    assert events() == [("evt_T1012_created", "waiting_human", 1)]
+
+
+def test_worker_once_losing_the_database_after_it_claimed_an_event_hands_it_back_and_the_next_run_finishes_it(pg_lab):
+    """--once 领到事件、正在跑图时数据库断了(写第一个 checkpoint 时):一行说明、退出码 1,事件交回队列
+    (不算一次失败,不用等 STALE_MINUTES);下一次运行照常处理。"""
+    add("T1012")
+    r = cut_at({**pg_lab, "PG_IDLE_CHECK_S": "86400"}, "put:1", "worker.py", "--once")
+    assert (r.returncode, r.stdout) == (1, "")
+    assert said_besides_offline_model(r.stderr) == [
+        "数据库暂时用不了(AdminShutdown: terminating connection due to administrator command),这一轮停下,下次再跑",
+        "evt_T1012_created 交回队列"]
+    assert rows("SELECT status, attempts, claimed_by, last_error FROM events") == [("pending", 0, None, None)]
+    again = run(["worker.py", "--once"], pg_lab)
+    assert (again.returncode, again.stdout) == (0, "evt_T1012_created → waiting_human\n")
     assert events() == [("evt_T1012_created", "waiting_human", 1)]
 
 
