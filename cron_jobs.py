@@ -74,13 +74,14 @@ def scan(limit: int = SCAN_LIMIT) -> dict:
         if store.add_event(event_id, "cron", "ticket.stale", json.dumps(payload)):
             enqueued.append(ticket_id)
     print(f"超过 {stale_days} 天还开着的工单 {len(old)} 张,其中没回复过的 {len(unreplied)} 张,本次入队 {len(enqueued)} 个")
-    held = [(len(busy), "已在队列或收件箱里", ""), (len(ignored), "客服选了不回", ""),
+    already = [t for t in todo[:limit] if t not in enqueued]  # 同一天重跑:事件 id 带日期,今天这批已经入过队了
+    held = [(len(already), "今天已经入过队", ""), (len(busy), "已在队列或收件箱里", ""), (len(ignored), "客服选了不回", ""),
             (len(dead), "在死信里", "(查清原因后 uv run python worker.py --requeue-dead)"),
             (len(todo[limit:]), f"超出 --limit {limit}", "")]
     if any(n for n, *_ in held):
         print("没有入队的:" + ",".join(f"{why} {n} 张{note}" for n, why, note in held if n))
-    return {"old": len(old), "unreplied": len(unreplied), "enqueued": enqueued, "busy": busy, "ignored": ignored,
-            "dead": dead, "over_limit": todo[limit:]}
+    return {"old": len(old), "unreplied": len(unreplied), "enqueued": enqueued, "already": already, "busy": busy,
+            "ignored": ignored, "dead": dead, "over_limit": todo[limit:]}
 
 
 # ---------------------------------------------------------------- report
