@@ -258,7 +258,7 @@ def test_mail_stays_unseen_when_storing_the_ticket_fails_and_nothing_is_half_sto
     imap_server.append(ZHANG, LI)
     sql_on(store.biz_db(), FAIL_TICKETS)
     r = run(["email_poller.py"], imap_env)
-    assert r.returncode == 1
+    assert (r.returncode, r.stdout) == (1, "本次收取 2 封:新工单 0,重复 0,跳过 0,无法解析 0,存储失败 2\n")
     assert r.stderr.splitlines() == [
         "存储失败,邮件保持未读,下次再收:IntegrityError: 磁盘写满了(测试制造的故障)  UID 101",
         "存储失败,邮件保持未读,下次再收:IntegrityError: 磁盘写满了(测试制造的故障)  UID 102"]
@@ -266,9 +266,10 @@ def test_mail_stays_unseen_when_storing_the_ticket_fails_and_nothing_is_half_sto
 
     sql_on(store.biz_db(), "DROP TRIGGER broken")
     r = run(["email_poller.py"], imap_env)
-    assert r.returncode == 0
-    assert r.stdout.splitlines()[:2] == [f"{ticket_of('<t1@example.com>')}  UID 101",
-                                         f"{ticket_of('<t3@example.com>')}  UID 102"]
+    assert (r.returncode, r.stderr) == (0, "")
+    assert r.stdout.splitlines() == [f"{ticket_of('<t1@example.com>')}  UID 101",
+                                     f"{ticket_of('<t3@example.com>')}  UID 102",
+                                     "本次收取 2 封:新工单 2,重复 0,跳过 0,无法解析 0,存储失败 0"]
     assert imap_server.unseen() == [] and len(rows(EVENTS)) == 2
 
 
@@ -370,7 +371,8 @@ def test_process_killed_after_storing_but_before_marking_seen_gives_duplicate_ne
     assert email_poller.handle(raw, "UID 101").kind == "ticket"  # 模拟:存好了,还没来得及 STORE \Seen
     assert imap_server.unseen() == [101]
     r = run(["email_poller.py"], imap_env)
-    assert r.stdout.splitlines()[0] == "duplicate  UID 101"
+    assert (r.returncode, r.stdout, r.stderr) == (
+        0, "duplicate  UID 101\n本次收取 1 封:新工单 0,重复 1,跳过 0,无法解析 0,存储失败 0\n", "")
     assert imap_server.unseen() == [] and len(rows(EVENTS)) == 1 and len(biz_rows(MAIL_TICKETS)) == 1
 
 
@@ -675,7 +677,10 @@ def test_offline_samples_cover_charsets_encodings_html_and_missing_message_id(an
     assert [e[0] for e in rows(EVENTS)] == sorted(sample_id(n) for n in EXPECTED_SAMPLES)
 
     again = run(["email_poller.py", "--eml", "samples"], any_lab)
-    assert again.stdout.splitlines()[:8] == [f"duplicate  samples/{n}" for n in list(EXPECTED_SAMPLES)[:8]]
+    assert (again.returncode, again.stderr) == (1, r.stderr)  # 坏信每次都报
+    assert again.stdout.splitlines() == [f"duplicate  samples/{n}" for n in list(EXPECTED_SAMPLES)[:8]] + [
+        "skip: 不是已知客户  samples/09_unknown_sender.eml", "duplicate  samples/11_complaint.eml",
+        "本次收取 11 封:新工单 0,重复 9,跳过 1,无法解析 1,存储失败 0"]
     assert len(biz_rows(MAIL_TICKETS)) == 9 and len(rows(EVENTS)) == 9
 
 
@@ -698,11 +703,14 @@ def test_a_mail_with_nul_bytes_in_its_message_id_and_text_becomes_a_ticket_and_r
 def test_missing_message_id_gives_the_same_id_from_imap_and_from_the_eml_file(imap_env, imap_server):
     """imaplib 投信时把 LF 换成 CRLF;派生 id 先统一换行符,所以同一封信两条路进来还是同一个事件。"""
     first = run(["email_poller.py", "--eml", "samples/08_no_message_id.eml"], imap_env)
-    assert first.stdout.splitlines()[0] == f"{ticket_of(sample_id('08_no_message_id.eml'))}  samples/08_no_message_id.eml"
+    assert (first.returncode, first.stdout, first.stderr) == (
+        0, f"{ticket_of(sample_id('08_no_message_id.eml'))}  samples/08_no_message_id.eml\n"
+           "本次收取 1 封:新工单 1,重复 0,跳过 0,无法解析 0,存储失败 0\n", "")
     imap_server.append(sample("08_no_message_id.eml"))
     r = run(["email_poller.py"], imap_env)
-    assert r.stdout.splitlines()[0] == "duplicate  UID 101"
-    assert len(rows(EVENTS)) == 1
+    assert (r.returncode, r.stdout, r.stderr) == (
+        0, "duplicate  UID 101\n本次收取 1 封:新工单 0,重复 1,跳过 0,无法解析 0,存储失败 0\n", "")
+    assert len(rows(EVENTS)) == 1 and imap_server.unseen() == []
 
 
 @pytest.mark.parametrize("args, message", [
@@ -755,12 +763,15 @@ def test_two_mails_whose_ticket_ids_collide_get_separate_tickets(lab, tmp_path):
     r = run(["email_poller.py", "--eml", str(tmp_path)], lab)
     ta, tb = ticket_of(a), ticket_of(b, 8)
     assert ta == ticket_of(b) and ta != tb
-    assert r.stdout.splitlines()[:2] == [f"{ta}  {tmp_path}/a.eml", f"{tb}  {tmp_path}/b.eml"]
+    assert (r.returncode, r.stdout, r.stderr) == (0, f"{ta}  {tmp_path}/a.eml\n{tb}  {tmp_path}/b.eml\n"
+                                                     "本次收取 2 封:新工单 2,重复 0,跳过 0,无法解析 0,存储失败 0\n", "")
     assert biz_rows(MAIL_TICKETS) == sorted([(ta, "C001", "第一封", "张伟的问题", "open"),
                                              (tb, "C002", "第二封", "李娜的问题", "open")])
     assert sorted(store.ticket_of(e[3]) for e in rows(EVENTS)) == sorted([ta, tb])
     again = run(["email_poller.py", "--eml", str(tmp_path)], lab)  # 重跑:工单号不变,都是 duplicate
-    assert again.stdout.splitlines()[:2] == [f"duplicate  {tmp_path}/a.eml", f"duplicate  {tmp_path}/b.eml"]
+    assert (again.returncode, again.stdout, again.stderr) == (
+        0, f"duplicate  {tmp_path}/a.eml\nduplicate  {tmp_path}/b.eml\n"
+           "本次收取 2 封:新工单 0,重复 2,跳过 0,无法解析 0,存储失败 0\n", "")
     assert len(biz_rows(MAIL_TICKETS)) == 2
 
 
