@@ -267,6 +267,8 @@ REPLIES = {
 }
 _AMOUNT = re.compile(r"[¥¥]\s*\d+(?:\.\d+)?|\d+(?:\.\d+)?\s*(?:元|块钱|块|RMB)")  # 草稿里不许出现退款金额
 _DIRECTIVE = ("别", "不要", "不用", "语气")  # 以这些开头的意见是给起草人的指令,不写进回复
+# 带这些词的也是指令:道歉由开头那句负责(「先道歉」不该原样出现在给客户的回复里),长短是写法
+_INSTRUCTION_WORDS = ("语气", "道歉", "抱歉", "简短", "短一点")
 
 
 def classify(text: str) -> str:
@@ -302,7 +304,7 @@ def _statement(note: str) -> str:
     kept = []
     for clause in re.split(r"[,,;;。]", note):
         clause = clause.strip()
-        if not clause or clause.startswith(_DIRECTIVE) or "语气" in clause:
+        if not clause or clause.startswith(_DIRECTIVE) or any(w in clause for w in _INSTRUCTION_WORDS):
             continue
         clause = re.sub(r"^(直接)?(告诉|跟|和)客户(说)?", "", clause).replace("这张", "您这笔扣款")
         kept.append(_AMOUNT.sub("", clause))

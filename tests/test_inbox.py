@@ -14,6 +14,14 @@ from agent import open_graph, send, thread_of
 
 T1041_FEEDBACK = "这张已确认是重复扣款,直接告诉客户退款申请已提交、原路退回,别写金额"
 T1041_EDIT = "您好,已确认 10 月 8 日的 INV-2026-0123 是重复扣款,退款申请已提交,会原路退回,到账时间以支付渠道为准。给您添麻烦了。"
+# 离线模型的草稿是确定的:list 的每一条整行比较
+T1012_ITEM = ("T1012  [invoice] 客户反映:电子发票抬头写错需要重开\n        草稿:您好,关于发票的问题,我们已记录您的开票信息,"
+              "财务同事核对后会为您重新处理,处理完成后电子发票会发送到您的预留邮箱。感谢您的耐心。\n")
+T1041_ITEM = ("T1041  [refund] 客户反映:同一笔账单被扣了两次\n        草稿:您好,关于您提到的扣款和退款问题,我们已转交财务核实扣款记录,"
+              "核实后会按原支付渠道处理,进度会在 1–3 个工作日内通过工单告知您。感谢您的耐心。\n")
+T1003_ITEM = "T1003  [other] 客户反映:谢谢小周老师的耐心帮助\n        草稿:您好,我们已经收到您的消息,相关同事会尽快查看并回复您。感谢您的耐心。\n"
+SORRY = "您好,非常抱歉给您添了麻烦。"  # 意见里要道歉时,重写的草稿这样开头
+AFTER_FEEDBACK = "到账或处理时间以实际渠道为准,给您添麻烦了。"  # 按意见重写的草稿这样结尾
 
 
 def queue(*tickets: str) -> None:
@@ -38,19 +46,15 @@ def state(ticket_id: str) -> dict:
 def test_four_decisions_end_as_in_the_lesson(any_lab):
     queue("T1012", "T1041", "T1003", "T9999")
     listing = inbox(any_lab, "list")
-    assert listing.returncode == 0
-    lines = listing.stdout.splitlines()
-    assert [ln.split()[0] for ln in lines[0::2]] == ["T1012", "T1041", "T1003"]
-    assert lines[0].startswith("T1012  [invoice] ") and lines[2].startswith("T1041  [refund] ")
-    assert all(ln.startswith("        草稿:您好,") for ln in lines[1::2])
-    t1012_draft = lines[1].removeprefix("        草稿:")
+    assert (listing.returncode, listing.stdout, listing.stderr) == (0, T1012_ITEM + T1041_ITEM + T1003_ITEM, "")
+    t1012_draft = T1012_ITEM.splitlines()[1].removeprefix("        草稿:")
 
     accept = inbox(any_lab, "accept", "T1012")
     assert (accept.returncode, accept.stdout) == (0, "T1012 → sent\n")
     respond = inbox(any_lab, "respond", "T1041", T1041_FEEDBACK)
-    assert respond.returncode == 0
-    assert respond.stdout.startswith("已按意见重写,新草稿: 您好,您这笔扣款已确认是重复扣款,退款申请已提交、原路退回。")
-    assert "金额" not in respond.stdout
+    assert (respond.returncode, respond.stdout) == (  # 照意见写,「别写金额」没有原样写进去
+        0, f"已按意见重写,新草稿: 您好,您这笔扣款已确认是重复扣款,退款申请已提交、原路退回。{AFTER_FEEDBACK}\n")
+    assert respond.stderr.startswith("[llm] 没有设置 LLM_API_KEY,使用离线模型") and respond.stderr.count("\n") == 1
     edit = inbox(any_lab, "edit", "T1041", T1041_EDIT)
     assert (edit.returncode, edit.stdout) == (0, "T1041 → sent\n")
     ignore = inbox(any_lab, "ignore", "T1003")
@@ -66,7 +70,7 @@ def test_four_decisions_end_as_in_the_lesson(any_lab):
     assert log["T1012"] == ("invoice", t1012_draft, t1012_draft, "accept", "[]")
     category, draft, final, action, feedback = log["T1041"]
     assert (category, final, action, json.loads(feedback)) == ("refund", T1041_EDIT, "edit", [T1041_FEEDBACK])
-    assert draft != final and draft.startswith("您好,关于您提到的扣款和退款问题")
+    assert draft == T1041_ITEM.splitlines()[1].removeprefix("        草稿:")  # 模型原稿是第一版,不是重写的那版
     assert log["T1003"][3:] == ("ignore", "[]") and log["T1003"][2] is None
     assert inbox(any_lab, "list").stdout == "收件箱是空的\n"
 
@@ -75,10 +79,12 @@ def test_several_respond_rounds_then_accept_sends_the_last_redraft(lab):
     queue("T1041")
     first = inbox(lab, "respond", "T1041", "语气再软一点,先道歉")
     second = inbox(lab, "respond", "T1041", "告诉客户退款申请已提交")
-    assert first.returncode == second.returncode == 0
-    assert "非常抱歉" in first.stdout
-    last = second.stdout.removeprefix("已按意见重写,新草稿: ").strip()
-    assert "退款申请已提交" in last
+    # 「先道歉」是给起草人的指令:开头道歉,不把这三个字原样写进回复;第二轮在第一轮的基础上照意见写
+    assert (first.returncode, first.stdout) == (0, f"已按意见重写,新草稿: {SORRY}关于您提到的扣款和退款问题,我们已转交财务"
+                                                   f"核实扣款记录,核实后会按原支付渠道处理,进度会在 1–3 个工作日内通过工单告知您。"
+                                                   f"{AFTER_FEEDBACK}\n")
+    last = f"{SORRY}退款申请已提交。{AFTER_FEEDBACK}"
+    assert (second.returncode, second.stdout) == (0, f"已按意见重写,新草稿: {last}\n")
     assert inbox(lab, "approve", "T1041").stdout == "T1041 → sent\n"  # LangChain v1 的叫法 approve = accept
     assert rows("SELECT body FROM outbox") == [(last,)]
     assert state("T1041")["feedback"] == ["语气再软一点,先道歉", "告诉客户退款申请已提交"]
@@ -189,7 +195,7 @@ def test_a_decision_the_checkpoint_store_cannot_save_leaves_the_item_in_the_inbo
     assert r.stderr == "T1012 处理失败(IntegrityError: 磁盘写满了(测试制造的故障)),仍在收件箱里\n"
     assert rows("SELECT status, last_error FROM events") == [("waiting_human", "IntegrityError: 磁盘写满了(测试制造的故障)")]
     assert rows("SELECT COUNT(*) FROM outbox") == [(0,)]
-    assert inbox(lab, "list").stdout.startswith("T1012  [invoice] ")
+    assert inbox(lab, "list").stdout == T1012_ITEM
     conn.executescript("DROP TRIGGER broken_writes; DROP TRIGGER broken_checkpoints;")
     conn.close()
     again = inbox(lab, "accept", "T1012")
@@ -269,7 +275,7 @@ def test_list_and_actions_reconcile_after_a_resume_that_crashed_before_the_statu
     listing = inbox(any_lab, "list")
     assert listing.returncode == 0
     assert listing.stderr == "(更正:T1012 上次处理中途中断,事件 evt_T1012_created 改为 done)\n"
-    assert listing.stdout.splitlines()[0].startswith("T1041  ")
+    assert listing.stdout == T1041_ITEM
     assert rows("SELECT event_id, status FROM events ORDER BY received_at") == [
         ("evt_T1012_created", "done"), ("evt_T1041_created", "waiting_human")]
     assert rows("SELECT COUNT(*) FROM outbox") == [(1,)]
@@ -320,7 +326,7 @@ def test_inbox_killed_before_an_ignore_is_saved_asks_again_and_the_log_shows_onl
     listing = inbox(any_lab, "list")
     assert (listing.returncode, listing.stderr) == (
         0, "(更正:T1012 上次处理中途中断,事件 evt_T1012_created 改为 waiting_human)\n")
-    assert listing.stdout.startswith("T1012  [invoice] ")
+    assert listing.stdout == T1012_ITEM
     accept = inbox(any_lab, "accept", "T1012")
     assert (accept.returncode, accept.stdout, accept.stderr) == (0, "T1012 → sent\n", "")
     assert rows("SELECT ticket_id, action, draft = final FROM review_log") == [("T1012", "accept", 1)]
@@ -354,9 +360,8 @@ def test_inbox_killed_while_redrafting_is_finished_by_the_worker_with_the_feedba
     assert drain() == [("evt_T1012_created", "waiting_human")]
     assert state("T1012")["feedback"] == ["先道歉"]
     listing = inbox(any_lab, "list")
-    assert listing.returncode == 0 and listing.stderr == ""
-    lines = listing.stdout.splitlines()
-    assert len(lines) == 2 and lines[0].startswith("T1012  [invoice] ") and "先道歉" in lines[1]
+    redraft = T1012_ITEM.replace("您好,", SORRY).replace("感谢您的耐心。", AFTER_FEEDBACK)  # 照「先道歉」重写的那版
+    assert (listing.returncode, listing.stdout, listing.stderr) == (0, redraft, "")
     # 模型调用:第一版、被杀的那次重写(回答了,结果没存下)、worker 续跑的重写
     assert rows("SELECT COUNT(*) FROM llm_usage") == [(3,)]
     graph, conn = open_graph()
