@@ -271,4 +271,6 @@ def test_stale_event_asks_for_an_apology_for_the_wait(lab):
                     json.dumps({"id": "cron:stale:T1012:2026-11-30", "type": "ticket.stale",
                                 "data": {"ticket_id": "T1012"}}))
     queue_and_run()
-    assert inbox_item("T1012")["action_request"]["args"]["reply"].startswith("您好,让您久等了,非常抱歉。")
+    assert inbox_item("T1012")["action_request"]["args"]["reply"] == (
+        "您好,让您久等了,非常抱歉。关于发票的问题,我们已记录您的开票信息,财务同事核对后会为您重新处理,"
+        "处理完成后电子发票会发送到您的预留邮箱。感谢您的耐心。")

@@ -53,7 +53,7 @@ def test_rejected_delivery_is_printed_and_exits_1(lab):
     with webhook_server({**lab, "WEBHOOK_SECRET": "server-secret"}) as (_, url):
         r = run(["send_webhook.py", "T1012"], {**lab, "WEBHOOK_URL": url + "/hooks/cloudledger",
                                                "WEBHOOK_SECRET": "client-secret"})
-    assert (r.returncode, r.stdout) == (1, "401 {'detail': 'bad signature'}\n")
+    assert (r.returncode, r.stdout, r.stderr) == (1, "401 {'detail': 'bad signature'}\n", "")
     assert rows("SELECT COUNT(*) FROM events") == [(0,)]
 
 
@@ -66,7 +66,7 @@ def test_store_builds_missing_databases_and_prints_row_counts(tmp_path):
                             f"事件库 {tmp_path / 'e.db'}:events 0 行,outbox 0 行,review_log 0 行,llm_usage 0 行\n"
                             f"业务库 {tmp_path / 'b.db'}:customers 30 行,tickets 41 行\n")
     again = run(["store.py"], env)  # 已经有了就不动,也不重建
-    assert again.stdout == first.stdout.split("\n", 1)[1]
+    assert (again.returncode, again.stdout, again.stderr) == (0, first.stdout.split("\n", 1)[1], "")
     assert rows("SELECT COUNT(*) FROM tickets WHERE status = 'open'", path=tmp_path / "b.db") == [(29,)]
 
 
@@ -99,8 +99,9 @@ def test_a_learners_own_business_database_is_left_alone(tmp_path):
         conn.executescript(store.BIZ_SCHEMA)
     env = {"EVENTS_DB": str(tmp_path / "e.db"), "BIZ_DB": str(own), "AMBIENT_NO_DOTENV": "1", "PATH": "/usr/bin:/bin"}
     r = run(["store.py"], env)
-    assert r.returncode == 0
-    assert f"业务库 {own}:customers 0 行,tickets 0 行" in r.stdout
+    assert (r.returncode, r.stderr) == (0, "")
+    assert r.stdout == (f"事件库 {tmp_path / 'e.db'}:events 0 行,outbox 0 行,review_log 0 行,llm_usage 0 行\n"
+                        f"业务库 {own}:customers 0 行,tickets 0 行\n")
 
 
 def test_store_builds_the_business_database_over_an_empty_file(tmp_path):
@@ -109,8 +110,9 @@ def test_store_builds_the_business_database_over_an_empty_file(tmp_path):
     env = {"EVENTS_DB": str(tmp_path / "e.db"), "BIZ_DB": str(biz), "AMBIENT_NO_DOTENV": "1", "PATH": "/usr/bin:/bin"}
     r = run(["store.py"], env)
     assert (r.returncode, r.stderr) == (0, "")
-    assert r.stdout.startswith(f"已新建业务库 {biz}\n")
-    assert r.stdout.endswith(f"业务库 {biz}:customers 30 行,tickets 41 行\n")
+    assert r.stdout == (f"已新建业务库 {biz}\n"
+                        f"事件库 {tmp_path / 'e.db'}:events 0 行,outbox 0 行,review_log 0 行,llm_usage 0 行\n"
+                        f"业务库 {biz}:customers 30 行,tickets 41 行\n")
 
 
 def test_store_refuses_a_business_database_without_its_tables_and_leaves_it_as_it_was(tmp_path):

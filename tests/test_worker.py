@@ -112,13 +112,13 @@ def test_wrong_api_key_backs_off_then_goes_dead_after_max_attempts_with_a_fix_hi
         finally:
             w.close()
     (status, attempts, error, not_before), = rows("SELECT status, attempts, last_error, not_before FROM events")
-    assert (status, attempts, not_before) == ("dead", 3, None)
-    assert error.startswith("OpenAIAuthenticationError: Error code: 401")  # langchain-openai 包了一层的 openai.AuthenticationError
-    assert "检查 LLM_API_KEY,修好后运行 uv run python worker.py --requeue-dead" in error
-    out = capsys.readouterr().out.splitlines()
-    assert [line.split(":")[0] for line in out] == [
-        "evt_T1012_created 第 1 次失败 → pending", "evt_T1012_created 第 2 次失败 → pending",
-        "evt_T1012_created 第 3 次失败 → dead"]
+    # OpenAIAuthenticationError 是 langchain-openai 包了一层的 openai.AuthenticationError
+    reason = ("OpenAIAuthenticationError: Error code: 401 - stub says invalid_api_key"
+              "(模型服务拒绝了 API key:检查 LLM_API_KEY,修好后运行 uv run python worker.py --requeue-dead)")
+    assert (status, attempts, not_before, error) == ("dead", 3, None, reason)
+    assert capsys.readouterr().out.splitlines() == [
+        f"evt_T1012_created 第 1 次失败 → pending: {reason}", f"evt_T1012_created 第 2 次失败 → pending: {reason}",
+        f"evt_T1012_created 第 3 次失败 → dead: {reason}"]
 
 
 @pytest.mark.parametrize("status, kind", [(500, "server_error"), (503, "overloaded"), (429, "rate_limit_exceeded")])
@@ -252,7 +252,8 @@ def test_a_permission_error_backs_off_with_a_fix_hint_instead_of_going_dead_at_o
         assert len(stub.requests) == 1  # 403 不快速重试
     (status, attempts, error, not_before), = rows("SELECT status, attempts, last_error, not_before FROM events")
     assert (status, attempts) == ("pending", 1) and not_before > store.now()
-    assert error.endswith("(模型服务拒绝访问(余额、权限或地区):处理好后运行 uv run python worker.py --requeue-dead)")
+    assert error == ("OpenAIPermissionDeniedError: Error code: 403 - stub says permission_denied"
+                     "(模型服务拒绝访问(余额、权限或地区):处理好后运行 uv run python worker.py --requeue-dead)")
 
 
 def test_another_event_for_a_ticket_already_answered_is_done_without_calling_the_model(lab, monkeypatch):
