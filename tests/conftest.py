@@ -66,6 +66,13 @@ def run(args: list[str], env: dict, timeout: float = 120, input: str | None = No
                 f"标准错误(最后是各线程当时的栈):\n{err[-20000:]}", pytrace=False)
 
 
+def refused_startup(r: subprocess.CompletedProcess, message: str) -> tuple:
+    """uvicorn 的应用启动失败时应有的 (退出码, stdout, stderr):退出码 3,日志里是那句说明,不是 traceback。"""
+    pid = r.stderr.partition("[")[2].partition("]")[0]
+    return 3, "", (f"INFO:     Started server process [{pid}]\nINFO:     Waiting for application startup.\n"
+                   f"ERROR:    {message}\nERROR:    Application startup failed. Exiting.\n")
+
+
 # 让进程在写 checkpoint 的某一刻消失,像 kill -9 一样不清理、不回滚(die_at);或者在那一刻让 PostgreSQL 服务器
 # 断掉这个进程的所有连接、然后接着往下跑,像数据库正好在这时重启(cut_at)。两种时刻:
 # "put:<step>":第 step 步的 checkpoint 要写(put)时。这时上一步各节点的结果(put_writes)已经写下了:默认的 async
