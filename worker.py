@@ -209,9 +209,14 @@ class Worker:
         if self.concurrency == 1:
             self.drain(done)
         else:
-            with ThreadPoolExecutor(self.concurrency) as pool:
+            pool = ThreadPoolExecutor(self.concurrency)
+            try:
                 for f in [pool.submit(self.drain, done) for _ in range(self.concurrency)]:
                     f.result()
+            finally:
+                # 不用 with:它在出异常时也要等所有线程做完,第二次 Ctrl-C(KeyboardInterrupt)就得等到模型都回答了才退出。
+                # 正常做完时线程都已经结束了,这里不用等;出异常时交给 main() 把手上的事件交回队列、立即退出
+                pool.shutdown(wait=False, cancel_futures=True)
         return done
 
     def run(self) -> None:
@@ -226,8 +231,13 @@ class Worker:
             if not busy:
                 self.stopping.wait(poll_seconds())
 
-    def stop(self, *_) -> None:
+    def stop(self, signum: int | None = None, _frame=None) -> None:
         if self.stopping.is_set():
+            # 再来的 SIGTERM 不改主意:发给整个进程组的 SIGTERM(systemd 停服务、kill -- -PGID),uv run 还会再转发一次,
+            # worker 收到两次,原来第二次就被当成「立即退出」。手上没有事件时也不用抢:马上就退出了(原来正在收尾时
+            # 收到第二个信号会带着 traceback 退出)
+            if signum == signal.SIGTERM or not self.in_hand:
+                return
             raise KeyboardInterrupt  # 第二次 Ctrl-C:不等了
         print("收到停止信号:做完手上的事件就退出(再按一次 Ctrl-C 立即退出,手上的事件交回队列)", file=sys.stderr, flush=True)
         self.stopping.set()
