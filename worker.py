@@ -209,14 +209,17 @@ class Worker:
         if self.concurrency == 1:
             self.drain(done)
         else:
-            pool = ThreadPoolExecutor(self.concurrency)
+            pool, interrupted = ThreadPoolExecutor(self.concurrency), False
             try:
                 for f in [pool.submit(self.drain, done) for _ in range(self.concurrency)]:
                     f.result()
+            except KeyboardInterrupt:
+                interrupted = True
+                raise
             finally:
-                # 不用 with:它在出异常时也要等所有线程做完,第二次 Ctrl-C(KeyboardInterrupt)就得等到模型都回答了才退出。
-                # 正常做完时线程都已经结束了,这里不用等;出异常时交给 main() 把手上的事件交回队列、立即退出
-                pool.shutdown(wait=False, cancel_futures=True)
+                # 和 with 一样等线程都停下(数据库出错时,交回事件之前不能还有线程在处理它),只有第二次 Ctrl-C 不等:
+                # 用 with 的话,「立即退出」要等到每个模型调用都回来;main() 随后交回手上的事件、立即退出
+                pool.shutdown(wait=not interrupted, cancel_futures=interrupted)
         return done
 
     def run(self) -> None:
