@@ -44,7 +44,7 @@ CREATE TABLE IF NOT EXISTS events (
     updated_at   {time} NOT NULL,
     not_before   {time},                    -- 练习 3:失败后退避,这个时间之前不领
     ticket_id    TEXT,                      -- 从 payload 里取出来,同一张工单不会被两个 worker 同时处理
-    claimed_by   TEXT                       -- 谁在处理:主机名:进程号,用来判断「卡住」还是「还在跑」
+    claimed_by   TEXT                       -- 谁在处理:主机名:进程号@启动时刻,用来判断「卡住」还是「还在跑」
 );
 CREATE INDEX IF NOT EXISTS events_status ON events (status, received_at);
 CREATE TABLE IF NOT EXISTS outbox (
@@ -531,8 +531,20 @@ def add_events(events: list[tuple[str, str, str, str]]) -> list[bool]:
 
 
 # ---------------------------------------------------------------- 事件:领取、改状态
-def worker_id() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}"
+def worker_id(pid: int | None = None) -> str:
+    """「主机名:进程号@启动时刻」:谁在处理这个事件(claimed_by)。带上启动时刻,进程号被别的进程重用了也认得出来
+    (容器重启后主机名不变,进程号又从头数,新 worker 常常拿到和被杀的那个一样的号)。读不到启动时刻时只有「主机名:进程号」。"""
+    pid = pid or os.getpid()
+    started = process_start(pid)
+    return f"{socket.gethostname()}:{pid}" + (f"@{started}" if started else "")
+
+
+def process_start(pid: int) -> str:
+    """进程什么时候启动的:/proc/<pid>/stat 的第 22 项(开机以来的时钟滴答数)。不是 Linux、进程已经没了时是空串。"""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[19]
+    except (OSError, IndexError):
+        return ""
 
 
 def pg_application_name(owner: str | None = None) -> str:
@@ -626,10 +638,12 @@ def _owner_state(owner: str | None, conn=None) -> str:
     """alive:本机上还活着(不算僵尸);dead:本机上已经不在了;unknown:别的机器上的,看不到,只能靠时间判断。
     PostgreSQL 时,进程死了但它的连接还在服务器上(正在执行它死前发出的最后一条语句)也算 alive:
     这时把它的事件交给别人,那条语句(比如写 checkpoint)可能在别人读完状态之后才提交,同一张工单就会被从头再跑一遍。"""
-    host, _, pid = (owner or "").rpartition(":")
+    host, _, rest = (owner or "").rpartition(":")
+    pid, _, started = rest.partition("@")
     if host != socket.gethostname() or not pid.isdigit():
         return "unknown"
-    if _process_alive(int(pid)):
+    # 进程号还在、启动时刻也对得上才算活着;对不上,这个号已经是别的进程了,领事件的那个不在了
+    if _process_alive(int(pid)) and (not started or process_start(int(pid)) == started):
         return "alive"
     if dialect() == "postgres" and _has_pg_sessions(owner, conn):
         return "alive"

@@ -128,7 +128,7 @@ def cut_connections(pid: int) -> int:
     用一个单独的连接来做:测试进程自己的连接池也可能在被断的名单里。"""
     import psycopg
 
-    name = store.pg_application_name(f"{socket.gethostname()}:{pid}")
+    name = store.pg_application_name(store.worker_id(pid))
     with psycopg.connect(PG_URL, autocommit=True) as conn:
         return conn.execute("SELECT COUNT(pg_terminate_backend(pid, 10000)) FROM pg_stat_activity "
                             "WHERE application_name = %s", (name,)).fetchone()[0]

@@ -317,22 +317,27 @@ def test_bad_worker_arguments_exit_2_with_usage_and_claim_nothing(lab, args, mes
 
 
 def test_stale_processing_event_of_a_dead_process_is_requeued_but_a_live_ones_is_not(any_lab, capsys):
-    add("T1012"), add("T1041"), add("T1003")
+    add("T1012"), add("T1041"), add("T1003"), add("T1008")
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
+    # 进程号还在,但那是后来的另一个进程(容器重启后主机名不变、进程号从头数,新 worker 拿到了同一个号):
+    # 原来看进程号活着就一直不放回,这张工单的后续事件也永远领不到
+    me, _, started = store.worker_id().partition("@")
+    reused = f"{me}@{int(started) - 100}"
     conn = store.connect()
-    conn.execute("UPDATE events SET status = 'processing', attempts = 1, claimed_by = ? WHERE ticket_id = 'T1012'",
-                 (f"{store.socket.gethostname()}:{dead.pid}",))
-    conn.execute("UPDATE events SET status = 'processing', attempts = 1, claimed_by = ? WHERE ticket_id = 'T1041'",
-                 (f"{store.socket.gethostname()}:{os.getpid()}",))
+    for ticket, owner in (("T1012", f"{store.socket.gethostname()}:{dead.pid}"), ("T1041", store.worker_id()),
+                          ("T1008", reused)):
+        conn.execute("UPDATE events SET status = 'processing', attempts = 1, claimed_by = ? WHERE ticket_id = ?",
+                     (owner, ticket))
     conn.execute("UPDATE events SET status = 'processing', attempts = 1, claimed_by = 'other-host:1', updated_at = ? "
                  "WHERE ticket_id = 'T1003'", (store.minutes_from_now(-11),))
     conn.close()
-    assert store.requeue_stale(10) == 2
+    assert store.requeue_stale(10) == 3
     assert events() == [("evt_T1012_created", "pending", 1), ("evt_T1041_created", "processing", 1),
-                        ("evt_T1003_created", "pending", 1)]
+                        ("evt_T1003_created", "pending", 1), ("evt_T1008_created", "pending", 1)]
     assert rows("SELECT event_id, last_error FROM events WHERE status = 'pending' ORDER BY event_id") == [
-        ("evt_T1003_created", store.REQUEUED_STALE), ("evt_T1012_created", store.REQUEUED_STALE)]
+        ("evt_T1003_created", store.REQUEUED_STALE), ("evt_T1008_created", store.REQUEUED_STALE),
+        ("evt_T1012_created", store.REQUEUED_STALE)]
 
 
 def test_an_event_whose_worker_died_on_its_last_attempt_goes_dead_instead_of_looping(any_lab, capsys):
@@ -399,7 +404,7 @@ def test_a_killed_workers_event_waits_until_its_last_postgres_statement_is_finis
          "conn.execute('SELECT pg_sleep(3)')"],
         cwd=LAB, env=pg_lab, text=True, stdout=subprocess.PIPE)
     assert child.stdout.readline() == "ready\n"
-    owner = f"{store.socket.gethostname()}:{child.pid}"
+    owner = store.worker_id(child.pid)
     conn = store.connect()
     conn.execute("UPDATE events SET status = 'processing', attempts = 1, claimed_by = ?", (owner,))
     conn.close()
