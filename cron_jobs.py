@@ -36,6 +36,11 @@ INBOX_ALERT_HOURS = 24           # 小时(至少 0);收件箱里有待办等了�
 # 六七百个 token(提示词 + 结构化输出),约合 0.002 元 / 千 token;换模型或服务商调价时按价目表改。
 LLM_PRICE_PER_1K_TOKENS = 0.002
 OUTCOME_KINDS = ("accept", "edit", "response", "ignore")
+# 天(1–365);日报的处理结果另算最近这么多天的 edit 率,和之前的比。只看全部历史的话,一千条旧记录能把
+# 一周里从 10% 涨到 40% 的 edit 率冲淡成 12%(课文自测 6),看不出模型、提示词或业务规则变了
+REPORT_RECENT_DAYS = 7
+# 百分点(0–100);最近的 edit 率比之前高出这么多,日报那一类后面加一句提醒
+EDIT_RISE_ALERT_POINTS = 20
 EXIT_OK, EXIT_SLACK_FAILED, EXIT_USAGE, EXIT_DB_UNAVAILABLE = 0, 1, 2, 3
 
 
@@ -87,8 +92,8 @@ def scan(limit: int = SCAN_LIMIT) -> dict:
 # ---------------------------------------------------------------- report
 def build_report(numbers: dict | None = None, moment: datetime | None = None) -> str:
     """日报全文。numbers 默认现查事件库;moment 默认现在(UTC)。"""
-    n = numbers or store.report_numbers()
     moment = moment or datetime.now(timezone.utc)
+    n = numbers or store.report_numbers(recent_since=moment - timedelta(days=recent_days()))
     by_status = {s: n["by_status"][s] for s in store.STATUSES if s in n["by_status"]}
     lines = [f"云簿后台 Agent 日报({moment.strftime('%Y-%m-%d %H:%M')} UTC)",
              f"事件状态:{by_status}",
@@ -110,6 +115,14 @@ def alert_hours() -> float:
     return config.number("INBOX_ALERT_HOURS", INBOX_ALERT_HOURS, minimum=0)
 
 
+def recent_days() -> float:
+    return config.number("REPORT_RECENT_DAYS", REPORT_RECENT_DAYS, minimum=1, maximum=365)
+
+
+def edit_rise_points() -> float:
+    return config.number("EDIT_RISE_ALERT_POINTS", EDIT_RISE_ALERT_POINTS, minimum=0, maximum=100)
+
+
 def price_per_1k_tokens() -> float:
     return config.number("LLM_PRICE_PER_1K_TOKENS", LLM_PRICE_PER_1K_TOKENS, minimum=0)
 
@@ -121,6 +134,8 @@ def slack_timeout() -> float:
 def report_settings() -> tuple[str, float]:
     """report 用的设置都读一遍,返回 (Slack 地址, 超时);不对就以 SystemExit 退出。"""
     alert_hours()
+    recent_days()
+    edit_rise_points()
     price_per_1k_tokens()
     url = config.url("SLACK_WEBHOOK_URL", secret=True)  # 路径就是密钥,错误信息里不能带全
     return url, slack_timeout() if url else 0
@@ -139,8 +154,24 @@ def outcome_lines(outcomes: list[dict]) -> list[str]:
     lines = ["处理结果(按类别):"]
     for o in outcomes:
         counts = ",".join(f"{k} {o[k]}" for k in OUTCOME_KINDS)
-        lines.append(f"  {o['category']}:{o['tickets']} 张,{counts},原样批准率 {o['accept'] / o['tickets']:.0%}")
+        lines.append(f"  {o['category']}:{o['tickets']} 张,{counts},原样批准率 {o['accept'] / o['tickets']:.0%}"
+                     + recent_note(o))
     return lines
+
+
+def recent_note(o: dict) -> str:
+    """最近 REPORT_RECENT_DAYS 天这一类的 edit 率,之前也有记录时和之前比;涨得多就提醒。"""
+    days, recent = recent_days(), o["recent_tickets"]
+    if not recent:
+        return f";近 {days:g} 天没有"
+    rate = o["recent_edit"] / recent
+    note = f";近 {days:g} 天 {recent} 张,edit 率 {rate:.0%}"
+    if before := o["tickets"] - recent:
+        before_rate = (o["edit"] - o["recent_edit"]) / before
+        note += f"(之前 {before_rate:.0%})"
+        if (rise := (rate - before_rate) * 100) >= edit_rise_points() and rise > 0:
+            note += f",涨了 {rise:.0f} 个百分点:看看模型、提示词或业务规则是不是变了"
+    return note
 
 
 def cost_line(usage: dict) -> str:

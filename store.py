@@ -889,8 +889,9 @@ def followup_blockers() -> dict[str, set]:
             "queued": {(r[0], r[1]) for r in queued}, "dead": {r[0] for r in dead}}
 
 
-def report_numbers() -> dict:
-    """日报要的数,都从事件库来:各状态事件数、收件箱里等得最久的、死信、按类别的处理结果、模型用量。"""
+def report_numbers(recent_since: datetime | None = None) -> dict:
+    """日报要的数,都从事件库来:各状态事件数、收件箱里等得最久的、死信、按类别的处理结果、模型用量。
+    处理结果另外数一份 recent_since 以来的(看 edit 率是不是突然涨了)。"""
     with opened() as conn:
         by_status = conn.execute("SELECT status, COUNT(*) FROM events GROUP BY status").fetchall()
         oldest = conn.execute(
@@ -900,27 +901,31 @@ def report_numbers() -> dict:
         dead = conn.execute(
             "SELECT event_id, last_error FROM events WHERE status = 'dead' ORDER BY updated_at, event_id"
         ).fetchall()
-        reviews = conn.execute("SELECT category, action, feedback FROM review_log ORDER BY category").fetchall()
+        reviews = conn.execute("SELECT category, action, feedback, created_at FROM review_log ORDER BY category").fetchall()
         usage = conn.execute(
             "SELECT COUNT(*) AS calls, COALESCE(SUM(input_tokens), 0) AS input_tokens, "
             "COALESCE(SUM(output_tokens), 0) AS output_tokens, "
             "COUNT(DISTINCT COALESCE(event_id, 'ticket:' || ticket_id)) AS events FROM llm_usage"
         ).fetchone()
     return {"by_status": {r[0]: int(r[1]) for r in by_status}, "oldest_waiting": dict(oldest) if oldest else None,
-            "dead": [dict(r) for r in dead], "outcomes": _outcomes_by_category(reviews),
+            "dead": [dict(r) for r in dead], "outcomes": _outcomes_by_category(reviews, recent_since),
             "usage": {k: int(usage[k]) for k in ("calls", "input_tokens", "output_tokens", "events")}}
 
 
-def _outcomes_by_category(reviews) -> list[dict]:
-    """review_log 按类别数:accept / edit / ignore 各几张,response 是 feedback 里意见的总条数(重写了几轮)。
+def _outcomes_by_category(reviews, recent_since: datetime | None) -> list[dict]:
+    """review_log 按类别数:accept / edit / ignore 各几张,response 是 feedback 里意见的总条数(重写了几轮);
+    recent_tickets / recent_edit 是 recent_since 以来的张数和 edit 数。
     在 Python 里数而不是用 SQL 的 JSON 函数:SQLite 和 PostgreSQL 的写法不一样。"""
     out: dict[str, dict] = {}
-    for category, action, feedback in reviews:
+    for category, action, feedback, created_at in reviews:
         o = out.setdefault(category, {"category": category, "tickets": 0, "accept": 0, "edit": 0, "response": 0,
-                                      "ignore": 0})
+                                      "ignore": 0, "recent_tickets": 0, "recent_edit": 0})
         o["tickets"] += 1
         if action in ("accept", "edit", "ignore"):
             o[action] += 1
+        if recent_since and parse_time(created_at) >= recent_since:
+            o["recent_tickets"] += 1
+            o["recent_edit"] += action == "edit"
         try:
             o["response"] += len(json.loads(feedback or "[]"))
         except (ValueError, TypeError):

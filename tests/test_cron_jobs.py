@@ -172,6 +172,8 @@ def test_worker_drafts_an_apologising_follow_up_for_stale_tickets(lab):
     # report 先读完它的设置:不对就什么都不打印(原来要等有待办、有用量、要发 Slack 时才发现,日报已经打印了)
     (["report"], {"INBOX_ALERT_HOURS": "abc"}, 2, "配置错误:INBOX_ALERT_HOURS='abc' 不是数字"),
     (["report"], {"LLM_PRICE_PER_1K_TOKENS": "-0.1"}, 2, "配置错误:LLM_PRICE_PER_1K_TOKENS='-0.1' 不能小于 0"),
+    (["report"], {"REPORT_RECENT_DAYS": "0"}, 2, "配置错误:REPORT_RECENT_DAYS='0' 不能小于 1"),
+    (["report"], {"EDIT_RISE_ALERT_POINTS": "lots"}, 2, "配置错误:EDIT_RISE_ALERT_POINTS='lots' 不是数字"),
     (["report"], {"SLACK_WEBHOOK_URL": "http://127.0.0.1:9/hook", "SLACK_TIMEOUT_S": "abc"}, 2,
      "配置错误:SLACK_TIMEOUT_S='abc' 不是数字"),
     # Slack 地址写错也是设置不对(原来日报打印完才发现,退出码 1,像是 Slack 那边出了错);路径是密钥,只露开头
@@ -248,8 +250,8 @@ WATCH_LIST = [
     "死信数:1",
     "死信:evt_T9999_created  PermanentError: 工单不存在:T9999",
     "处理结果(按类别):",
-    "  invoice:1 张,accept 0,edit 0,response 0,ignore 1,原样批准率 0%",
-    "  refund:3 张,accept 2,edit 1,response 3,ignore 0,原样批准率 67%",
+    "  invoice:1 张,accept 0,edit 0,response 0,ignore 1,原样批准率 0%;近 7 天 1 张,edit 率 0%",
+    "  refund:3 张,accept 2,edit 1,response 3,ignore 0,原样批准率 67%;近 7 天 3 张,edit 率 33%",
 ]
 
 
@@ -266,6 +268,32 @@ def test_report_shows_queue_depth_inbox_wait_dead_letters_outcomes_per_category_
     monkeypatch.setenv("INBOX_ALERT_HOURS", "72")
     assert cron_jobs.build_report(moment=moment).splitlines()[3] == (
         "收件箱里等得最久的:evt_T1012_created,已等 48.1 小时(收件箱共 2 条)")
+
+
+def test_report_flags_a_category_whose_edit_rate_jumped_this_week_although_its_history_hides_it(any_lab,
+                                                                                                  monkeypatch):
+    """课文自测 6:某一类 edit 率一周里从 10% 涨到 40%。全部历史合起来只是 15 张里 3 张(20%),
+    原来日报只有这个数;现在另算最近 REPORT_RECENT_DAYS 天,和之前比,涨得多就提醒。"""
+    moment = datetime(2026, 11, 30, 1, 5, tzinfo=timezone.utc)
+    old, recent = store.stamp(moment - timedelta(days=30)), store.stamp(moment - timedelta(days=2))
+    reviews = ([("refund", "edit" if i == 0 else "accept", old) for i in range(10)]
+               + [("refund", "edit" if i < 2 else "accept", recent) for i in range(5)]
+               + [("invoice", "accept", old)] * 2)
+    for i, (category, action, created_at) in enumerate(reviews):
+        execute("INSERT INTO review_log (ticket_id, category, draft, final, action, feedback, created_at) "
+                "VALUES (?, ?, '草稿', '终稿', ?, '[]', ?)", (f"T9{i:03d}", category, action, created_at))
+    outcomes = cron_jobs.build_report(moment=moment).splitlines()[5:8]
+    assert outcomes == [
+        "处理结果(按类别):",
+        "  invoice:2 张,accept 2,edit 0,response 0,ignore 0,原样批准率 100%;近 7 天没有",
+        "  refund:15 张,accept 12,edit 3,response 0,ignore 0,原样批准率 80%;近 7 天 5 张,edit 率 40%(之前 10%),"
+        "涨了 30 个百分点:看看模型、提示词或业务规则是不是变了"]
+    monkeypatch.setenv("EDIT_RISE_ALERT_POINTS", "31")  # 门槛比涨幅高:只报数,不提醒
+    assert cron_jobs.build_report(moment=moment).splitlines()[7] == (
+        "  refund:15 张,accept 12,edit 3,response 0,ignore 0,原样批准率 80%;近 7 天 5 张,edit 率 40%(之前 10%)")
+    monkeypatch.setenv("REPORT_RECENT_DAYS", "60")  # 窗口包住全部记录:没有「之前」可比
+    assert cron_jobs.build_report(moment=moment).splitlines()[7] == (
+        "  refund:15 张,accept 12,edit 3,response 0,ignore 0,原样批准率 80%;近 60 天 15 张,edit 率 20%")
 
 
 def test_report_command_prints_the_same_report(lab):
