@@ -13,6 +13,7 @@ from typing import Literal
 from langchain_core.callbacks import UsageMetadataCallbackHandler
 from langchain_core.exceptions import ModelRefusalError
 from langchain_core.runnables import RunnableConfig
+from langchain_core.runnables.config import merge_configs
 from langchain_core.utils.function_calling import convert_to_openai_tool
 from langgraph.graph import END, START, StateGraph
 from langgraph.types import interrupt
@@ -111,7 +112,8 @@ def draft(state: TicketState, config: RunnableConfig) -> dict:
     model = structured(get_llm())
     try:
         with deadline():  # 重试、备用模型加在一起也不能让这张工单一直占着处理线程
-            args = model.invoke(build_prompt(state), {"callbacks": [usage]})
+            # merge_configs:节点自己的回调(追踪)也带上;只给 {"callbacks": [usage]} 会把它们整个换掉
+            args = model.invoke(build_prompt(state), merge_configs(config, {"callbacks": [usage]}))
     except ModelRefusalError as e:  # 模型拒答:回答里是一段 refusal,没有调 Draft 工具;和格式不对一样,退避后再试
         raise ValueError(f"模型拒绝起草:{str(e).splitlines()[0] if str(e) else '(没说原因)'}") from None
     finally:
@@ -244,6 +246,9 @@ MAX_CONCURRENCY = 1
 
 
 def thread_of(ticket_id: str, event_id: str | None = None) -> dict:
-    """一张工单一个 thread。event_id 只是带给 draft 记账用,不影响 thread。"""
+    """一张工单一个 thread。event_id 只是带给 draft 记账用,不影响 thread。
+    metadata 给追踪用(课文「上线以后」:trace 的 session id 用工单号):接了 LangSmith、Langfuse 这类回调时,
+    同一张工单的起草、每一轮重写、最后发送都归在一个 session 里;没接时什么都不做。"""
     return {"configurable": {"thread_id": f"ticket-{ticket_id}", "event_id": event_id},
+            "metadata": {"session_id": ticket_id, "langfuse_session_id": ticket_id},
             "max_concurrency": MAX_CONCURRENCY}

@@ -258,6 +258,29 @@ def test_the_graph_itself_refuses_a_redraft_past_the_cap(lab, monkeypatch):
     assert rows("SELECT COUNT(*) FROM outbox") == [(0,)]
 
 
+def test_every_model_call_of_a_ticket_is_traced_under_the_ticket_id_as_session(lab):
+    """课文「上线以后」:trace 的 session id 用工单号。LangSmith、Langfuse 都是回调,读的就是这里的 metadata。"""
+    from langchain_core.callbacks import BaseCallbackHandler
+    from langgraph.types import Command
+
+    class Recorder(BaseCallbackHandler):
+        def __init__(self):
+            self.sessions = []
+
+        def on_chat_model_start(self, serialized, messages, *, metadata=None, **kwargs):
+            self.sessions.append((metadata["session_id"], metadata["langfuse_session_id"], metadata["thread_id"]))
+
+    recorder = Recorder()
+    graph, conn = open_graph()
+    try:
+        cfg = {**thread_of("T1012", "evt_T1012_created"), "callbacks": [recorder]}
+        graph.invoke({"ticket_id": "T1012", "kind": "ticket.created"}, cfg)
+        graph.invoke(Command(resume={"type": "response", "args": "先道歉"}), cfg)  # 重写一轮
+    finally:
+        conn.close()
+    assert recorder.sessions == [("T1012", "T1012", "ticket-T1012")] * 2
+
+
 def test_nothing_is_written_before_the_interrupt(lab):
     """review 节点到 interrupt 为止不写任何东西:待审时 outbox 和 review_log 都是空的。"""
     assert queue_and_run("T1012", "T1003") == [("evt_T1012_created", "waiting_human"),
