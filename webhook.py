@@ -22,6 +22,7 @@ import base64
 import hashlib
 import hmac
 import json
+import logging
 import re
 import sys
 import time
@@ -35,6 +36,8 @@ import config
 import store
 
 DEFAULT_SECRET = "dev-secret-change-me"
+DEFAULT_SECRET_WARNING = (f"没有设置 WEBHOOK_SECRET,用的是课文里公开的默认密钥 {DEFAULT_SECRET}:"
+                          "谁都能照着它伪造签名,上线前一定要设置(见 .env.example)")
 TOLERANCE_S = 300             # 秒;时间戳离现在超过这么多就当重放拒掉
 MAX_BODY_BYTES = 1024 * 1024  # 字节;正常的工单通知不到 1 KB,超过 1 MiB 的不读完就拒
 MAX_BATCH = 500               # 个;一次组提交最多写多少个事件
@@ -158,6 +161,8 @@ async def lifespan(_: FastAPI):
     check_secret()  # 密钥写错了就别启动
     store.init()  # 设置不对(DATABASE_URL、PG_POOL_SIZE、EVENTS_DB……)时以 SystemExit("配置错误:…") 之类退出
     await committer.start()
+    if not config.get("WEBHOOK_SECRET"):  # 课文和这份 README 里公开的默认密钥:照着走一遍没问题,上线就是谁都能伪造签名
+        logging.getLogger("uvicorn.error").warning(DEFAULT_SECRET_WARNING)
     yield
     await committer.stop()
 

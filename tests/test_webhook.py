@@ -269,6 +269,14 @@ def test_an_event_another_process_has_not_committed_yet_is_reported_as_a_duplica
 NOWHERE = "postgresql://postgres@127.0.0.1:1/nowhere"
 
 
+def test_the_webhook_warns_at_startup_when_it_runs_on_the_lessons_public_default_secret(lab):
+    for env, expected in ((lab, f"WARNING:  {webhook.DEFAULT_SECRET_WARNING}\n"),
+                          ({**lab, "WEBHOOK_SECRET": "not-the-default"}, "")):
+        with webhook_server(env) as (proc, _):
+            pass
+        assert proc.stderr.read().decode() == expected  # --log-level warning:没有别的行
+
+
 @pytest.mark.parametrize("settings, message", [
     ({"WEBHOOK_SECRET": "whsec_not*base64"}, "配置错误:WEBHOOK_SECRET 以 whsec_ 开头,但后面不是合法的 base64"),
     ({"WEBHOOK_SECRET": "whsec_"}, "配置错误:WEBHOOK_SECRET 是 whsec_,后面没有密钥"),  # 原来当成空密钥,谁都能签出对的签名
