@@ -58,6 +58,7 @@ class TicketState(TypedDict, total=False):
     draft: dict            # 当前草稿:category / summary / reply(通知类还有 action)
     first_draft: dict      # 模型第一版,写 review_log 用
     feedback: list[str]    # 每一轮 respond 的意见;条数就是重写次数,跨进程重启也还在
+    redraft_limit: int     # 起草这一版时的 MAX_REDRAFTS:待办允许不允许 respond 按它算,之后改设置不影响已经给人看到的待办
     decision: str          # accept / edit:最后是怎么发出去的
     outcome: str           # review 的决定 send / redraft / ignore;做完以后 sent / already_sent / ignored
 
@@ -129,7 +130,7 @@ def draft(state: TicketState, config: RunnableConfig) -> dict:
     except ValidationError as e:  # 调了 Draft 工具,但参数不合规则(类别不在列表里、少了字段……)
         problems = ";".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
         raise ValueError(f"模型没有按 Draft 格式回答:{problems}") from None
-    return {"draft": d, "first_draft": state.get("first_draft") or d}
+    return {"draft": d, "first_draft": state.get("first_draft") or d, "redraft_limit": max_redrafts()}
 
 
 def inbox_item(state: TicketState) -> dict:
@@ -145,7 +146,9 @@ def inbox_item(state: TicketState) -> dict:
     return {
         "action_request": {"action": "send_reply", "args": {"ticket_id": state["ticket_id"], "reply": d["reply"]}},
         "config": {"allow_accept": True, "allow_edit": True,
-                   "allow_respond": len(state.get("feedback", [])) < max_redrafts(),
+                   # 用起草时记下的上限,不读现在的设置:review 在人回答后重跑时算出的必须和人看到的一样,否则
+                   # 收件箱核对过的 respond 在这里被拒,LangGraph 还会把这个回答和出错的 review 一起存下,下次照旧用它
+                   "allow_respond": len(state.get("feedback", [])) < state.get("redraft_limit", max_redrafts()),
                    "allow_ignore": True},
         "description": f"[{d['category']}] {d['summary']}",
     }

@@ -113,6 +113,36 @@ def test_redraft_cap_is_refused_even_after_a_restart(any_lab):
     assert inbox(env, "accept", "T1012").stdout == "T1012 → sent\n"
 
 
+@pytest.mark.parametrize("before, after", [("3", "0"), ("0", "3")])
+def test_changing_the_redraft_cap_keeps_the_waiting_item_as_it_was_shown(lab, monkeypatch, before, after):
+    """待办给人看到时允许不允许 respond,处理时就照那个来:MAX_REDRAFTS 后来改了,只管以后起草的待办。
+    以前 review 按新的上限重算,和收件箱事先核对的不一致:respond 在图里被拒,这个回答还被 LangGraph 和出错的
+    review 绑在一起存下,下一次 respond 拿到的是这一次的旧意见。"""
+    monkeypatch.setenv("MAX_REDRAFTS", before)
+    queue("T1041")  # worker 在这个进程里起草:用的是当时的上限
+    listing = inbox({**lab, "MAX_REDRAFTS": before}, "list").stdout
+    env = {**lab, "MAX_REDRAFTS": after}
+    assert inbox(env, "list").stdout == listing  # 还是原来那条待办
+    first = inbox(env, "respond", "T1041", "先道歉")
+    if before == "0":  # 看到时就不允许 respond:拒绝,什么都没动
+        assert (first.returncode, first.stdout) == (1, "")
+        assert first.stderr == "T1041 已经按意见重写了 0 次,到上限了,不能再 respond;现在可以:accept / edit / ignore\n"
+        assert state("T1041")["feedback"] == []
+        assert rows("SELECT COUNT(*) FROM llm_usage") == [(1,)]
+    else:  # 看到时允许:照常重写;新的上限 0 从这一版起算,不能再 respond
+        assert (first.returncode, first.stderr.count("\n")) == (0, 1)
+        assert first.stdout.startswith(f"已按意见重写,新草稿: {SORRY}")
+        again = inbox(env, "respond", "T1041", "告诉客户退款申请已提交")
+        assert (again.returncode, again.stdout) == (1, "")
+        assert again.stderr == "T1041 已经按意见重写了 1 次,到上限了,不能再 respond;现在可以:accept / edit / ignore\n"
+        assert state("T1041")["feedback"] == ["先道歉"]
+        assert rows("SELECT COUNT(*) FROM llm_usage") == [(2,)]
+    assert rows("SELECT status, claimed_by FROM events") == [("waiting_human", None)]
+    edit = inbox(env, "edit", "T1041", T1041_EDIT)
+    assert (edit.returncode, edit.stdout) == (0, "T1041 → sent\n")
+    assert rows("SELECT ticket_id, body FROM outbox") == [("T1041", T1041_EDIT)]
+
+
 def test_notify_item_only_allows_ignore(lab):
     """练习 5:正文里有「投诉到」的工单(种子数据 T1010)不起草,只通知;accept/edit/respond 被拒。"""
     queue("T1010")
