@@ -6,7 +6,8 @@
     202 {'accepted': True, 'duplicate': True}      ← 同一个事件第二次到,被认出是重复投递
 
 发到 WEBHOOK_URL(默认 http://127.0.0.1:8139/hooks/cloudledger),密钥是 WEBHOOK_SECRET。
-服务没起来时说明原因,退出码 1;对方回了非 2xx 时照样打印,退出码 1;参数不对时打印用法,退出码 2。
+服务没起来时说明原因,退出码 1;对方回了非 2xx 时照样打印,退出码 1;
+参数不对(工单号是空的或以 - 开头、重复次数不是正整数)或 WEBHOOK_URL 写错时说明原因,退出码 2;--help 打印用法。
 """
 import hashlib
 import hmac
@@ -35,11 +36,20 @@ def event_body(ticket_id: str) -> bytes:
                        "data": {"ticket_id": ticket_id}}).encode()
 
 
+USAGE = "用法:uv run python send_webhook.py 工单号 [重复次数,正整数]"
+
+
 def main(argv: list[str]) -> int:
+    if argv in (["-h"], ["--help"]):
+        print(USAGE)
+        return 0
     # isascii:「²」「٣」之类也算 isdigit(),int() 却不认
     if not 1 <= len(argv) <= 2 or (len(argv) == 2 and not (argv[1].isascii() and argv[1].isdigit()
                                                            and int(argv[1]) >= 1)):
-        print("用法:uv run python send_webhook.py 工单号 [重复次数,正整数]", file=sys.stderr)
+        print(USAGE, file=sys.stderr)
+        return 2
+    if argv[0].startswith("-") or not argv[0].strip():  # 写错的选项(--halp)、空工单号:不能当工单号发出去
+        print(f"工单号不能是 {argv[0]!r}\n{USAGE}", file=sys.stderr)
         return 2
     ticket_id, times = argv[0], int(argv[1]) if len(argv) == 2 else 1
     try:

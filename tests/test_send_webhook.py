@@ -18,6 +18,24 @@ def test_bad_arguments_print_usage_and_exit_2_without_sending(lab, args):
     assert rows("SELECT COUNT(*) FROM events") == [(0,)]
 
 
+@pytest.mark.parametrize("ticket_id", ["--halp", "-T1012", "", "  "])
+def test_option_like_or_empty_ticket_id_is_refused_and_nothing_is_sent(lab, ticket_id):
+    """以前 send_webhook.py --help 把 --help 当工单号签好发出去,事件表里多了一个 evt_--help_created。"""
+    with webhook_server(lab) as (_, url):
+        r = run(["send_webhook.py", ticket_id], {**lab, "WEBHOOK_URL": url + "/hooks/cloudledger"})
+    assert (r.returncode, r.stdout) == (2, "")
+    assert r.stderr == f"工单号不能是 {ticket_id!r}\n用法:uv run python send_webhook.py 工单号 [重复次数,正整数]\n"
+    assert rows("SELECT COUNT(*) FROM events") == [(0,)]
+
+
+@pytest.mark.parametrize("flag", ["-h", "--help"])
+def test_help_prints_usage_and_sends_nothing(lab, flag):
+    with webhook_server(lab) as (_, url):
+        r = run(["send_webhook.py", flag], {**lab, "WEBHOOK_URL": url + "/hooks/cloudledger"})
+    assert (r.returncode, r.stdout, r.stderr) == (0, "用法:uv run python send_webhook.py 工单号 [重复次数,正整数]\n", "")
+    assert rows("SELECT COUNT(*) FROM events") == [(0,)]
+
+
 @pytest.mark.parametrize("url, problem", [
     ("http://[::1", "Invalid IPv6 URL"),
     ("http://127.0.0.1:http/hooks", "Port could not be cast to integer value as 'http'"),
