@@ -6,6 +6,7 @@ import hmac
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
 import types
@@ -14,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from conftest import cut_connections, refused_startup, rows, run, webhook_server
+from conftest import LAB, cut_connections, refused_startup, rows, run, webhook_server
 from fastapi.testclient import TestClient
 
 import send_webhook
@@ -429,6 +430,18 @@ def test_event_writer_answers_each_batch_and_survives_a_bad_line(lab):
         {"new": [True]}, {"new": [False]},
         {"error": "JSONDecodeError: Expecting value: line 1 column 1 (char 0)"},
         {"error": "ValueError: not enough values to unpack (expected 4, got 2)"}]
+    assert rows("SELECT event_id, ticket_id, status FROM events") == [("evt_demo", "T1012", "pending")]
+
+
+def test_event_writer_demo_command_copied_from_the_file_works(lab):
+    """学员从 event_writer.py 文件开头照抄那条 echo 命令(源文件里的样子,不是 help() 渲染后的):
+    以前 docstring 不是 raw 字符串,源文件里写的是 \\\\",抄下来喂进去只得到 JSONDecodeError。"""
+    line = next(l for l in (LAB / "event_writer.py").read_text().splitlines() if l.lstrip().startswith("echo "))
+    echo, pipe = line.strip().split(" | ")
+    assert pipe == "EVENTS_DB=/tmp/writer-demo.db uv run python event_writer.py"
+    batch = subprocess.run(["bash", "-c", echo], capture_output=True, text=True, check=True).stdout
+    r = run(["event_writer.py"], lab, input=batch + batch)  # 同一批喂两次:文件里说第二次是 false
+    assert (r.returncode, r.stdout, r.stderr) == (0, '{"new": [true]}\n{"new": [false]}\n', "")
     assert rows("SELECT event_id, ticket_id, status FROM events") == [("evt_demo", "T1012", "pending")]
 
 
