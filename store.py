@@ -1,9 +1,13 @@
 """事件表、发件箱和业务库:表结构和所有 SQL 都在这个文件里。
 
 运行:uv run python store.py
-你会看到:缺的数据库被建好,然后每个库的路径和各表行数,例如
+你会看到:缺的库被建好(事件库;业务库从 cloudledger_seed.json 建,这时多一行「已新建业务库 …」;
+checkpoint 库等 worker 第一次跑时由 LangGraph 自己建),然后每个库的路径和各表行数,例如
+    已新建业务库 /…/cloudledger.db
     事件库 /…/ambient.db:events 0 行,outbox 0 行,review_log 0 行,llm_usage 0 行
     业务库 /…/cloudledger.db:customers 30 行,tickets 41 行
+已经建好的不会重建,可以反复运行。退出码:0 好了;1 数据库暂时用不了或打不开(说明原因);
+2 BIZ_DB 指着的库不是 store.py 建的(没有动它)或者命令带了参数(它不收参数)。
 
 三种触发源(webhook、邮件、定时任务)只往 events 里写一行;worker 领事件、跑图;
 发给客户的回复写进 outbox(今天不真的发邮件,写进这张表就算发出去了)。
@@ -933,7 +937,14 @@ def _outcomes_by_category(reviews, recent_since: datetime | None) -> list[dict]:
     return list(out.values())
 
 
-def main() -> int:
+def main(args: list[str] = ()) -> int:
+    if args:  # 不收参数:--help 打印用法,别的(写错的选项、多余的词)说明一下;都不建库
+        usage = "用法:uv run python store.py(不带参数:建好缺的库,打印各表行数)"
+        if list(args) in (["-h"], ["--help"]):
+            print(usage)
+            return 0
+        print(f"store.py 不收参数:{' '.join(args)}\n{usage}", file=sys.stderr)
+        return 2
     try:
         return build_and_count()
     except unavailable_errors() as e:  # PostgreSQL 重启、连接被掐断;SQLite 被锁太久
@@ -960,4 +971,4 @@ def build_and_count() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

@@ -88,6 +88,21 @@ def test_store_builds_missing_databases_and_prints_row_counts(tmp_path):
     assert rows("SELECT COUNT(*) FROM tickets WHERE status = 'open'", path=tmp_path / "b.db") == [(29,)]
 
 
+@pytest.mark.parametrize("args, code, out, err", [
+    (["--help"], 0, "用法:uv run python store.py(不带参数:建好缺的库,打印各表行数)\n", ""),
+    (["-h"], 0, "用法:uv run python store.py(不带参数:建好缺的库,打印各表行数)\n", ""),
+    (["--reset"], 2, "", "store.py 不收参数:--reset\n用法:uv run python store.py(不带参数:建好缺的库,打印各表行数)\n"),
+    (["init", "now"], 2, "", "store.py 不收参数:init now\n用法:uv run python store.py(不带参数:建好缺的库,打印各表行数)\n"),
+])
+def test_store_with_arguments_prints_usage_and_builds_nothing(tmp_path, args, code, out, err):
+    """以前 store.py 不看参数:store.py --help 也照样建库。"""
+    env = {"EVENTS_DB": str(tmp_path / "e.db"), "CHECKPOINTS_DB": str(tmp_path / "c.db"),
+           "BIZ_DB": str(tmp_path / "b.db"), "AMBIENT_NO_DOTENV": "1", "PATH": "/usr/bin:/bin"}
+    r = run(["store.py", *args], env)
+    assert (r.returncode, r.stdout, r.stderr) == (code, out, err)
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_store_with_cut_database_connections_says_so_in_one_line_and_the_next_run_works(pg_lab, monkeypatch, capsys):
     monkeypatch.setenv("PG_IDLE_CHECK_S", "86400")  # 借连接前不查,死连接一定会被用上
     store.close_pools()
