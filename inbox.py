@@ -7,8 +7,10 @@
     uv run python inbox.py respond T1012 "语气再软一点,先道歉"   # 提意见,让 Agent 重写(会再调一次模型)
     uv run python inbox.py ignore  T1012                      # 不回(别名 reject)
 
-你会看到:list 每条待办两行(工单号 + [类别] 概括,下一行是草稿);处理后一行结果,例如 T1012 → sent。
-出错时:工单不在收件箱里、这条待办不允许这种处理、数据库暂时用不了 → 说明原因,退出码 1;命令写错 → 用法,退出码 2。
+你会看到:list 每条待办两行(工单号 + [类别] 概括,下一行是草稿;草稿有几行就缩进着接几行);重写到上限的多一行
+说明只能做什么;通知类待办下一行是工单原文,再一行「只能 ignore(看过即可)」;没有待办时一行「收件箱是空的」。
+处理后一行结果,例如 T1012 → sent;respond 之后是「已按意见重写,新草稿: …」,待办留在收件箱里。
+--help 打印用法。出错时:工单不在收件箱里、这条待办不允许这种处理、数据库暂时用不了 → 说明原因,退出码 1;命令写错 → 用法,退出码 2。
 """
 import sys
 
@@ -147,6 +149,9 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if not args:
         return usage("缺少子命令")
+    if args in (["-h"], ["--help"]):
+        print(f"用法:{USAGE}")
+        return 0
     command = ALIASES.get(args[0], args[0])
     if command != "list" and command not in ANSWER_TYPE:
         return usage(f"不认识的子命令:{args[0]}")

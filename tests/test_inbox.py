@@ -183,6 +183,14 @@ def test_bad_command_line_prints_usage_and_exits_2_and_changes_nothing(lab, args
     assert state("T1012").get("feedback") == []
 
 
+@pytest.mark.parametrize("flag", ["-h", "--help"])
+def test_help_prints_usage_and_touches_nothing(lab, flag):
+    queue("T1012")
+    r = inbox(lab, flag)
+    assert (r.returncode, r.stdout, r.stderr) == (0, f"用法:{inbox_mod.USAGE}\n", "")
+    assert rows("SELECT status, claimed_by FROM events") == [("waiting_human", None)]
+
+
 @pytest.mark.parametrize("setting, value, message", [
     ("MAX_REDRAFTS", "-1", "配置错误:MAX_REDRAFTS='-1' 不能小于 0"),
     ("LLM_EXTRA_BODY", "{oops", "配置错误:LLM_EXTRA_BODY 不是合法 JSON:{oops"),
