@@ -4,10 +4,12 @@
     uv run python bench/webhook.py            # 完整:每种 7 轮 × 3000 个请求,1 分钟左右
     uv run python bench/webhook.py --quick    # 冒烟:每种 3 轮 × 500 个请求,10 秒左右
     uv run python bench/webhook.py --parts    # 另外量两个拆开的 webhook,看比空端点多出来的 CPU 花在哪一步
+    uv run python bench/webhook.py --requests 1000 --rounds 5   # 自己定每轮请求数、轮数
 
 你会看到:日期、nproc、Python 版本,然后一张表,每行一种负载(空端点 / 新事件 / 重复投递):
 req/s 和 p50/p99 延迟(各轮的中位数)、相对空端点的比值、服务进程每个请求用的 CPU、峰值内存(VmHWM);
-最后几行 ✓/✗:比值是否 ≥ 0.80,所有回了 202 的事件在 kill -9 之后是否都在库里。退出码总是 0。
+最后几行 ✓/✗:新事件的比值是否 ≥ 0.80(重复投递的比值也对照同一目标,供参考),所有回了 202 的事件
+在 kill -9 之后是否都在库里,有没有回错的请求。退出码总是 0。
 
 预热:开始计时前两边各先发一轮(同样多的请求),这一轮存下的事件也就是「重复投递」要重发的那些。
 

@@ -6,6 +6,7 @@
                                                # 完整,SQLite 和 PostgreSQL 都测,8 分钟左右
     uv run python bench/worker.py --quick      # 冒烟:每样只量 1–2 轮、积压小一些,两种库一共 2 分钟左右
     uv run python bench/worker.py --part a     # 只量 (a) 固定开销(--part b 只量积压;--db sqlite|postgres|both)
+    uv run python bench/worker.py --part b --rounds 1   # (b) 只量 1 轮
 
 你会看到:日期、nproc、Python 版本,然后几张表:
 - (a) 模型瞬间回答(离线模型)时,领取 + 跑图到收件箱 + 改状态,每个事件多少 ms;各环节的墙钟和 CPU;
@@ -15,7 +16,7 @@
 - (b) 本机的 OpenAI 兼容服务(tests/openai_stub.py,每次回答前等 500 ms)面前堆着一批事件:
   并发 1 / 4 / 16 和 3 个进程(各并发 16)每秒处理几个事件、是并发 1 的几倍、每个 worker 进程的峰值内存。
 - SQLite 的 checkpoint 锁(SqliteSaver 一个进程一个连接、一把 threading.Lock)在并发 16 时是不是瓶颈。
-- 最后几行 ✓/✗:每个事件 ≤ 8 ms、并发 16 ≥ 12 × 并发 1。退出码总是 0。
+- 最后几行 ✓/✗:每个事件 ≤ 8 ms、并发 16 ≥ 12 × 并发 1、每一轮的事件都进了收件箱(没有失败、重复或漏掉)。退出码总是 0。
 PostgreSQL 只在设了 TEST_DATABASE_URL 或 DATABASE_URL 时测:每次运行新建一个 schema,结束时删掉。
 
 做法:每种配置起独立的 worker 子进程(就是本脚本加 --child,里面是 worker.Worker(concurrency=N).run_once()),
