@@ -15,10 +15,12 @@
 import argparse
 import contextlib
 import json
+import math
 import os
 import signal
 import sys
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import openai
@@ -32,7 +34,7 @@ from llm import describe, mask_pii
 MAX_ATTEMPTS = 3            # 次(1–20);暂时性失败最多试几次,之后进死信
 STALE_MINUTES = 10          # 分钟(0–525600);processing 超过这么久、处理它的进程也不在了,就放回队列(可以是 0 或小数)
 BACKOFF_BASE_MINUTES = 1    # 分钟(0–1440);第 n 次失败后等 BASE × 2^n 分钟再试(练习 3);测试里调小
-POLL_SECONDS = 2            # 秒(0.01–3600);常驻模式下没事件时隔多久再看
+POLL_SECONDS = 2            # 秒(0.01–3600);常驻模式下没事件时隔多久再看;一直有事件时,也隔这么久查一次卡住的事件
 CONCURRENCY = 1             # 个(1–256);一个 worker 同时处理几个事件
 MAX_CONCURRENCY = 256       # 个;每个都是一个线程,再多也只是一起等模型,内存和数据库连接先不够了
 # worker 跑图时 checkpoint 什么时候写(LangGraph 的 durability);收件箱恢复 thread 时总是用 sync(见 inbox.py)。
@@ -181,18 +183,35 @@ class Worker:
         self.owner = store.worker_id()
         self.stopping = threading.Event()
         self.in_hand: set[str] = set()
+        self.requeue_every_s = poll_seconds()
+        self._requeue_lock = threading.Lock()
+        self._requeued_at = -math.inf
         store.init()
         self.graph, self.conn = open_graph()
 
     def close(self) -> None:
         self.conn.close()
 
-    def requeue(self) -> None:
-        if n := store.requeue_stale(stale_minutes()):
-            print(f"放回队列 {n} 个卡住的事件", flush=True)
+    def requeue(self, *, unless_recent: bool = False) -> None:
+        """放回卡住的事件。unless_recent:上次查过还不到 POLL_SECONDS 就不查(处理线程每领一个事件前都来问一次;
+        几个线程同时来时只有一个去查)。只在一轮开始时查的话,一直有新事件进来,这一轮就一直不结束,
+        同一台机器上死掉的 worker 手里的事件(按说马上放回)会一直卡在 processing。"""
+        if not self._requeue_lock.acquire(blocking=not unless_recent):
+            return
+        try:
+            if unless_recent and time.monotonic() - self._requeued_at < self.requeue_every_s:
+                return
+            self._requeued_at = time.monotonic()
+            if n := store.requeue_stale(stale_minutes()):
+                say(f"放回队列 {n} 个卡住的事件")
+        finally:
+            self._requeue_lock.release()
 
     def drain(self, done: list) -> None:
-        while not self.stopping.is_set() and (ev := store.claim(self.owner)):
+        while not self.stopping.is_set():
+            self.requeue(unless_recent=True)
+            if not (ev := store.claim(self.owner)):
+                return
             self.in_hand.add(ev["event_id"])
             done.append((ev["event_id"], process(self.graph, ev, self.owner)))
             self.in_hand.discard(ev["event_id"])

@@ -340,6 +340,45 @@ def test_stale_processing_event_of_a_dead_process_is_requeued_but_a_live_ones_is
         ("evt_T1012_created", store.REQUEUED_STALE)]
 
 
+@pytest.mark.parametrize("concurrency", [1, 3])
+def test_a_local_worker_that_dies_during_a_long_round_has_its_event_requeued_in_that_round(any_lab, monkeypatch,
+                                                                                          capsys, concurrency):
+    """同一台机器上另一个 worker 在这一轮进行中死了(手里一个事件停在 processing)。原来只在一轮开始时查卡住的事件,
+    一直有新事件进来时这一轮不结束,那个事件就一直卡着;现在处理中每隔 POLL_SECONDS 也查一次,这一轮里就放回、做完。"""
+    monkeypatch.setenv("POLL_SECONDS", "0.01")
+    for ticket in ("T1012", "T1041", "T1003"):
+        add(ticket)
+    add("T1008")
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    conn = store.connect()
+    conn.execute("UPDATE events SET status = 'processing', attempts = 1, claimed_by = 'other-host:1', updated_at = ? "
+                 "WHERE ticket_id = 'T1008'", (store.now(),))  # 这一轮开始时:别的机器的、刚领的,不该放回
+    conn.close()
+    claim, claims = store.claim, []
+
+    def claim_then_the_other_worker_dies(owner=None):
+        claims.append(owner)
+        if len(claims) == 2:  # 这一轮已经开始、做完一个事件之后:T1008 的主人原来是本机的一个进程,现在死了
+            conn = store.connect()
+            conn.execute("UPDATE events SET claimed_by = ? WHERE ticket_id = 'T1008'",
+                         (f"{store.socket.gethostname()}:{dead.pid}",))
+            conn.close()
+            time.sleep(0.02)  # 超过 POLL_SECONDS
+        return claim(owner)
+
+    monkeypatch.setattr(store, "claim", claim_then_the_other_worker_dies)
+    capsys.readouterr()
+    done = drain(concurrency)
+    assert sorted(done) == [("evt_T1003_created", "waiting_human"), ("evt_T1008_created", "waiting_human"),
+                            ("evt_T1012_created", "waiting_human"), ("evt_T1041_created", "waiting_human")]
+    out = capsys.readouterr().out.splitlines()
+    assert out.count("放回队列 1 个卡住的事件") == 1 and len(out) == 5, out
+    assert out.index("放回队列 1 个卡住的事件") < out.index("evt_T1008_created → waiting_human")
+    assert events() == [("evt_T1012_created", "waiting_human", 1), ("evt_T1041_created", "waiting_human", 1),
+                        ("evt_T1003_created", "waiting_human", 1), ("evt_T1008_created", "waiting_human", 2)]
+
+
 def test_an_event_whose_worker_died_on_its_last_attempt_goes_dead_instead_of_looping(any_lab, capsys):
     """中间件笔记「调用上限不能被另一种循环绕过」:一个每次都让 worker 崩溃的事件,放回、再领、再崩……
     普通失败到 MAX_ATTEMPTS 就进死信;崩溃没机会记失败,所以领的次数超过上限、上一次又是崩掉的,就不再跑、不调模型。
