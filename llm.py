@@ -13,6 +13,7 @@ import json
 import math
 import re
 import sys
+import threading
 import time
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -215,10 +216,13 @@ def _backup_chat_class(chat_openai: type) -> type:
     return BackupChatOpenAI
 
 
-@lru_cache(maxsize=1)
+_announced = threading.Lock()  # 拿到过就不再放开:一个进程只说一次。lru_cache 挡不住:几个处理线程同时第一次起草时各说一遍
+
+
 def _announce_offline() -> None:
-    print(f"[llm] 没有设置 LLM_API_KEY,使用离线模型 {OFFLINE_MODEL}:按关键词分类、按模板起草,"
-          "不联网、不花钱。设置 LLM_API_KEY 后自动换成真模型。", file=sys.stderr)
+    if _announced.acquire(blocking=False):
+        print(f"[llm] 没有设置 LLM_API_KEY,使用离线模型 {OFFLINE_MODEL}:按关键词分类、按模板起草,"
+              "不联网、不花钱。设置 LLM_API_KEY 后自动换成真模型。", file=sys.stderr)
 
 
 # ---------------------------------------------------------------- PII 脱敏:进模型之前、写日志之前

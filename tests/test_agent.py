@@ -5,7 +5,7 @@ import re
 import pytest
 from langchain_core.utils.function_calling import convert_to_openai_tool
 
-from conftest import drain, rows
+from conftest import drain, rows, run
 from openai_stub import OpenAIStub
 
 import llm
@@ -91,6 +91,32 @@ def test_answer_not_in_draft_format_is_retried_later_and_its_tokens_still_counte
     assert (status, attempts, error) == ("pending", 1, message) and not_before
     assert rows("SELECT event_id, ticket_id, model FROM llm_usage") == [("evt_T1012_created", "T1012", "stub-model")]
     assert rows("SELECT COUNT(*) FROM outbox") == [(0,)]
+
+
+SIMULTANEOUS_FIRST_DRAFTS = """
+import builtins, threading, time
+import llm
+slow_print = builtins.print
+def print(*args, **kwargs):  # 说那一行要一点时间:几个线程同时第一次要模型时,都在说的途中
+    time.sleep(0.2)
+    slow_print(*args, **kwargs)
+builtins.print = print
+start = threading.Barrier(4)
+def first_draft():
+    start.wait()
+    llm.get_llm()
+threads = [threading.Thread(target=first_draft) for _ in range(4)]
+[t.start() for t in threads]
+[t.join() for t in threads]
+"""
+
+
+def test_the_offline_model_notice_is_said_once_even_when_threads_ask_for_the_model_at_once(lab):
+    """worker --concurrency 4 刚起来时几个处理线程同时第一次起草:原来(lru_cache)那一行会说两遍、四遍。"""
+    r = run(["-c", SIMULTANEOUS_FIRST_DRAFTS], lab)
+    assert (r.returncode, r.stdout) == (0, "")
+    assert r.stderr == ("[llm] 没有设置 LLM_API_KEY,使用离线模型 offline-cloudledger:按关键词分类、按模板起草,"
+                        "不联网、不花钱。设置 LLM_API_KEY 后自动换成真模型。\n")
 
 
 def test_pii_is_masked_in_the_prompt_but_not_in_the_business_db(lab, monkeypatch):
