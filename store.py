@@ -373,6 +373,8 @@ def open_pg_pool(url: str, durable: bool, **kwargs):
     try:  # 先自己连一次:连不上时马上说出原因。连接池只会在日志里刷屏、重试到超时,最后说一句「超时了」
         psycopg.connect(url, connect_timeout=PG_CONNECT_TIMEOUT_S).close()
     except psycopg.Error as e:
+        if isinstance(e, psycopg.OperationalError) and not refused_for_good(str(e)):
+            raise  # 服务器没开、还在启动、连接数满了、网络不通:和用着用着断了一样是「数据库暂时用不了」,各个程序照常处理
         reason = ";".join(line.strip() for line in str(e).splitlines() if line.strip()) or type(e).__name__
         raise SystemExit(f"连不上 DATABASE_URL 指的 PostgreSQL:{reason}") from None
     # connect_timeout:接上了却一直不回话的服务器,连接池的后台线程也别一直等着(连不上时关连接池要等它)
@@ -387,6 +389,20 @@ def open_pg_pool(url: str, durable: bool, **kwargs):
         raise SystemExit(f"连不上 DATABASE_URL 指的 PostgreSQL:连接池 {PG_CONNECT_TIMEOUT_S} 秒内没有连上"
                          "(单独连一次是通的:服务器太忙,或者连接数满了)") from None
     return pool
+
+
+# 服务器回了 FATAL 却不是设置的问题:等一会儿再连就好
+PG_BUSY_FATALS = ("the database system is starting up", "the database system is shutting down",
+                  "the database system is in recovery mode", "the database system is not yet accepting connections",
+                  "the database system is not accepting connections", "too many clients already",
+                  "remaining connection slots are reserved")
+
+
+def refused_for_good(error: str) -> bool:
+    """连 PostgreSQL 时的错误是不是设置的问题(库不存在、用户不存在、密码不对、pg_hba 不让连):服务器接了、回了 FATAL。
+    不是(连接被拒、超时、域名解析不了,或者服务器正忙着启动、连接数满了)就是暂时的,常驻的 worker 等着再试。
+    psycopg 连接时的错误没有 sqlstate,只能看服务器说的话(服务器的 lc_messages 不是英文时看不懂,一律算暂时的)。"""
+    return "FATAL:" in error and not any(busy in error for busy in PG_BUSY_FATALS)
 
 
 def require_psycopg() -> None:

@@ -161,7 +161,10 @@ ACCEPTED = {is_new: JSONResponse({"accepted": True, "duplicate": not is_new}).bo
 @asynccontextmanager
 async def lifespan(_: FastAPI):
     check_secret()  # 密钥写错了就别启动
-    store.init()  # 设置不对(DATABASE_URL、PG_POOL_SIZE、EVENTS_DB……)时以 SystemExit("配置错误:…") 之类退出
+    try:
+        store.init()  # 设置不对(DATABASE_URL、PG_POOL_SIZE、EVENTS_DB……)时以 SystemExit("配置错误:…") 之类退出
+    except store.unavailable_errors() as e:  # PostgreSQL 还没起来、在重启:也只说一行;收不下事件,不如不启动(上游会重试)
+        raise SystemExit(f"{store.unavailable(e)},webhook 没有启动:数据库能连上以后再启动") from None
     await committer.start()
     if not config.get("WEBHOOK_SECRET"):  # 课文和这份 README 里公开的默认密钥:照着走一遍没问题,上线就是谁都能伪造签名
         logging.getLogger("uvicorn.error").warning(DEFAULT_SECRET_WARNING)

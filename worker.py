@@ -9,7 +9,7 @@
 你会看到每个事件一行:
     evt_T1012_created → waiting_human
     evt_T9999_created 第 1 次失败 → dead: 工单不存在:T9999
-数据库暂时用不了(PostgreSQL 重启、连接被掐断)时,常驻模式在标准错误上说一行、隔 POLL_SECONDS 秒再试,不退出;
+数据库暂时用不了(PostgreSQL 重启、连接被掐断、启动时服务器还没起来)时,常驻模式在标准错误上说一行、隔 POLL_SECONDS 秒再试,不退出;
 --once 说一行、退出码 1,手上的事件交回队列。
 """
 import argparse
@@ -279,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.requeue_dead is not None:
             return requeue_dead(args.requeue_dead)
-        worker = Worker(args.concurrency)
+        worker = start(args)
         signal.signal(signal.SIGTERM, worker.stop)
         signal.signal(signal.SIGINT, worker.stop)
         worker.run_once() if args.once else worker.run()
@@ -299,6 +299,19 @@ def main(argv: list[str] | None = None) -> int:
         if worker:
             worker.close()
     return 0
+
+
+def start(args) -> Worker:
+    """建好 Worker。常驻模式下数据库一开始就用不了(开机时 worker 比 PostgreSQL 先起来、服务器在重启):
+    和运行中断了一样说一行、隔 POLL_SECONDS 再试,不退出。--once 交给 main() 说一行、退出码 1。设置不对照样马上退出。"""
+    while True:
+        try:
+            return Worker(args.concurrency)
+        except store.unavailable_errors() as e:
+            if args.once:
+                raise
+            print(f"{store.unavailable(e)},{poll_seconds():g} 秒后再试", file=sys.stderr, flush=True)
+            time.sleep(poll_seconds())
 
 
 def requeue_dead(event_ids: list[str]) -> int:

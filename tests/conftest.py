@@ -1,10 +1,12 @@
 """测试共用的东西:每个测试一套全新的临时数据库,环境变量只在这个测试里生效。"""
 import os
+import select
 import signal
 import socket
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -169,14 +171,70 @@ def rows(sql: str, args: tuple = (), path=None) -> list[tuple]:
         conn.close()
 
 
+@contextmanager
+def tcp_proxy(host: str, port: int, relay_if, then: str = "close"):
+    """127.0.0.1 上的一个 TCP 代理,挡在真的 PostgreSQL 前面。每来一个连接问一次 relay_if(计数):真就原样转过去;
+    假就 then="close":一接上就关掉(像服务器连接数满了、正在重启);then="silent":接上了、一个字也不回(像服务器卡死了)。
+    返回 (代理的端口, 计数 {"relayed": 转过去几个, "refused": 没转过去的几个})。"""
+    server = socket.create_server(("127.0.0.1", 0))
+    server.settimeout(0.1)
+    seen, stop, relays, silent = {"relayed": 0, "refused": 0}, threading.Event(), [], []
+
+    def relay(client, upstream):
+        with client, upstream:
+            try:
+                while True:
+                    for sock in select.select([client, upstream], [], [])[0]:
+                        if not (data := sock.recv(65536)):
+                            return  # 有一头关了
+                        (upstream if sock is client else client).sendall(data)
+            except OSError:
+                return
+
+    def serve():
+        while not stop.is_set():
+            try:
+                client, _ = server.accept()
+            except TimeoutError:
+                continue
+            if not relay_if(seen):
+                seen["refused"] += 1
+                silent.append(client) if then == "silent" else client.close()
+                continue
+            seen["relayed"] += 1
+            t = threading.Thread(target=relay, args=(client, socket.create_connection((host, port))),
+                                 name="proxy-relay", daemon=True)
+            t.start()
+            relays.append(t)
+
+    acceptor = threading.Thread(target=serve, name="proxy-accept", daemon=True)
+    acceptor.start()
+    try:
+        yield server.getsockname()[1], seen
+    finally:
+        stop.set()
+        acceptor.join(5)
+        server.close()
+        for client in silent:
+            client.close()
+        for t in relays:
+            t.join(5)
+
+
 PG_URL = os.environ.get("TEST_DATABASE_URL", "")
 
 
 @pytest.fixture
-def pg_lab(lab, monkeypatch):
-    """同一套实验环境,但事件库和 checkpoint 放在真的 PostgreSQL 里:每个测试一个新 schema,用完删掉。"""
+def pg_url() -> str:
+    """测试用的 PostgreSQL(TEST_DATABASE_URL);没设时跳过这个测试。"""
     if not PG_URL:
         pytest.skip("没有设置 TEST_DATABASE_URL(CI 会设成本机的 postgresql://postgres@127.0.0.1:5432/test)")
+    return PG_URL
+
+
+@pytest.fixture
+def pg_lab(lab, monkeypatch, pg_url):
+    """同一套实验环境,但事件库和 checkpoint 放在真的 PostgreSQL 里:每个测试一个新 schema,用完删掉。"""
     import uuid
 
     import psycopg

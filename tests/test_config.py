@@ -5,6 +5,7 @@ import sys
 
 import pytest
 from conftest import LAB, refused_startup, rows, run
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 import store
 
@@ -78,22 +79,50 @@ def test_the_webhook_without_the_postgres_extra_does_not_start_and_says_why(lab)
     assert rows("SELECT COUNT(*) FROM events") == [(0,)]
 
 
-@pytest.mark.parametrize("url, message", [
-    ("mysql://app@db/ledger", "配置错误:DATABASE_URL 要以 postgresql:// 开头,现在是 mysql://…"),
-    ("notaurl", 'missing "=" after "notaurl" in connection info string'),
-    ("postgresql://postgres@127.0.0.1:1/nowhere", 'connection failed: connection to server at "127.0.0.1", port 1 failed: '
-     "Connection refused;Is the server running on that host and accepting TCP/IP connections?"),
-])
-def test_a_database_url_that_cannot_be_used_stops_at_once_with_the_reason_and_claims_nothing(lab, url, message):
-    """原来每种都是等 10 秒、日志刷屏,最后一个 PoolTimeout 的 traceback,不说是哪一项、为什么。"""
-    if not message.startswith("配置错误"):
-        message = "连不上 DATABASE_URL 指的 PostgreSQL:" + message
+PROGRAMS = (["worker.py", "--once"], ["store.py"], ["cron_jobs.py", "report"], ["inbox.py", "list"],
+            ["email_poller.py", "--eml", "samples/01_utf8_plain.eml"])
+
+
+def refused_everywhere(lab: dict, url: str, expected: list[tuple[int, str]]) -> None:
+    """PROGRAMS 每个都用这个 DATABASE_URL 跑一遍:(退出码, 标准错误) 和 expected 一一对上,什么都没领、没改。"""
     store.add_event("evt_T1012_created", "webhook", "ticket.created",
                     '{"id": "evt_T1012_created", "type": "ticket.created", "data": {"ticket_id": "T1012"}}')
-    for command, code in ((["worker.py", "--once"], 1), (["store.py"], 1), (["cron_jobs.py", "report"], 2)):
+    for command, (code, message) in zip(PROGRAMS, expected, strict=True):
         r = run(command, {**lab, "DATABASE_URL": url})
         assert (r.returncode, r.stdout, r.stderr) == (code, "", message + "\n"), command
     assert rows("SELECT status, attempts FROM events") == [("pending", 0)]
+
+
+@pytest.mark.parametrize("url, message", [
+    ("mysql://app@db/ledger", "配置错误:DATABASE_URL 要以 postgresql:// 开头,现在是 mysql://…"),
+    ("notaurl", '连不上 DATABASE_URL 指的 PostgreSQL:missing "=" after "notaurl" in connection info string'),
+])
+def test_a_database_url_that_cannot_be_used_stops_at_once_with_the_reason_and_claims_nothing(lab, url, message):
+    """原来每种都是等 10 秒、日志刷屏,最后一个 PoolTimeout 的 traceback,不说是哪一项、为什么。"""
+    refused_everywhere(lab, url, [(1, message), (1, message), (2, message), (1, message), (2, message)])
+
+
+def test_a_database_the_server_refuses_to_open_is_a_setting_error_with_the_servers_reason(lab, pg_url):
+    """服务器接了、回了 FATAL(库不存在、用户不存在、密码不对):是设置的问题,等多久都不会好,马上退出、说服务器的原话。"""
+    params = conninfo_to_dict(pg_url)
+    url = make_conninfo("", **{**params, "dbname": "no_such_lab_db"})
+    host, port = params.get("host") or "127.0.0.1", params.get("port") or "5432"
+    message = (f'连不上 DATABASE_URL 指的 PostgreSQL:connection failed: connection to server at "{host}", port {port} '
+               'failed: FATAL:  database "no_such_lab_db" does not exist')
+    refused_everywhere(lab, url, [(1, message), (1, message), (2, message), (1, message), (2, message)])
+
+
+def test_a_database_server_that_is_not_running_is_temporary_not_a_setting_error(lab):
+    """连接被拒(服务器没开、在重启):和用着用着断了一样是「数据库暂时用不了」,各自按自己的规矩说一行;
+    cron 的退出码是 3(暂时用不了),不是 2(设置不对)。原来一律说「连不上」、按设置错误退出。"""
+    down = ('数据库暂时用不了(OperationalError: connection failed: connection to server at "127.0.0.1", port 1 failed: '
+            "Connection refused)")
+    refused_everywhere(lab, "postgresql://postgres@127.0.0.1:1/nowhere", [
+        (1, f"{down},这一轮停下,下次再跑"),
+        (1, f"{down},稍后再运行 uv run python store.py(已经建好的不会重建)"),
+        (3, f"{down},没有出日报,稍后再跑"),
+        (1, f"{down},这次没有做完;稍后再试,做到一半的下次运行 inbox.py 时会按 checkpoint 更正"),
+        (1, f"{down},这一轮一封都没有处理,稍后再跑")])
 
 
 @pytest.mark.parametrize("setting, where, reason", [

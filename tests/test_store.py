@@ -1,12 +1,9 @@
 """store.py 自己的几条出错路径:业务库建不了、PostgreSQL 单独连得上但连接池连不上。"""
-import select
-import socket
 import threading
 import time
-from contextlib import contextmanager
 
 import pytest
-from conftest import run
+from conftest import run, tcp_proxy
 
 import store
 
@@ -21,54 +18,8 @@ def test_a_business_database_in_a_missing_directory_names_the_setting_and_create
     assert list(tmp_path.rglob("*.building")) == []
 
 
-@contextmanager
-def first_connection_only(host: str, port: int, then: str = "close"):
-    """127.0.0.1 上的一个 TCP 代理,挡在真的 PostgreSQL 前面:第一个连接原样转过去,之后来的
-    then="close":一接上就关掉(像服务器连接数满了);then="silent":接上了、一个字也不回(像服务器卡死了)。
-    返回 (代理的端口, 计数 {"relayed": 转过去几个, "refused": 没转过去的几个})。"""
-    server = socket.create_server(("127.0.0.1", 0))
-    server.settimeout(0.1)
-    seen, stop, relays, silent = {"relayed": 0, "refused": 0}, threading.Event(), [], []
-
-    def relay(client, upstream):
-        with client, upstream:
-            try:
-                while True:
-                    for sock in select.select([client, upstream], [], [])[0]:
-                        if not (data := sock.recv(65536)):
-                            return  # 有一头关了
-                        (upstream if sock is client else client).sendall(data)
-            except OSError:
-                return
-
-    def serve():
-        while not stop.is_set():
-            try:
-                client, _ = server.accept()
-            except TimeoutError:
-                continue
-            if seen["relayed"]:
-                seen["refused"] += 1
-                silent.append(client) if then == "silent" else client.close()
-                continue
-            seen["relayed"] += 1
-            t = threading.Thread(target=relay, args=(client, socket.create_connection((host, port))),
-                                 name="proxy-relay", daemon=True)
-            t.start()
-            relays.append(t)
-
-    acceptor = threading.Thread(target=serve, name="proxy-accept", daemon=True)
-    acceptor.start()
-    try:
-        yield server.getsockname()[1], seen
-    finally:
-        stop.set()
-        acceptor.join(5)
-        server.close()
-        for client in silent:
-            client.close()
-        for t in relays:
-            t.join(5)
+def first_connection_only(seen: dict) -> bool:
+    return seen["relayed"] == 0
 
 
 @pytest.mark.parametrize("then", ["close", "silent"])
@@ -79,7 +30,8 @@ def test_a_pool_that_cannot_connect_after_the_probe_did_stops_in_time_and_says_w
 
     params = conninfo_to_dict(pg_lab["DATABASE_URL"])
     monkeypatch.setattr(store, "PG_CONNECT_TIMEOUT_S", 1)
-    with first_connection_only(params.get("host") or "127.0.0.1", int(params.get("port") or 5432), then) as (port, seen):
+    with tcp_proxy(params.get("host") or "127.0.0.1", int(params.get("port") or 5432), first_connection_only, then) \
+            as (port, seen):
         url = make_conninfo("", **{**params, "host": "127.0.0.1", "port": str(port)})
         before = set(threading.enumerate())
         started = time.monotonic()

@@ -5,10 +5,12 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
-from conftest import LAB, cut_at, cut_connections, die_before_checkpoint, drain, rows, run, write_locked
+from conftest import LAB, cut_at, cut_connections, die_before_checkpoint, drain, rows, run, tcp_proxy, write_locked
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from openai_stub import OpenAIStub
 
 import store
@@ -965,6 +967,32 @@ def test_a_running_worker_whose_connections_are_cut_says_so_waits_and_goes_on(pg
     assert out.splitlines()[-1] == "evt_T1041_created → waiting_human"
     assert all(" 次失败 → pending: " in line for line in out.splitlines()[1:-1]), out  # 连累的事件只是退避,不进死信
     assert rows("SELECT COUNT(*) FROM outbox") == [(0,)]
+
+
+def test_a_running_worker_started_before_the_database_waits_for_it_and_then_works(pg_lab):
+    """开机时 worker 比 PostgreSQL 先起来、或者服务器正在重启:原来说一句「连不上」就退出(常驻的 worker 就此停了);
+    现在和运行中断了一样说一行、隔 POLL_SECONDS 再试,数据库能连上以后照常干活。代理先把每个连接一接上就关掉。"""
+    add("T1012")
+    params = conninfo_to_dict(pg_lab["DATABASE_URL"])
+    up = threading.Event()
+    with tcp_proxy(params.get("host") or "127.0.0.1", int(params.get("port") or 5432), lambda _: up.is_set()) \
+            as (port, seen):
+        proc = start_worker({**pg_lab, "DATABASE_URL": make_conninfo("", **{**params, "host": "127.0.0.1",
+                                                                             "port": str(port)})})
+        try:
+            wait_until(lambda: seen["refused"] >= 3, "worker 没有隔一会儿再试")
+            assert proc.poll() is None
+            assert events() == [("evt_T1012_created", "pending", 0)]
+            up.set()
+            wait_until(lambda: events() == [("evt_T1012_created", "waiting_human", 1)], "数据库能连上以后事件没有处理")
+        finally:
+            out, err = stop_worker(proc)
+    assert (proc.returncode, out) == (0, "evt_T1012_created → waiting_human\n")
+    *waiting, last = said_besides_offline_model(err)
+    closed = (f'数据库暂时用不了(OperationalError: connection failed: connection to server at "127.0.0.1", port {port} '
+              "failed: server closed the connection unexpectedly),0.2 秒后再试")
+    assert len(waiting) >= 2 and set(waiting) == {closed}, err
+    assert last == STOPPING
 
 
 def test_worker_once_with_cut_connections_says_so_in_one_line_exits_1_and_the_next_run_works(pg_lab, monkeypatch,
