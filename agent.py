@@ -160,17 +160,38 @@ def allowed(item: dict) -> list[str]:
     return [kind for kind, flag in flags.items() if item["config"].get(flag)]
 
 
+def edited_reply(answer: dict) -> str | None:
+    """edit 回答里改好的回复全文(HumanResponse 的 args.args.reply);没有或是空的就是 None。"""
+    args = answer.get("args")
+    inner = args.get("args") if isinstance(args, dict) else None
+    reply = inner.get("reply") if isinstance(inner, dict) else None
+    return reply if isinstance(reply, str) and reply.strip() else None
+
+
+def answer_problem(answer, item: dict) -> str | None:
+    """这个回答哪里不能用;能用就是 None。收件箱事先就这样查过,这里防的是别的客户端(Agent Inbox、自己拼的 Command)。"""
+    kind = answer.get("type") if isinstance(answer, dict) else None
+    if kind not in allowed(item):
+        return f"这条待办不接受 {kind!r},允许的是 {allowed(item)}"
+    if kind == "edit" and edited_reply(answer) is None:
+        return "edit 要带改好的回复全文(args.args.reply,不能为空)"
+    if kind == "response" and not (isinstance(answer.get("args"), str) and answer["args"].strip()):
+        return "response 要带给 Agent 的意见(args,不能为空)"
+    return None
+
+
 def review(state: TicketState) -> dict:
     item = inbox_item(state)
     answer = interrupt(item)  # 这之前不能有副作用:恢复时整个节点从头再跑一遍
-    kind = answer.get("type") if isinstance(answer, dict) else None
-    if kind not in allowed(item):
-        raise ValueError(f"这条待办不接受 {kind!r},允许的是 {allowed(item)}")
-    d = state["draft"]
+    while problem := answer_problem(answer, item):
+        # 不能用的回答不抛错,再问一次(待办留在收件箱里,说明上一个为什么不行)。抛错的话,LangGraph 把这个回答和出错的
+        # review 绑在一起存下:以后不管给什么回答,review 重跑时拿到的都还是它,这条待办再也处理不了
+        answer = interrupt({**item, "description": f"{item['description']}(上一个回答不能用:{problem})"})
+    kind, d = answer["type"], state["draft"]
     if kind == "accept":
         return {"outcome": "send", "decision": "accept"}
     if kind == "edit":
-        return {"outcome": "send", "decision": "edit", "draft": {**d, "reply": answer["args"]["args"]["reply"]}}
+        return {"outcome": "send", "decision": "edit", "draft": {**d, "reply": edited_reply(answer)}}
     if kind == "response":
         # 意见也要进模型:和工单一样先打码(客服常把客户的电话、邮箱抄进意见里)
         return {"outcome": "redraft", "feedback": state.get("feedback", []) + [mask_pii(answer["args"])]}

@@ -139,7 +139,12 @@ def act(graph, command: str, ticket_id: str, text: str) -> None:
         raise Refused(f"{ticket_id} 处理失败({describe(e)}),{where}") from e
     if "__interrupt__" in result:
         store.set_status(ev["event_id"], "waiting_human", owner=store.worker_id())
-        print("已按意见重写,新草稿:", result["__interrupt__"][0].value["action_request"]["args"]["reply"])
+        item = result["__interrupt__"][0].value
+        rounds = len(snap.values.get("feedback", []))
+        if command != "respond" or len(graph.get_state(cfg).values.get("feedback", [])) == rounds:
+            # 上面核对过了,按说不会到这里:图没有接受这个回答(review 又问了一次),待办原样留着,可以再处理
+            raise Refused(f"{ticket_id} 这次没有处理成:{item['description']};仍在收件箱里")
+        print("已按意见重写,新草稿:", item["action_request"]["args"]["reply"])
         return
     store.set_status(ev["event_id"], "ignored" if result["outcome"] == "ignored" else "done", owner=store.worker_id())
     print(ticket_id, "→", result["outcome"])

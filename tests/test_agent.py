@@ -266,22 +266,40 @@ def test_a_backup_on_another_service_gets_its_own_key_and_one_on_the_same_servic
                                                                                  ("T1041", "backup-model")]
 
 
-def test_the_graph_itself_refuses_a_redraft_past_the_cap(lab, monkeypatch):
-    """收件箱先拦;绕过收件箱直接恢复 thread,图自己也不接受(review 节点按 allow_respond 检查)。"""
+def test_the_graph_itself_refuses_an_unusable_answer_and_asks_again_without_keeping_it(lab, monkeypatch):
+    """收件箱先拦;绕过收件箱直接恢复 thread(Agent Inbox、自己拼的 Command),图自己也不接受:重写到上限后的 response、
+    空的 edit、不是 HumanResponse 的东西。原来 review 抛 ValueError,LangGraph 把这个回答和出错的 review 绑在一起存下,
+    之后不管给什么回答,review 重跑时拿到的都还是它,这条待办再也处理不了;现在 review 再问一次,下一个能用的回答照常生效。"""
     from langgraph.types import Command
 
     monkeypatch.setenv("MAX_REDRAFTS", "1")
     queue_and_run("T1012")
     graph, conn = open_graph()
+    cfg = thread_of("T1012")
     try:
-        graph.invoke(Command(resume={"type": "response", "args": "先道歉"}), thread_of("T1012"))
-        assert inbox_item("T1012")["config"]["allow_respond"] is False
-        with pytest.raises(ValueError, match=r"这条待办不接受 'response',允许的是 \['accept', 'edit', 'ignore'\]"):
-            graph.invoke(Command(resume={"type": "response", "args": "再改一次"}), thread_of("T1012"))
-        assert graph.get_state(thread_of("T1012")).values["feedback"] == ["先道歉"]
+        graph.invoke(Command(resume={"type": "response", "args": "先道歉"}), cfg)
+        item = inbox_item("T1012")
+        assert item["config"]["allow_respond"] is False
+        redrafted = item["action_request"]["args"]["reply"]
+        for answer, problem in [
+            ({"type": "response", "args": "再改一次"}, "这条待办不接受 'response',允许的是 ['accept', 'edit', 'ignore']"),
+            ({"type": "edit", "args": {"action": "send_reply", "args": {"reply": "  "}}},
+             "edit 要带改好的回复全文(args.args.reply,不能为空)"),
+            ({"type": "edit", "args": None}, "edit 要带改好的回复全文(args.args.reply,不能为空)"),
+            ("accept", "这条待办不接受 None,允许的是 ['accept', 'edit', 'ignore']"),
+        ]:
+            result = graph.invoke(Command(resume=answer), cfg)
+            assert [i.value for i in result["__interrupt__"]] == [
+                {**item, "description": f"{item['description']}(上一个回答不能用:{problem})"}]
+            snap = graph.get_state(cfg)
+            assert [t.error for t in snap.tasks] == [None]  # 没有出错的 review 留在 checkpoint 里
+            assert snap.values["feedback"] == ["先道歉"] and snap.values["draft"]["reply"] == redrafted
+        assert rows("SELECT COUNT(*) FROM outbox") == [(0,)]
+        done = graph.invoke(Command(resume={"type": "accept", "args": None}), cfg)
+        assert (done["outcome"], done["decision"]) == ("sent", "accept")
     finally:
         conn.close()
-    assert rows("SELECT COUNT(*) FROM outbox") == [(0,)]
+    assert rows("SELECT ticket_id, body FROM outbox") == [("T1012", redrafted)]
 
 
 def test_every_model_call_of_a_ticket_is_traced_under_the_ticket_id_as_session(lab):

@@ -143,6 +143,32 @@ def test_changing_the_redraft_cap_keeps_the_waiting_item_as_it_was_shown(lab, mo
     assert rows("SELECT ticket_id, body FROM outbox") == [("T1041", T1041_EDIT)]
 
 
+@pytest.mark.parametrize("ticket, args, refused", [
+    ("T1010", ["accept"], "【通知】[refund] 工单提到「投诉到」,Agent 没有起草回复,请主管看一下"
+                          "(上一个回答不能用:这条待办不接受 'accept',允许的是 ['ignore'])"),
+    ("T1041", ["respond", "先道歉"], "[refund] 客户反映:同一笔账单被扣了两次"
+                                   "(上一个回答不能用:这条待办不接受 'response',允许的是 ['accept', 'edit', 'ignore'])"),
+])
+def test_an_answer_the_graph_refuses_after_the_inbox_let_it_through_leaves_the_item_usable(lab, monkeypatch, capsys,
+                                                                                           ticket, args, refused):
+    """收件箱的核对和图里的不一致时(按说不会:比如升级前起草的待办),图不接受、再问一次;收件箱照实说没处理成,
+    不说「已按意见重写」,待办留在收件箱里,接下来能用的处理照常生效。这里让收件箱的核对什么都放过来模拟。"""
+    monkeypatch.setenv("MAX_REDRAFTS", "0")
+    queue(ticket)
+    capsys.readouterr()  # worker 那一行
+    checked = inbox_mod.allowed
+    monkeypatch.setattr(inbox_mod, "allowed", lambda item: ["accept", "edit", "response", "ignore"])
+    assert inbox_mod.main([args[0], ticket, *args[1:]]) == 1
+    assert capsys.readouterr() == ("", f"{ticket} 这次没有处理成:{refused};仍在收件箱里\n")
+    assert rows("SELECT status, claimed_by FROM events") == [("waiting_human", None)]
+    assert state(ticket)["feedback"] == []
+    assert rows("SELECT COUNT(*) FROM outbox") == [(0,)] and rows("SELECT COUNT(*) FROM review_log") == [(0,)]
+    monkeypatch.setattr(inbox_mod, "allowed", checked)
+    assert inbox_mod.main(["ignore", ticket]) == 0
+    assert capsys.readouterr().out == f"{ticket} → ignored\n"
+    assert rows("SELECT status FROM events") == [("ignored",)]
+
+
 def test_notify_item_only_allows_ignore(lab):
     """练习 5:正文里有「投诉到」的工单(种子数据 T1010)不起草,只通知;accept/edit/respond 被拒。"""
     queue("T1010")
