@@ -174,6 +174,11 @@ def process(graph, ev: dict, owner: str) -> str:
     return status
 
 
+def say_retrying(error: Exception) -> None:
+    """常驻模式下数据库用不了(启动时、运行中)时标准错误上的那一行;接着隔 POLL_SECONDS 再试。"""
+    print(f"{store.unavailable(error)},{poll_seconds():g} 秒后再试", file=sys.stderr, flush=True)
+
+
 class Worker:
     """run() 一直循环;run_once() 把现在能领的都处理完,返回 [(event_id, 新状态)]。"""
 
@@ -248,7 +253,7 @@ class Worker:
                 busy = self.run_once()
             except store.unavailable_errors() as e:
                 # 数据库重启、连接被掐断、库被锁太久:常驻的 worker 不退出,等一会儿再试;手上的事件下一轮交回队列
-                print(f"{store.unavailable(e)},{poll_seconds():g} 秒后再试", file=sys.stderr, flush=True)
+                say_retrying(e)
                 busy = []
             if not busy:
                 self.stopping.wait(poll_seconds())
@@ -310,7 +315,7 @@ def start(args) -> Worker:
         except store.unavailable_errors() as e:
             if args.once:
                 raise
-            print(f"{store.unavailable(e)},{poll_seconds():g} 秒后再试", file=sys.stderr, flush=True)
+            say_retrying(e)
             time.sleep(poll_seconds())
 
 
