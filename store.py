@@ -8,6 +8,8 @@ checkpoint 库等 worker 第一次跑时由 LangGraph 自己建),然后每个库
     业务库 /…/cloudledger.db:customers 30 行,tickets 41 行
 已经建好的不会重建,可以反复运行。退出码:0 好了;1 数据库暂时用不了或打不开(说明原因);
 2 BIZ_DB 指着的库不是 store.py 建的(没有动它)或者命令带了参数(它不收参数)。
+设了 DATABASE_URL 时三样都在那个 PostgreSQL 库里(业务表第一次建时多一行「已在 … 新建业务表 customers、tickets」),
+BIZ_DB、EVENTS_DB、CHECKPOINTS_DB 都不用。
 
 三种触发源(webhook、邮件、定时任务)只往 events 里写一行;worker 领事件、跑图;
 发给客户的回复写进 outbox(今天不真的发邮件,写进这张表就算发出去了)。
@@ -174,8 +176,14 @@ def database_url() -> str:
 
 
 def dialect(path: Path | str | None = None) -> str:
-    """事件库用哪种数据库。业务库(给了 path)永远是 SQLite 文件。"""
+    """path(一个 SQLite 文件)之外的库用哪种数据库:事件库,设了 DATABASE_URL 时还有业务库(见 biz_target())。"""
     return "postgres" if path is None and database_url() else "sqlite"
+
+
+def biz_target() -> Path | None:
+    """业务库在哪,给 connect() / opened() / transaction():设了 DATABASE_URL 时是同一个 PostgreSQL 库(None),
+    几台机器上的 worker 都读得到邮件轮询建的工单;否则是 BIZ_DB 指的 SQLite 文件(课文的 cloudledger.db)。"""
+    return None if database_url() else biz_db()
 
 
 def sql(name: str) -> str:
@@ -448,10 +456,18 @@ class PgConnection:
         self.pool, self.raw = pool, pool.getconn()
 
     def execute(self, query: str, args=()):
-        return self.raw.execute(query.replace("?", "%s"), tuple(args))
+        return self.raw.execute(self.placeholders(query), tuple(args))
 
     def executescript(self, script: str) -> None:
         self.raw.execute(script)  # 不带参数时 psycopg 允许一次执行多条语句
+
+    def executemany(self, query: str, rows) -> None:
+        self.raw.cursor().executemany(self.placeholders(query), rows)
+
+    @staticmethod
+    def placeholders(query: str) -> str:
+        """? 换成 psycopg 的 %s;SQL 里本来的 %(比如 LIKE 'M%')写成 %%,不然 psycopg 当它是占位符、报错。"""
+        return query.replace("%", "%%").replace("?", "%s")
 
     def close(self) -> None:
         self.pool.putconn(self.raw)
@@ -797,17 +813,46 @@ def record_usage(event_id: str | None, ticket_id: str | None, model: str, input_
 
 # ---------------------------------------------------------------- 业务库(云簿的客户和工单)
 def ticket(ticket_id: str) -> dict | None:
-    with opened(biz_db()) as conn:
+    with opened(biz_target()) as conn:
         row = conn.execute(
             "SELECT id, customer_id, subject, body, status, created_at FROM tickets WHERE id = ?", (ticket_id,)
         ).fetchone()
     return dict(row) if row else None
 
 
-def build_biz_db(path: Path, today: date | None = None) -> None:
-    """从 cloudledger_seed.json 造业务库。工单的 created_at = 今天 - age_days,所以哪天建都有新有旧。"""
+def fill_biz(conn, today: date | None = None) -> None:
+    """在 conn 上建业务表,填 cloudledger_seed.json 的种子数据。工单的 created_at = 今天 - age_days,所以哪天建都有新有旧。"""
     seed = json.loads(SEED_FILE.read_text(encoding="utf-8"))
     today = today or datetime.now(timezone.utc).date()
+    conn.executescript(BIZ_SCHEMA)
+    conn.executemany(
+        "INSERT INTO customers (id, name, email, company, plan) VALUES (?, ?, ?, ?, ?)",
+        [(c["id"], c["name"], c["email"].lower(), c["company"], c["plan"]) for c in seed["customers"]],
+    )
+    conn.executemany(
+        "INSERT INTO tickets VALUES (?, ?, ?, ?, ?, ?)",
+        [(t["id"], t["customer_id"], t["subject"], t["body"], t["status"],
+          (today - timedelta(days=t["age_days"])).isoformat()) for t in seed["tickets"]],
+    )
+
+
+BIZ_LOCK = 20261132  # advisory lock 的编号:几台机器同时第一次运行 store.py 时,只有一个建业务表、填种子数据
+BIZ_TABLES_SQL = "SELECT to_regclass('customers') IS NOT NULL, to_regclass('tickets') IS NOT NULL"  # 按 search_path 找
+
+
+def build_biz_tables(today: date | None = None) -> bool:
+    """设了 DATABASE_URL 时:业务表还没有就在 PostgreSQL 里建好、填种子数据(一个事务,建到一半不会留下半套),
+    返回 True;已经有了什么都不动,返回 False。"""
+    with transaction() as conn:
+        conn.execute("SELECT pg_advisory_xact_lock(?)", (BIZ_LOCK,))
+        if any(conn.execute(BIZ_TABLES_SQL).fetchone()):
+            return False
+        fill_biz(conn, today)
+    return True
+
+
+def build_biz_db(path: Path, today: date | None = None) -> None:
+    """从 cloudledger_seed.json 造业务库的 SQLite 文件(没设 DATABASE_URL 时)。"""
     tmp = path.with_name(path.name + ".building")
     tmp.unlink(missing_ok=True)
     try:
@@ -815,17 +860,8 @@ def build_biz_db(path: Path, today: date | None = None) -> None:
     except sqlite3.OperationalError as e:  # 目录不存在、没有写权限:说清楚是哪一项设置,不要说成「数据库暂时用不了」
         raise SystemExit(cannot_open("业务库", "BIZ_DB", path, e)) from None
     try:
-        conn.executescript(BIZ_SCHEMA)
         with conn:
-            conn.executemany(
-                "INSERT INTO customers (id, name, email, company, plan) VALUES (?, ?, ?, ?, ?)",
-                [(c["id"], c["name"], c["email"].lower(), c["company"], c["plan"]) for c in seed["customers"]],
-            )
-            conn.executemany(
-                "INSERT INTO tickets VALUES (?, ?, ?, ?, ?, ?)",
-                [(t["id"], t["customer_id"], t["subject"], t["body"], t["status"],
-                  (today - timedelta(days=t["age_days"])).isoformat()) for t in seed["tickets"]],
-            )
+            fill_biz(conn, today)
     finally:
         conn.close()
     tmp.replace(path)  # 建好再换上,建到一半崩了不会留下半个库
@@ -844,6 +880,12 @@ def counts(path: Path | None, tables: tuple[str, ...]) -> dict[str, int]:
 # ---------------------------------------------------------------- 邮件和定时任务用的查询
 def biz_db_problem() -> str | None:
     """业务库用不了时返回原因,能用返回 None。库文件不存在时不去连接(连接会顺手建一个空库)。"""
+    if dialect() == "postgres":
+        with opened() as conn:
+            have = conn.execute(BIZ_TABLES_SQL).fetchone()
+        missing = [t for t, there in zip(("customers", "tickets"), have) if not there]
+        return (f"业务库还没建:{_safe_url(database_url())} 里没有表 {'、'.join(missing)}"
+                "(先运行 uv run python store.py 建库)") if missing else None
     path = biz_db()
     if not path.exists():
         return f"业务库不存在:{path}(先运行 uv run python store.py 建库)"
@@ -858,19 +900,21 @@ def biz_db_problem() -> str | None:
 
 def customer_by_email(address: str) -> str | None:
     """发件地址对应的客户 id;不是已知客户返回 None。比较时不分大小写。"""
-    with opened(biz_db()) as conn:
+    with opened(biz_target()) as conn:
         row = conn.execute("SELECT id FROM customers WHERE lower(email) = ?", (address.lower(),)).fetchone()
     return row["id"] if row else None
 
 
-MAIL_TICKET_SQL = "INSERT OR IGNORE INTO tickets VALUES (?, ?, ?, ?, 'open', ?)"  # 列顺序见 BIZ_SCHEMA
+MAIL_TICKET_SQL = "INSERT INTO tickets VALUES (?, ?, ?, ?, 'open', ?) ON CONFLICT (id) DO NOTHING"  # 列顺序见 BIZ_SCHEMA
 SAME_MAIL_SQL = "SELECT 1 FROM tickets WHERE id = ? AND customer_id = ? AND subject = ? AND body = ?"
 
 
 def add_mail_ticket(candidates: list[str], customer_id: str, subject: str, body: str, created_on: str) -> str:
     """邮件建工单,返回工单号。按顺序试 candidates:插进去了,或者已有的那张就是这封邮件(同客户、同主题、
-    同正文,也就是上次存过了)→ 用它;已有的是另一封邮件(工单号撞了)→ 试下一个。重跑得到的工单号不变。"""
-    with transaction(biz_db()) as conn:
+    同正文,也就是上次存过了)→ 用它;已有的是另一封邮件(工单号撞了)→ 试下一个。重跑得到的工单号不变。
+    主题和正文里的 NUL 去掉:PostgreSQL 的 TEXT 存不了它(整封信就会一直存储失败),两种库存的一样。"""
+    subject, body = subject.replace("\x00", ""), body.replace("\x00", "")
+    with transaction(biz_target()) as conn:
         for ticket_id in candidates:
             if conn.execute(MAIL_TICKET_SQL, (ticket_id, customer_id, subject, body, created_on)).rowcount == 1:
                 return ticket_id
@@ -881,7 +925,7 @@ def add_mail_ticket(candidates: list[str], customer_id: str, subject: str, body:
 
 def open_tickets_created_by(last_day: str) -> list[str]:
     """业务库里 created_at 不晚于 last_day(YYYY-MM-DD)、还开着的工单,最老的在前。"""
-    with opened(biz_db()) as conn:
+    with opened(biz_target()) as conn:
         rows = conn.execute(
             "SELECT id FROM tickets WHERE status = 'open' AND created_at <= ? ORDER BY created_at, id", (last_day,)
         ).fetchall()
@@ -971,18 +1015,24 @@ def main(args: list[str] = ()) -> int:
 def build_and_count() -> int:
     """建库(已有就不动),打印每张表的行数。"""
     init()
-    biz = biz_db()
-    if not biz.exists() or biz.stat().st_size == 0:  # 空文件(touch 出来的)里什么都没有,建在它上面不丢东西
-        build_biz_db(biz)
-        print(f"已新建业务库 {biz}")
-    elif problem := biz_db_problem():
-        print(f"{problem}。没有动它:删掉它(或者让 BIZ_DB 指到别处)再运行 uv run python store.py,就会新建一份",
-              file=sys.stderr)
-        return 2
-    where = _safe_url(database_url()) if dialect() == "postgres" else events_db()
-    for label, shown, path, tables in (("事件库", where, None, ("events", "outbox", "review_log", "llm_usage")),
-                                       ("业务库", biz, biz, ("customers", "tickets"))):
-        print(f"{label} {shown}:" + ",".join(f"{t} {n} 行" for t, n in counts(path, tables).items()))
+    if dialect() == "postgres":  # 业务表也在这个库里
+        url = _safe_url(database_url())
+        if build_biz_tables():
+            print(f"已在 {url} 新建业务表 customers、tickets")
+        where = {"事件库": (url, None), "业务库": (url, None)}
+    else:
+        biz = biz_db()
+        if not biz.exists() or biz.stat().st_size == 0:  # 空文件(touch 出来的)里什么都没有,建在它上面不丢东西
+            build_biz_db(biz)
+            print(f"已新建业务库 {biz}")
+        elif problem := biz_db_problem():
+            print(f"{problem}。没有动它:删掉它(或者让 BIZ_DB 指到别处)再运行 uv run python store.py,就会新建一份",
+                  file=sys.stderr)
+            return 2
+        where = {"事件库": (events_db(), None), "业务库": (biz, biz)}
+    tables = {"事件库": ("events", "outbox", "review_log", "llm_usage"), "业务库": ("customers", "tickets")}
+    for label, (shown, path) in where.items():
+        print(f"{label} {shown}:" + ",".join(f"{t} {n} 行" for t, n in counts(path, tables[label]).items()))
     return 0
 
 

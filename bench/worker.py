@@ -307,7 +307,9 @@ class Lab:
         common.use_env(self.env)
         try:
             store.init()  # checkpoint 的表由子进程里的 Worker 建(几个同时第一次启动,正是 worker 平时的样子)
-            store.build_biz_db(store.biz_db())
+            store.build_biz_db(store.biz_db())  # 课文写法(lesson_style)读的业务库:课文里它是 SQLite 文件
+            if pg_base:
+                store.build_biz_tables()  # 我们的 worker 设了 DATABASE_URL 时读 PostgreSQL 里的业务表
         except BaseException:
             self.close()  # 建了一半:schema 也删掉,不留垃圾
             raise
@@ -316,17 +318,14 @@ class Lab:
         self.expected = 0
 
     def new_tickets(self, n: int) -> list[str]:
-        """往业务库加 n 张新工单(照种子工单抄内容,换个工单号),返回工单号。"""
+        """往业务库加 n 张新工单(照种子工单抄内容,换个工单号),返回工单号。两份业务库(见 __init__)都加。"""
         ids = [f"B{self.next_ticket + i:06d}" for i in range(n)]
         self.next_ticket += n
-        rows = [(t, *self.templates[int(t[1:]) % len(self.templates)]) for t in ids]
-        conn = store.connect(store.biz_db())
-        try:
-            conn.execute("BEGIN")
-            conn.executemany("INSERT INTO tickets VALUES (?, ?, ?, ?, 'open', date('now'))", rows)
-            conn.execute("COMMIT")
-        finally:
-            conn.close()
+        today = time.strftime("%Y-%m-%d")
+        rows = [(t, *self.templates[int(t[1:]) % len(self.templates)], today) for t in ids]
+        for target in {store.biz_db(), store.biz_target()}:
+            with store.transaction(target) as conn:
+                conn.executemany("INSERT INTO tickets VALUES (?, ?, ?, ?, 'open', ?)", rows)
         return ids
 
     def enqueue(self, n: int) -> list[str]:

@@ -39,7 +39,7 @@ def test_random_kill_9_loses_nothing_duplicates_nothing_and_resumes_where_it_sto
         env = {**any_lab, "LLM_API_KEY": "sk-test", "LLM_BASE_URL": stub.base_url, "LLM_MAX_RETRIES": "0",
                "STALE_MINUTES": "0", "POLL_SECONDS": "0.2", "BACKOFF_BASE_MINUTES": "0",
                "CHECKPOINT_DURABILITY": durability}
-        tickets = add_tickets(any_lab, EVENTS)
+        tickets = add_tickets(EVENTS)
         queue(tickets)
         procs = [start(env) for _ in range(WORKERS)]
         outputs, kills, deadline, kill_times = [], 0, time.time() + TIME_LIMIT_S, []

@@ -32,7 +32,7 @@ def ticket_of(message_id: str, length: int = 6) -> str:
 
 
 def biz_rows(sql: str, args: tuple = ()) -> list[tuple]:
-    return rows(sql, args, path=store.biz_db())
+    return rows(sql, args, path=store.biz_target())
 
 
 def free_port() -> int:
@@ -686,7 +686,8 @@ def test_offline_samples_cover_charsets_encodings_html_and_missing_message_id(an
 
 def test_a_mail_with_nul_bytes_in_its_message_id_and_text_becomes_a_ticket_and_reaches_the_inbox(any_lab, tmp_path):
     """Message-ID 就是事件 id:里面夹着 NUL 时,PostgreSQL 不收,这封信原来每次都「存储失败」、永远收不进来;
-    正文里的 NUL 进了 checkpoint 也一样写不进去。现在 id 去掉不可打印的字符,正文原样进业务库,进图时再清掉。"""
+    正文里的 NUL 进了 checkpoint 也一样写不进去。现在 id 去掉不可打印的字符,主题和正文去掉 NUL 再进业务库
+    (业务库在 PostgreSQL 里时也存不了它),进图时再清掉别的控制字符。"""
     (tmp_path / "nul.eml").write_bytes(mail("<a\x00b@example.com>", "zhang.wei@example.com", "发票\x00开错了",
                                             "发票抬头\x00写错了,麻烦重开。"))
     r = run(["email_poller.py", "--eml", str(tmp_path)], any_lab)
@@ -695,7 +696,7 @@ def test_a_mail_with_nul_bytes_in_its_message_id_and_text_becomes_a_ticket_and_r
     assert r.stdout == (f"{ticket}  {tmp_path / 'nul.eml'}\n"
                         "本次收取 1 封:新工单 1,重复 0,跳过 0,无法解析 0,存储失败 0\n")
     assert [(e[0], e[4]) for e in rows(EVENTS)] == [("<ab@example.com>", "pending")]
-    assert biz_rows(MAIL_TICKETS) == [(ticket, "C001", "发票\x00开错了", "发票抬头\x00写错了,麻烦重开。", "open")]
+    assert biz_rows(MAIL_TICKETS) == [(ticket, "C001", "发票开错了", "发票抬头写错了,麻烦重开。", "open")]
     worker = run(["worker.py", "--once"], any_lab)
     assert (worker.returncode, worker.stdout) == (0, "<ab@example.com> → waiting_human\n")
 

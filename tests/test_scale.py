@@ -19,10 +19,10 @@ from agent import open_graph, thread_of
 STOP_LINE = "收到停止信号:做完手上的事件就退出(再按一次 Ctrl-C 立即退出,手上的事件交回队列)\n"
 
 
-def add_tickets(env: dict, count: int, first: int = 5000) -> list[str]:
+def add_tickets(count: int, first: int = 5000) -> list[str]:
     """业务库里再造 count 张工单(内容借种子工单的),返回工单号。"""
     ids = [f"T{first + i}" for i in range(count)]
-    conn = store.connect(env["BIZ_DB"])
+    conn = store.connect(store.biz_target())
     try:
         seed = conn.execute("SELECT customer_id, subject, body FROM tickets WHERE id = 'T1012'").fetchone()
         conn.executemany("INSERT INTO tickets VALUES (?, ?, ?, ?, 'open', '2026-11-01')",
@@ -74,11 +74,26 @@ def test_three_workers_at_once_handle_each_of_20_events_exactly_once(any_lab):
     assert rows("SELECT status, attempts, COUNT(*) FROM events GROUP BY status, attempts") == [("waiting_human", 1, 20)]
 
 
+def test_a_mail_ticket_stored_on_one_machine_is_drafted_by_a_worker_on_another(pg_lab, tmp_path):
+    """README 的多台机器:原来业务库是每台机器自己的 SQLite 文件,收信那台建的邮件工单,别的机器上的 worker
+    说「工单不存在:M…」、进死信。两台「机器」各有自己的目录(BIZ_DB 各指各的、都不存在),只共用 DATABASE_URL。"""
+    mailbox = {**pg_lab, "BIZ_DB": str(tmp_path / "a" / "cloudledger.db")}
+    elsewhere = {**pg_lab, "BIZ_DB": str(tmp_path / "b" / "cloudledger.db")}
+    mail = run(["email_poller.py", "--eml", "samples/01_utf8_plain.eml"], mailbox)
+    ticket = mail.stdout.split()[0]
+    assert (mail.returncode, mail.stderr, ticket[0]) == (0, "", "M")
+    [(event_id,)] = rows("SELECT event_id FROM events WHERE ticket_id = ?", (ticket,))
+    r = run(["worker.py", "--once"], elsewhere)
+    assert (r.returncode, r.stdout) == (0, f"{event_id} → waiting_human\n"), r.stderr
+    assert rows("SELECT status, attempts, last_error FROM events") == [("waiting_human", 1, None)]
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
 def test_concurrency_inside_one_worker_drains_everything_once(any_lab, monkeypatch):
     with OpenAIStub(delay=0.3) as stub:
         monkeypatch.setenv("LLM_API_KEY", "sk-test")
         monkeypatch.setenv("LLM_BASE_URL", stub.base_url)
-        tickets = add_tickets(any_lab, 24)
+        tickets = add_tickets(24)
         queue(tickets)
         w = worker_mod.Worker(concurrency=8)
         try:
@@ -98,7 +113,7 @@ def test_sigterm_lets_in_flight_events_finish_and_leaves_the_rest_pending(any_la
     原来第二次被当成「再按一次 Ctrl-C」,手上的事件被交回队列、立即退出;SIGTERM 收到几次都是做完再退。"""
     with OpenAIStub(delay=1.0) as stub:
         env = {**any_lab, "LLM_API_KEY": "sk-test", "LLM_BASE_URL": stub.base_url, "LLM_MAX_RETRIES": "0"}
-        tickets = add_tickets(any_lab, 12)
+        tickets = add_tickets(12)
         queue(tickets)
         concurrency = 3 if sigterms == 1 else 1  # 并发 1:事件在主线程里跑,原来第二个信号直接打断它
         (proc,) = start_workers(env, 1, "--concurrency", str(concurrency))
@@ -118,7 +133,7 @@ def test_sigterm_lets_in_flight_events_finish_and_leaves_the_rest_pending(any_la
 
 
 def test_four_workers_500_events_one_killed_then_restart_finishes_with_one_reply_per_ticket(any_lab):
-    tickets = add_tickets(any_lab, 500)
+    tickets = add_tickets(500)
     queue(tickets)
     procs = start_workers(any_lab, 4, "--once")
     deadline = time.time() + 120
@@ -153,7 +168,7 @@ def test_second_ctrl_c_exits_at_once_and_hands_the_events_back(any_lab, concurre
     「立即退出」要等到模型都回答了。"""
     with OpenAIStub(delay=60) as stub:
         env = {**any_lab, "LLM_API_KEY": "sk-test", "LLM_BASE_URL": stub.base_url, "LLM_MAX_RETRIES": "0"}
-        tickets = add_tickets(any_lab, concurrency)
+        tickets = add_tickets(concurrency)
         queue(tickets)
         (proc,) = start_workers(env, 1, "--concurrency", str(concurrency))
         deadline = time.time() + 60

@@ -1,18 +1,18 @@
-"""store.py 自己的几条出错路径:业务库建不了、PostgreSQL 单独连得上但连接池连不上。"""
+"""store.py 自己的几条出错路径:业务库建不了、PostgreSQL 单独连得上但连接池连不上;设了 DATABASE_URL 时业务表建在哪。"""
 import threading
 import time
 
 import pytest
-from conftest import run, tcp_proxy
+from conftest import rows, run, tcp_proxy
 
 import store
 
 
-def test_a_business_database_in_a_missing_directory_names_the_setting_and_creates_nothing(any_lab, tmp_path):
+def test_a_business_database_in_a_missing_directory_names_the_setting_and_creates_nothing(lab, tmp_path):
     """原来是「数据库暂时用不了(OperationalError: unable to open database file),稍后再运行…」:
-    稍后再运行也没用,要改的是 BIZ_DB。"""
+    稍后再运行也没用,要改的是 BIZ_DB。(设了 DATABASE_URL 时不用 BIZ_DB,见下面几个测试。)"""
     path = (tmp_path / "missing" / "cloudledger.db").resolve()
-    r = run(["store.py"], {**any_lab, "BIZ_DB": str(path)})
+    r = run(["store.py"], {**lab, "BIZ_DB": str(path)})
     assert (r.returncode, r.stdout, r.stderr) == (1, "", f"业务库打不开:BIZ_DB={path}(目录 {path.parent} 不存在)\n")
     assert not path.parent.exists()
     assert list(tmp_path.rglob("*.building")) == []
@@ -47,3 +47,62 @@ def test_a_pool_that_cannot_connect_after_the_probe_did_stops_in_time_and_says_w
     assert stopped < 4, f"{stopped:.1f} 秒才退出"
     assert left == []  # 连接池的调度线程和 worker 线程都停了
     assert seen["relayed"] == 1 and seen["refused"] >= 1, seen  # 单独连的那次通了,连接池真的去连过、被拒了
+
+
+def drop_business_tables() -> None:
+    """像一个刚建好的 PostgreSQL 库(或者旧版只在这里建了事件表的库):没有业务表。"""
+    with store.transaction() as conn:
+        conn.execute("DROP TABLE tickets, customers")
+
+
+EVENT_COUNTS = "events 0 行,outbox 0 行,review_log 0 行,llm_usage 0 行"
+
+
+def test_store_builds_the_business_tables_in_postgres_once_and_no_sqlite_file(pg_lab, tmp_path):
+    """原来设了 DATABASE_URL,业务库还是每台机器各一份 SQLite 文件:邮件工单只在收信的那台机器上,
+    别的机器上的 worker 说「工单不存在」、进死信。现在业务表和事件表在同一个 PostgreSQL 库里,BIZ_DB 不用了。"""
+    drop_business_tables()
+    biz = tmp_path / "nowhere" / "cloudledger.db"
+    env = {**pg_lab, "BIZ_DB": str(biz)}
+    url = store._safe_url(pg_lab["DATABASE_URL"])
+    first = run(["store.py"], env)
+    assert (first.returncode, first.stderr) == (0, "")
+    assert first.stdout.splitlines() == [f"已在 {url} 新建业务表 customers、tickets",
+                                         f"事件库 {url}:{EVENT_COUNTS}",
+                                         f"业务库 {url}:customers 30 行,tickets 41 行"]
+    store.add_mail_ticket(["M1"], "C001", "发票", "麻烦重开", "2026-12-01")
+    again = run(["store.py"], env)  # 已经有了:不重建,邮件建的工单还在
+    assert (again.returncode, again.stderr) == (0, "")
+    assert again.stdout.splitlines() == [f"事件库 {url}:{EVENT_COUNTS}", f"业务库 {url}:customers 30 行,tickets 42 行"]
+    assert not biz.parent.exists()
+
+
+def test_several_machines_building_the_business_tables_at_once_seed_them_once(pg_lab):
+    drop_business_tables()
+    start, built = threading.Barrier(4), []
+
+    def build():
+        start.wait()
+        built.append(store.build_biz_tables())
+
+    threads = [threading.Thread(target=build) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(built) == [False, False, False, True]
+    assert rows("SELECT (SELECT COUNT(*) FROM customers), (SELECT COUNT(*) FROM tickets)") == [(30, 41)]
+
+
+def test_without_business_tables_in_postgres_every_command_says_run_store_and_touches_nothing(pg_lab):
+    drop_business_tables()
+    store.add_event("evt_T1012_created", "webhook", "ticket.created",
+                    '{"id": "evt_T1012_created", "type": "ticket.created", "data": {"ticket_id": "T1012"}}')
+    problem = (f"业务库还没建:{store._safe_url(pg_lab['DATABASE_URL'])} 里没有表 customers、tickets"
+               "(先运行 uv run python store.py 建库)")
+    for command, code in ((["worker.py", "--once"], 1), (["email_poller.py", "--eml", "samples/01_utf8_plain.eml"], 2),
+                          (["cron_jobs.py", "scan"], 2)):
+        r = run(command, pg_lab)
+        assert (r.returncode, r.stdout, r.stderr) == (code, "", problem + "\n"), command
+    assert rows("SELECT event_id, status, attempts FROM events") == [("evt_T1012_created", "pending", 0)]
+    assert rows("SELECT to_regclass('tickets') IS NULL") == [(True,)]

@@ -189,7 +189,7 @@ def test_a_new_event_for_a_ticket_that_was_missing_when_its_first_event_died_is_
     """死在 load(工单当时还不存在)的不挡:续跑不调模型,工单可能已经建好了。"""
     add("T7777")
     assert drain() == [("evt_T7777_created", "dead")]
-    conn = store.connect(lab["BIZ_DB"])
+    conn = store.connect(store.biz_target())
     try:
         conn.execute("INSERT INTO tickets SELECT 'T7777', customer_id, subject, body, status, created_at FROM tickets "
                      "WHERE id = 'T1012'")
