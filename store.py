@@ -6,10 +6,10 @@ checkpoint 库等 worker 第一次跑时由 LangGraph 自己建),然后每个库
     已新建业务库 /…/cloudledger.db
     事件库 /…/ambient.db:events 0 行,outbox 0 行,review_log 0 行,llm_usage 0 行
     业务库 /…/cloudledger.db:customers 30 行,tickets 41 行
-已经建好的不会重建,可以反复运行。退出码:0 好了;1 数据库暂时用不了或打不开(说明原因);
+已经建好的不会重建,可以反复运行。退出码:0 好了;1 数据库暂时用不了或打不开、业务库拷不进 PostgreSQL(说明原因);
 2 BIZ_DB 指着的库不是 store.py 建的(没有动它)或者命令带了参数(它不收参数)。
-设了 DATABASE_URL 时三样都在那个 PostgreSQL 库里(业务表第一次建时多一行「已在 … 新建业务表 customers、tickets」),
-BIZ_DB、EVENTS_DB、CHECKPOINTS_DB 都不用。
+设了 DATABASE_URL 时三样都在那个 PostgreSQL 库里,EVENTS_DB、CHECKPOINTS_DB 不用;业务表第一次建时多一行
+「已在 … 新建业务表 customers、tickets(从 …/cloudledger.db 拷过来)」:BIZ_DB 指的 SQLite 业务库在就拷它,不在就是「(种子数据)」。
 
 三种触发源(webhook、邮件、定时任务)只往 events 里写一行;worker 领事件、跑图;
 发给客户的回复写进 outbox(今天不真的发邮件,写进这张表就算发出去了)。
@@ -820,35 +820,56 @@ def ticket(ticket_id: str) -> dict | None:
     return dict(row) if row else None
 
 
-def fill_biz(conn, today: date | None = None) -> None:
-    """在 conn 上建业务表,填 cloudledger_seed.json 的种子数据。工单的 created_at = 今天 - age_days,所以哪天建都有新有旧。"""
+CUSTOMER_COLUMNS = ("id", "name", "email", "company", "plan")
+TICKET_COLUMNS = ("id", "customer_id", "subject", "body", "status", "created_at")
+
+
+def seed_rows(today: date | None = None) -> tuple[list, list]:
+    """cloudledger_seed.json 里的客户和工单。工单的 created_at = 今天 - age_days,所以哪天建都有新有旧。"""
     seed = json.loads(SEED_FILE.read_text(encoding="utf-8"))
     today = today or datetime.now(timezone.utc).date()
+    return ([(c["id"], c["name"], c["email"].lower(), c["company"], c["plan"]) for c in seed["customers"]],
+            [(t["id"], t["customer_id"], t["subject"], t["body"], t["status"],
+              (today - timedelta(days=t["age_days"])).isoformat()) for t in seed["tickets"]])
+
+
+def fill_biz(conn, customers: list, tickets: list) -> None:
+    """在 conn 上建业务表,填进这些客户和工单。"""
     conn.executescript(BIZ_SCHEMA)
-    conn.executemany(
-        "INSERT INTO customers (id, name, email, company, plan) VALUES (?, ?, ?, ?, ?)",
-        [(c["id"], c["name"], c["email"].lower(), c["company"], c["plan"]) for c in seed["customers"]],
-    )
-    conn.executemany(
-        "INSERT INTO tickets VALUES (?, ?, ?, ?, ?, ?)",
-        [(t["id"], t["customer_id"], t["subject"], t["body"], t["status"],
-          (today - timedelta(days=t["age_days"])).isoformat()) for t in seed["tickets"]],
-    )
+    for table, columns, rows in (("customers", CUSTOMER_COLUMNS, customers), ("tickets", TICKET_COLUMNS, tickets)):
+        conn.executemany(f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})", rows)
 
 
-BIZ_LOCK = 20261132  # advisory lock 的编号:几台机器同时第一次运行 store.py 时,只有一个建业务表、填种子数据
+BIZ_LOCK = 20261132  # advisory lock 的编号:几台机器同时第一次运行 store.py 时,只有一个建业务表、填数据
 BIZ_TABLES_SQL = "SELECT to_regclass('customers') IS NOT NULL, to_regclass('tickets') IS NOT NULL"  # 按 search_path 找
 
 
-def build_biz_tables(today: date | None = None) -> bool:
-    """设了 DATABASE_URL 时:业务表还没有就在 PostgreSQL 里建好、填种子数据(一个事务,建到一半不会留下半套),
-    返回 True;已经有了什么都不动,返回 False。"""
-    with transaction() as conn:
-        conn.execute("SELECT pg_advisory_xact_lock(?)", (BIZ_LOCK,))
-        if any(conn.execute(BIZ_TABLES_SQL).fetchone()):
-            return False
-        fill_biz(conn, today)
-    return True
+def build_biz_tables(today: date | None = None) -> str | None:
+    """设了 DATABASE_URL 时:业务表还没有,就在 PostgreSQL 里建好,返回数据从哪来;已经有了什么都不动,返回 None。
+    BIZ_DB 指的 SQLite 业务库在的话(Day 23 的库、之前用 SQLite 时邮件建的工单)拷它的客户和工单,不在才用种子数据。
+    一个事务:建到一半不会留下半套;拷不过去(列不对、工单的客户不存在)时说明原因退出,什么都不建。"""
+    import psycopg
+
+    path = biz_db()
+    copy = path.exists() and path.stat().st_size > 0
+    try:
+        with transaction() as conn:
+            conn.execute("SELECT pg_advisory_xact_lock(?)", (BIZ_LOCK,))
+            if any(conn.execute(BIZ_TABLES_SQL).fetchone()):
+                return None
+            fill_biz(conn, *(sqlite_biz_rows(path) if copy else seed_rows(today)))
+    except (sqlite3.Error, psycopg.IntegrityError, psycopg.DataError) as e:
+        raise SystemExit(f"业务库 {path} 拷不进 PostgreSQL:{type(e).__name__}: {str(e).strip().splitlines()[0]}。"
+                         "什么都没建:修好它,或者让 BIZ_DB 指到一个不存在的文件、改用种子数据") from None
+    return f"从 {path} 拷过来" if copy else "种子数据"
+
+
+def sqlite_biz_rows(path: Path) -> tuple[list, list]:
+    """SQLite 业务库里的客户和工单(只取这里用到的列)。NUL 去掉:PostgreSQL 的 TEXT 存不了它。"""
+    with opened(path) as conn:
+        return tuple([tuple(v.replace("\x00", "") if isinstance(v, str) else v for v in row)
+                      for row in conn.execute(f"SELECT {', '.join(columns)} FROM {table}")]
+                     for table, columns in (("customers", CUSTOMER_COLUMNS), ("tickets", TICKET_COLUMNS)))
 
 
 def build_biz_db(path: Path, today: date | None = None) -> None:
@@ -861,7 +882,7 @@ def build_biz_db(path: Path, today: date | None = None) -> None:
         raise SystemExit(cannot_open("业务库", "BIZ_DB", path, e)) from None
     try:
         with conn:
-            fill_biz(conn, today)
+            fill_biz(conn, *seed_rows(today))
     finally:
         conn.close()
     tmp.replace(path)  # 建好再换上,建到一半崩了不会留下半个库
@@ -1017,8 +1038,8 @@ def build_and_count() -> int:
     init()
     if dialect() == "postgres":  # 业务表也在这个库里
         url = _safe_url(database_url())
-        if build_biz_tables():
-            print(f"已在 {url} 新建业务表 customers、tickets")
+        if source := build_biz_tables():
+            print(f"已在 {url} 新建业务表 customers、tickets({source})")
         where = {"事件库": (url, None), "业务库": (url, None)}
     else:
         biz = biz_db()

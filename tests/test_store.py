@@ -60,14 +60,15 @@ EVENT_COUNTS = "events 0 行,outbox 0 行,review_log 0 行,llm_usage 0 行"
 
 def test_store_builds_the_business_tables_in_postgres_once_and_no_sqlite_file(pg_lab, tmp_path):
     """原来设了 DATABASE_URL,业务库还是每台机器各一份 SQLite 文件:邮件工单只在收信的那台机器上,
-    别的机器上的 worker 说「工单不存在」、进死信。现在业务表和事件表在同一个 PostgreSQL 库里,BIZ_DB 不用了。"""
+    别的机器上的 worker 说「工单不存在」、进死信。现在业务表和事件表在同一个 PostgreSQL 库里;BIZ_DB 指的
+    SQLite 库不在时用种子数据,也不会建出这个文件。"""
     drop_business_tables()
     biz = tmp_path / "nowhere" / "cloudledger.db"
     env = {**pg_lab, "BIZ_DB": str(biz)}
     url = store._safe_url(pg_lab["DATABASE_URL"])
     first = run(["store.py"], env)
     assert (first.returncode, first.stderr) == (0, "")
-    assert first.stdout.splitlines() == [f"已在 {url} 新建业务表 customers、tickets",
+    assert first.stdout.splitlines() == [f"已在 {url} 新建业务表 customers、tickets(种子数据)",
                                          f"事件库 {url}:{EVENT_COUNTS}",
                                          f"业务库 {url}:customers 30 行,tickets 41 行"]
     store.add_mail_ticket(["M1"], "C001", "发票", "麻烦重开", "2026-12-01")
@@ -75,6 +76,48 @@ def test_store_builds_the_business_tables_in_postgres_once_and_no_sqlite_file(pg
     assert (again.returncode, again.stderr) == (0, "")
     assert again.stdout.splitlines() == [f"事件库 {url}:{EVENT_COUNTS}", f"业务库 {url}:customers 30 行,tickets 42 行"]
     assert not biz.parent.exists()
+
+
+def test_the_first_build_in_postgres_copies_the_sqlite_business_db_that_biz_db_names(pg_lab):
+    """已经有的业务库(Day 23 的库、之前用 SQLite 时邮件建的工单)不被种子数据顶替:客户和工单原样拷过去,
+    NUL 去掉(PostgreSQL 的 TEXT 存不了);之后 SQLite 那份不再被用到。"""
+    drop_business_tables()
+    path = pg_lab["BIZ_DB"]
+    with store.transaction(path) as conn:
+        conn.execute("INSERT INTO tickets VALUES ('M1a2b3c', 'C001', ?, '抬头写错了', 'open', '2026-11-30')", ("发票\x00开错了",))
+    r = run(["store.py"], pg_lab)
+    url = store._safe_url(pg_lab["DATABASE_URL"])
+    assert (r.returncode, r.stderr) == (0, "")
+    assert r.stdout.splitlines() == [f"已在 {url} 新建业务表 customers、tickets(从 {path} 拷过来)",
+                                     f"事件库 {url}:{EVENT_COUNTS}",
+                                     f"业务库 {url}:customers 30 行,tickets 42 行"]
+    assert store.ticket("M1a2b3c") == {"id": "M1a2b3c", "customer_id": "C001", "subject": "发票开错了",
+                                       "body": "抬头写错了", "status": "open", "created_at": "2026-11-30"}
+    for table in ("customers", "tickets"):
+        there = [tuple(v.replace("\x00", "") if isinstance(v, str) else v for v in r)
+                 for r in rows(f"SELECT * FROM {table}", path=path)]
+        assert sorted(rows(f"SELECT * FROM {table}"), key=repr) == sorted(there, key=repr)
+
+
+@pytest.mark.parametrize("broken, error", [
+    ("ALTER TABLE tickets DROP COLUMN body", "OperationalError: no such column: body"),
+    ("UPDATE tickets SET customer_id = 'C999' WHERE id = 'T1012'",
+     'ForeignKeyViolation: insert or update on table "tickets" violates foreign key constraint "tickets_customer_id_fkey"'),
+])
+def test_a_sqlite_business_db_that_cannot_be_copied_is_named_and_nothing_is_built(pg_lab, broken, error):
+    """Day 23 的库列不一样,或者工单的客户不存在(SQLite 默认不查外键,PostgreSQL 查):说清楚、退出码 1,
+    PostgreSQL 里一张业务表都不留,SQLite 那份不动。"""
+    drop_business_tables()
+    path = pg_lab["BIZ_DB"]
+    with store.transaction(path) as conn:
+        conn.execute(broken)
+    before = rows("SELECT * FROM customers ORDER BY id", path=path)
+    r = run(["store.py"], pg_lab)
+    assert (r.returncode, r.stdout) == (1, "")
+    assert r.stderr == (f"业务库 {path} 拷不进 PostgreSQL:{error}。什么都没建:修好它,或者让 BIZ_DB 指到一个不存在的文件、"
+                        "改用种子数据\n")
+    assert rows("SELECT to_regclass('customers') IS NULL, to_regclass('tickets') IS NULL") == [(True, True)]
+    assert rows("SELECT * FROM customers ORDER BY id", path=path) == before
 
 
 def test_several_machines_building_the_business_tables_at_once_seed_them_once(pg_lab):
@@ -90,7 +133,7 @@ def test_several_machines_building_the_business_tables_at_once_seed_them_once(pg
         t.start()
     for t in threads:
         t.join()
-    assert sorted(built) == [False, False, False, True]
+    assert sorted(built, key=str) == [None, None, None, f"从 {store.biz_db()} 拷过来"]  # lab 建了 SQLite 的业务库
     assert rows("SELECT (SELECT COUNT(*) FROM customers), (SELECT COUNT(*) FROM tickets)") == [(30, 41)]
 
 
