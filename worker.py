@@ -266,8 +266,10 @@ class Worker:
             if signum == signal.SIGTERM or not self.in_hand:
                 return
             raise KeyboardInterrupt  # 第二次 Ctrl-C:不等了
-        print("收到停止信号:做完手上的事件就退出(再按一次 Ctrl-C 立即退出,手上的事件交回队列)", file=sys.stderr, flush=True)
+        # 先记下「在停了」再说出来:第二个信号可能在 print 途中就到(Python 在这个函数的字节码之间就会再调它)。
+        # 原来先 print 后 set,看到这一行马上再按一次 Ctrl-C,第二次被当成第一次,这一行说了两遍,worker 不退出
         self.stopping.set()
+        print("收到停止信号:做完手上的事件就退出(再按一次 Ctrl-C 立即退出,手上的事件交回队列)", file=sys.stderr, flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -184,3 +184,25 @@ def test_second_ctrl_c_exits_at_once_and_hands_the_events_back(any_lab, concurre
     assert (proc.returncode, out, first) == (0, "", STOP_LINE)
     assert sorted(err.splitlines()) == [f"evt_{t}_created 交回队列" for t in tickets]
     assert rows("SELECT status, attempts, claimed_by FROM events") == [("pending", 0, None)] * concurrency
+
+
+def test_a_second_ctrl_c_that_arrives_while_the_first_is_being_announced_still_exits_at_once(lab, monkeypatch):
+    """Python 在信号处理函数的字节码之间就会处理下一个信号。原来先说「收到停止信号」、再记下在停了:第二次 Ctrl-C
+    正好在说的时候到(看到这一行马上再按),被当成第一次,这一行说两遍、worker 不退出
+    (test_second_ctrl_c_exits_at_once_and_hands_the_events_back 大约每十次撞上一次)。这里让第二个信号确定落在 print 里。"""
+    w = worker_mod.Worker(2)
+    said = []
+
+    def print_and_get_interrupted(*args, **kwargs):
+        said.append(args)
+        if len(said) == 1:
+            w.stop(signal.SIGINT)  # 第二次 Ctrl-C
+
+    try:
+        w.in_hand.add("evt_T1012_created")  # 手上有事件在做
+        monkeypatch.setattr(worker_mod, "print", print_and_get_interrupted, raising=False)
+        with pytest.raises(KeyboardInterrupt):
+            w.stop(signal.SIGINT)
+    finally:
+        w.close()
+    assert said == [(STOP_LINE.rstrip("\n"),)]
