@@ -7,7 +7,7 @@ checkpoint 库等 worker 第一次跑时由 LangGraph 自己建),然后每个库
     事件库 /…/ambient.db:events 0 行,outbox 0 行,review_log 0 行,llm_usage 0 行
     业务库 /…/cloudledger.db:customers 30 行,tickets 41 行
 已经建好的不会重建,可以反复运行。退出码:0 好了;1 数据库暂时用不了或打不开、业务库拷不进 PostgreSQL(说明原因);
-2 BIZ_DB 指着的库不是 store.py 建的(没有动它)或者命令带了参数(它不收参数)。
+2 BIZ_DB 指着的库不是 store.py 建的、PostgreSQL 里只有半套业务表(都没有动它),或者命令带了参数(它不收参数)。
 设了 DATABASE_URL 时三样都在那个 PostgreSQL 库里,EVENTS_DB、CHECKPOINTS_DB 不用;业务表第一次建时多一行
 「已在 … 新建业务表 customers、tickets(从 …/cloudledger.db 拷过来)」:BIZ_DB 指的 SQLite 业务库在就拷它,不在就是「(种子数据)」。
 
@@ -342,8 +342,12 @@ def unavailable_errors() -> tuple[type[Exception], ...]:
 def unavailable(error: Exception) -> str:
     """遇上 unavailable_errors() 时给人看的那一行的开头:「数据库暂时用不了(类型名: 原文第一行)」。
     psycopg 的错误常带好几行 DETAIL / HINT,日志和终端里只留第一行。各个程序在后面接上自己接下来怎么办。"""
-    first = (str(error).strip().splitlines() or [""])[0]
-    return f"数据库暂时用不了({type(error).__name__}: {first})"
+    return f"数据库暂时用不了({first_line(error)})"
+
+
+def first_line(error: Exception) -> str:
+    """「类型名: 原文第一行」:psycopg 的错误常带好几行 DETAIL / HINT,给人看的一行里只留第一行。"""
+    return f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0]}"
 
 
 def _pg_pool(url: str, durable: bool = True):
@@ -820,8 +824,8 @@ def ticket(ticket_id: str) -> dict | None:
     return dict(row) if row else None
 
 
-CUSTOMER_COLUMNS = ("id", "name", "email", "company", "plan")
-TICKET_COLUMNS = ("id", "customer_id", "subject", "body", "status", "created_at")
+BIZ_COLUMNS = {"customers": ("id", "name", "email", "company", "plan"),   # 业务表和这里用到的列(拷 SQLite 业务库时只取这些)
+               "tickets": ("id", "customer_id", "subject", "body", "status", "created_at")}
 
 
 def seed_rows(today: date | None = None) -> tuple[list, list]:
@@ -836,16 +840,17 @@ def seed_rows(today: date | None = None) -> tuple[list, list]:
 def fill_biz(conn, customers: list, tickets: list) -> None:
     """在 conn 上建业务表,填进这些客户和工单。"""
     conn.executescript(BIZ_SCHEMA)
-    for table, columns, rows in (("customers", CUSTOMER_COLUMNS, customers), ("tickets", TICKET_COLUMNS, tickets)):
+    for (table, columns), rows in zip(BIZ_COLUMNS.items(), (customers, tickets)):
         conn.executemany(f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})", rows)
 
 
 BIZ_LOCK = 20261132  # advisory lock 的编号:几台机器同时第一次运行 store.py 时,只有一个建业务表、填数据
-BIZ_TABLES_SQL = "SELECT to_regclass('customers') IS NOT NULL, to_regclass('tickets') IS NOT NULL"  # 按 search_path 找
+BIZ_TABLES_SQL = "SELECT to_regclass('customers') IS NOT NULL, to_regclass('tickets') IS NOT NULL"  # 按 BIZ_COLUMNS 的顺序;按 search_path 找
 
 
 def build_biz_tables(today: date | None = None) -> str | None:
-    """设了 DATABASE_URL 时:业务表还没有,就在 PostgreSQL 里建好,返回数据从哪来;已经有了什么都不动,返回 None。
+    """设了 DATABASE_URL 时:业务表一张都没有,就在 PostgreSQL 里建好,返回数据从哪来;有了(哪怕只有一张)什么都不动,
+    返回 None(只有一张时 biz_db_problem() 说缺哪张,不在半套上补数据)。
     BIZ_DB 指的 SQLite 业务库在的话(Day 23 的库、之前用 SQLite 时邮件建的工单)拷它的客户和工单,不在才用种子数据。
     一个事务:建到一半不会留下半套;拷不过去(列不对、工单的客户不存在)时说明原因退出,什么都不建。"""
     import psycopg
@@ -859,7 +864,7 @@ def build_biz_tables(today: date | None = None) -> str | None:
                 return None
             fill_biz(conn, *(sqlite_biz_rows(path) if copy else seed_rows(today)))
     except (sqlite3.Error, psycopg.IntegrityError, psycopg.DataError) as e:
-        raise SystemExit(f"业务库 {path} 拷不进 PostgreSQL:{type(e).__name__}: {str(e).strip().splitlines()[0]}。"
+        raise SystemExit(f"业务库 {path} 拷不进 PostgreSQL:{first_line(e)}。"
                          "什么都没建:修好它,或者让 BIZ_DB 指到一个不存在的文件、改用种子数据") from None
     return f"从 {path} 拷过来" if copy else "种子数据"
 
@@ -869,7 +874,7 @@ def sqlite_biz_rows(path: Path) -> tuple[list, list]:
     with opened(path) as conn:
         return tuple([tuple(v.replace("\x00", "") if isinstance(v, str) else v for v in row)
                       for row in conn.execute(f"SELECT {', '.join(columns)} FROM {table}")]
-                     for table, columns in (("customers", CUSTOMER_COLUMNS), ("tickets", TICKET_COLUMNS)))
+                     for table, columns in BIZ_COLUMNS.items())
 
 
 def build_biz_db(path: Path, today: date | None = None) -> None:
@@ -904,9 +909,10 @@ def biz_db_problem() -> str | None:
     if dialect() == "postgres":
         with opened() as conn:
             have = conn.execute(BIZ_TABLES_SQL).fetchone()
-        missing = [t for t, there in zip(("customers", "tickets"), have) if not there]
-        return (f"业务库还没建:{_safe_url(database_url())} 里没有表 {'、'.join(missing)}"
-                "(先运行 uv run python store.py 建库)") if missing else None
+        missing = [t for t, there in zip(BIZ_COLUMNS, have) if not there]
+        if len(missing) == len(BIZ_COLUMNS):
+            return f"业务库还没建:{_safe_url(database_url())} 里没有表 {'、'.join(missing)}(先运行 uv run python store.py 建库)"
+        return f"业务库 {_safe_url(database_url())} 里没有表:{'、'.join(missing)}" if missing else None
     path = biz_db()
     if not path.exists():
         return f"业务库不存在:{path}(先运行 uv run python store.py 建库)"
@@ -915,7 +921,7 @@ def biz_db_problem() -> str | None:
             have = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
     except sqlite3.Error as e:
         return f"业务库打不开:{path}:{e}"
-    missing = [t for t in ("customers", "tickets") if t not in have]
+    missing = [t for t in BIZ_COLUMNS if t not in have]
     return f"业务库 {path} 里没有表:{'、'.join(missing)}" if missing else None
 
 
@@ -1040,6 +1046,10 @@ def build_and_count() -> int:
         url = _safe_url(database_url())
         if source := build_biz_tables():
             print(f"已在 {url} 新建业务表 customers、tickets({source})")
+        elif problem := biz_db_problem():  # 只剩半套(有人删了一张):不在上面补,说清楚
+            print(f"{problem}。没有动它:把剩下的业务表也删掉(DROP TABLE)再运行 uv run python store.py,就会新建一套",
+                  file=sys.stderr)
+            return 2
         where = {"事件库": (url, None), "业务库": (url, None)}
     else:
         biz = biz_db()
@@ -1051,7 +1061,7 @@ def build_and_count() -> int:
                   file=sys.stderr)
             return 2
         where = {"事件库": (events_db(), None), "业务库": (biz, biz)}
-    tables = {"事件库": ("events", "outbox", "review_log", "llm_usage"), "业务库": ("customers", "tickets")}
+    tables = {"事件库": ("events", "outbox", "review_log", "llm_usage"), "业务库": tuple(BIZ_COLUMNS)}
     for label, (shown, path) in where.items():
         print(f"{label} {shown}:" + ",".join(f"{t} {n} 行" for t, n in counts(path, tables[label]).items()))
     return 0

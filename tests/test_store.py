@@ -149,3 +149,18 @@ def test_without_business_tables_in_postgres_every_command_says_run_store_and_to
         assert (r.returncode, r.stdout, r.stderr) == (code, "", problem + "\n"), command
     assert rows("SELECT event_id, status, attempts FROM events") == [("evt_T1012_created", "pending", 0)]
     assert rows("SELECT to_regclass('tickets') IS NULL") == [(True,)]
+
+
+def test_half_of_the_business_tables_in_postgres_is_named_and_left_alone(pg_lab):
+    """有人删了一张业务表:store.py 不在剩下的那张上补数据(拷过来的客户会撞上已有的),说缺哪张、怎么办,退出码 2;
+    别的命令也说缺哪张(这时再运行 store.py 是没用的,不能叫人去运行它)。"""
+    with store.transaction() as conn:
+        conn.execute("DROP TABLE tickets")
+    url = store._safe_url(pg_lab["DATABASE_URL"])
+    r = run(["store.py"], pg_lab)
+    assert (r.returncode, r.stdout, r.stderr) == (
+        2, "", f"业务库 {url} 里没有表:tickets。没有动它:把剩下的业务表也删掉(DROP TABLE)再运行 uv run python store.py,"
+               "就会新建一套\n")
+    worker = run(["worker.py", "--once"], pg_lab)
+    assert (worker.returncode, worker.stdout, worker.stderr) == (1, "", f"业务库 {url} 里没有表:tickets\n")
+    assert rows("SELECT COUNT(*), to_regclass('tickets') IS NULL FROM customers") == [(30, True)]
