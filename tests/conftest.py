@@ -246,7 +246,7 @@ def pg_lab(lab, monkeypatch, pg_url):
     url = f"{PG_URL}{sep}options=-csearch_path%3D{schema}"
     monkeypatch.setenv("DATABASE_URL", url)
     store.init()
-    store.build_biz_tables()  # 业务表也在这个 schema 里;lab 建的 SQLite 业务库用不到了
+    store.build_biz_tables()  # 业务表也建在这个 schema 里(拷 lab 建的 SQLite 业务库,和 store.py 第一次运行一样)
     yield {**lab, "DATABASE_URL": url}
     store.close_pools()
     with psycopg.connect(PG_URL, autocommit=True) as conn:
