@@ -10,15 +10,26 @@
 你会看到:list 每条待办两行(工单号 + [类别] 概括,下一行是草稿;草稿有几行就缩进着接几行);重写到上限的多一行
 说明只能做什么;通知类待办下一行是工单原文,再一行「只能 ignore(看过即可)」;没有待办时一行「收件箱是空的」。
 处理后一行结果,例如 T1012 → sent;respond 之后是「已按意见重写,新草稿: …」,待办留在收件箱里。
---help 打印用法。出错时:工单不在收件箱里、这条待办不允许这种处理、数据库暂时用不了 → 说明原因,退出码 1;命令写错 → 用法,退出码 2。
+--help 打印用法。出错时:工单不在收件箱里、这条待办不允许这种处理、数据库暂时用不了、要 accept 的草稿在你上次
+看过之后被别人 respond 改写了 → 说明原因,退出码 1;命令写错 → 用法,退出码 2。
+
+几个人共用收件箱时(INBOX_USER 区分是谁,见 .env.example):list 和 respond 记下你看到的是哪一版草稿,accept 只发
+你看到的那一版;没 list 过就 accept(课文的用法)照常发。
 """
+import getpass
+import hashlib
+import socket
 import sys
 
 from langgraph.types import Command
 
+import config
 import store
 from agent import FINISHED, allowed, check_settings, open_graph, thread_of
 from llm import describe
+
+INBOX_USER = ""  # 谁在用收件箱(几个人共用时区分);空 = 「登录名@主机名」
+SEEN_WAIT_S = 0.5  # 秒;list 记「你看到的是哪一版」时最多等别人的写锁这么久,等不到就不记(accept 时会请你再 list),list 照常显示
 
 USAGE = __doc__.split("运行:")[1].split("你会看到")[0].rstrip()
 ALIASES = {"approve": "accept", "reject": "ignore"}  # LangChain 1.x HumanInTheLoopMiddleware 的叫法
@@ -34,6 +45,30 @@ class Refused(Exception):
 def usage(problem: str) -> int:
     print(f"{problem}\n用法:{USAGE}", file=sys.stderr)
     return 2
+
+
+def viewer() -> str:
+    """谁在用收件箱:INBOX_USER;没设就是「登录名@主机名」。"""
+    if name := config.get("INBOX_USER", INBOX_USER):
+        return name
+    try:
+        login = getpass.getuser()
+    except (OSError, KeyError):  # 容器里没有这个 uid 的账号、也没设 USER 之类的变量
+        login = "?"
+    return f"{login}@{socket.gethostname()}"
+
+
+def fingerprint(draft: str) -> str:
+    return hashlib.sha256(draft.encode()).hexdigest()
+
+
+def remember(drafts: dict[str, str]) -> None:
+    """记下这个人刚看到的草稿({工单号: 草稿全文})。记不下(库被别人锁着、连不上)就算了:accept 时按上一次记下的
+    那一版核对,对不上就请人再 list —— 只会多问一次,不会发出这个人没看过的版本。"""
+    try:
+        store.mark_seen(viewer(), {t: fingerprint(d) for t, d in drafts.items()}, SEEN_WAIT_S)
+    except store.unavailable_errors():
+        pass
 
 
 def status_of(snap) -> str:
@@ -73,6 +108,7 @@ def show_list(graph) -> None:
     waiting = store.events_by_status("waiting_human")
     if not waiting:
         print("收件箱是空的")
+    shown = {}
     for ev in waiting:
         snap = graph.get_state(thread_of(ev["ticket_id"]))
         item = snap.interrupts[0].value
@@ -83,9 +119,12 @@ def show_list(graph) -> None:
             print("        只能 ignore(看过即可)")
             continue
         print(indented("草稿:", args["reply"]))
+        shown[ev["ticket_id"]] = args["reply"]
         if not item["config"]["allow_respond"]:
             rounds = len(snap.values.get("feedback", []))
             print(f"        已按意见重写 {rounds} 次,到上限了:只能 {' / '.join(COMMAND_OF[k] for k in allowed(item))}")
+    sys.stdout.flush()  # 先让人看到;记下看到了哪一版可能要等一会儿锁
+    remember(shown)
 
 
 def answer_for(command: str, ticket_id: str, text: str) -> dict:
@@ -118,6 +157,14 @@ def act(graph, command: str, ticket_id: str, text: str) -> None:
         if any(e["event_id"] == ev["event_id"] for e in store.events_by_status("waiting_human")):
             raise busy  # 待办还在,是同一张工单的另一个事件在 worker 手里
         raise Refused(f"{ticket_id} 刚被另一个收件箱命令拿走处理了,稍后再 list 看看")
+    if command == "accept":
+        # 拿到手之后再核对:这之后别人改不了这条待办。没 list 过(seen 是 None)就照课文发;通知类待办没有草稿
+        draft = graph.get_state(cfg).interrupts[0].value["action_request"]["args"].get("reply")
+        seen = None if draft is None else store.seen_draft(ticket_id, viewer())
+        if seen is not None and seen != fingerprint(draft):
+            store.set_status(ev["event_id"], "waiting_human", owner=store.worker_id())
+            raise Refused(f"{ticket_id} 的草稿在你上次看过之后被改写了(有人 respond 过),这次没有发;"
+                          "先 uv run python inbox.py list 看看新草稿,再决定")
     try:
         # sync:每个节点的结果写下了才跑下一个节点。默认的 async 在后台写、同时就往下跑:review 的结果(人的决定)
         # 还没写下,send 可能已经写了发件箱;这时被杀,checkpoint 里 review 还停在 interrupt,下一次 list 会把已经
@@ -145,6 +192,7 @@ def act(graph, command: str, ticket_id: str, text: str) -> None:
             # 上面核对过了,按说不会到这里:图没有接受这个回答(review 又问了一次),待办原样留着,可以再处理
             raise Refused(f"{ticket_id} 这次没有处理成:{item['description']};仍在收件箱里")
         print("已按意见重写,新草稿:", item["action_request"]["args"]["reply"])
+        remember({ticket_id: item["action_request"]["args"]["reply"]})
         return
     store.set_status(ev["event_id"], "ignored" if result["outcome"] == "ignored" else "done", owner=store.worker_id())
     print(ticket_id, "→", result["outcome"])

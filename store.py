@@ -69,6 +69,13 @@ CREATE TABLE IF NOT EXISTS review_log (      -- 练习 4:人改了什么,反馈�
     feedback    TEXT NOT NULL,              -- JSON 数组:每一轮 respond 的意见
     created_at  {time} NOT NULL
 );
+CREATE TABLE IF NOT EXISTS inbox_seen (      -- 几个人共用收件箱:每个人最后看到的是哪一版草稿,accept 前核对
+    ticket_id   TEXT NOT NULL,
+    viewer      TEXT NOT NULL,              -- 谁看的:INBOX_USER,没设就是「登录名@主机名」
+    draft_sha   TEXT NOT NULL,              -- 看到的草稿全文的 SHA-256
+    seen_at     {time} NOT NULL,
+    PRIMARY KEY (ticket_id, viewer)
+);
 CREATE TABLE IF NOT EXISTS llm_usage (       -- 每次模型调用一行:算单事件成本
     id          {serial},
     event_id    TEXT,
@@ -249,16 +256,27 @@ def opened(path: Path | str | None = None, *, durable: bool = True):
 
 
 @contextmanager
-def transaction(path: Path | str | None = None):
-    """唯一的事务写法:BEGIN IMMEDIATE 一开始就拿写锁,避免两个写者读完再抢锁时死锁。"""
+def transaction(path: Path | str | None = None, *, wait_s: float | None = None):
+    """唯一的事务写法:BEGIN IMMEDIATE 一开始就拿写锁,避免两个写者读完再抢锁时死锁。
+    wait_s:这个事务最多等别人的锁几秒(默认等 BUSY_TIMEOUT_S,PostgreSQL 一直等),等不到就抛
+    unavailable_errors() 里的错误、什么都没写。给「记不下也没关系」的写入用,别让人对着终端干等。"""
+    sqlite = dialect(path) == "sqlite"
     with opened(path) as conn:
-        conn.execute(DIALECTS[dialect(path)]["begin"])
+        if wait_s is not None and sqlite:
+            conn.execute(f"PRAGMA busy_timeout = {int(wait_s * 1000)}")
         try:
-            yield conn
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
-        conn.execute("COMMIT")
+            conn.execute(DIALECTS[dialect(path)]["begin"])
+            try:
+                if wait_s is not None and not sqlite:
+                    conn.execute(f"SET LOCAL lock_timeout = '{int(wait_s * 1000)}ms'")
+                yield conn
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
+        finally:
+            if wait_s is not None and sqlite:  # 连接留着给这个线程以后用(KeptConnection):换回平常的等法
+                conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s() * 1000)}")
 
 
 def init() -> None:
@@ -804,6 +822,26 @@ def record_review(conn: sqlite3.Connection, ticket_id: str, review: dict) -> Non
 def record_ignore(ticket_id: str, review: dict) -> None:
     with transaction() as conn:
         record_review(conn, ticket_id, {**review, "action": "ignore", "final": None})
+
+
+# 收件箱记下某人看到了某张工单的哪一版草稿(见 SCHEMA 里的 inbox_seen);同一个人再看,换成新的那一版
+SEEN_SQL = ("INSERT INTO inbox_seen (ticket_id, viewer, draft_sha, seen_at) VALUES (?, ?, ?, ?) "
+            "ON CONFLICT (ticket_id, viewer) DO UPDATE SET draft_sha = excluded.draft_sha, seen_at = excluded.seen_at")
+
+
+def mark_seen(viewer: str, drafts: dict[str, str], wait_s: float) -> None:
+    """记下 viewer 看到的草稿({工单号: 草稿全文的 SHA-256}),一个事务。等锁超过 wait_s 秒就抛错、一行都不记。"""
+    if drafts:
+        with transaction(wait_s=wait_s) as conn:
+            conn.executemany(SEEN_SQL, [(ticket_id, viewer, sha, now()) for ticket_id, sha in drafts.items()])
+
+
+def seen_draft(ticket_id: str, viewer: str) -> str | None:
+    """viewer 最后一次看到的这张工单草稿的 SHA-256;没记下过就是 None。"""
+    with opened() as conn:
+        row = conn.execute("SELECT draft_sha FROM inbox_seen WHERE ticket_id = ? AND viewer = ?",
+                           (ticket_id, viewer)).fetchone()
+    return row[0] if row else None
 
 
 def record_usage(event_id: str | None, ticket_id: str | None, model: str, input_tokens: int, output_tokens: int) -> None:

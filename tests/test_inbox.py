@@ -3,6 +3,8 @@ import json
 import sqlite3
 import subprocess
 import sys
+import time
+from contextlib import contextmanager
 
 import pytest
 from conftest import LAB, cut_at, die_at, die_before_checkpoint, drain, free_port, rows, run, write_locked
@@ -456,6 +458,111 @@ def test_two_inbox_commands_on_one_ticket_at_once_send_one_reply(any_lab):
                        "T1012 正在被处理(另一个收件箱命令或 worker),稍后再 list 看看\n"), err
     assert rows("SELECT COUNT(*) FROM outbox") == [(1,)]
     assert rows("SELECT status FROM events") == [("done",)]
+
+
+NOT_THE_DRAFT_YOU_SAW = ("T1041 的草稿在你上次看过之后被改写了(有人 respond 过),这次没有发;"
+                         "先 uv run python inbox.py list 看看新草稿,再决定\n")
+T1041_FIRST_REDRAFT = (f"{SORRY}关于您提到的扣款和退款问题,我们已转交财务核实扣款记录,核实后会按原支付渠道处理,"
+                       f"进度会在 1–3 个工作日内通过工单告知您。{AFTER_FEEDBACK}")
+
+
+def test_accept_of_a_draft_someone_else_rewrote_since_your_list_is_refused_until_you_list_again(any_lab):
+    """甲 list 看到第一版;乙 respond 出了第二版;甲 accept:不发甲没看过的第二版,一行说明、退出码 1,
+    待办原样留在收件箱。甲再 list 一次看到第二版,accept 发出的就是它,只发一封。"""
+    jia, yi = {**any_lab, "INBOX_USER": "甲"}, {**any_lab, "INBOX_USER": "乙"}
+    queue("T1041")
+    assert inbox(jia, "list").stdout == T1041_ITEM
+    respond = inbox(yi, "respond", "T1041", "语气再软一点,先道歉")
+    assert (respond.returncode, respond.stdout) == (0, f"已按意见重写,新草稿: {T1041_FIRST_REDRAFT}\n")
+
+    refused = inbox(jia, "accept", "T1041")
+    assert (refused.returncode, refused.stdout, refused.stderr) == (1, "", NOT_THE_DRAFT_YOU_SAW)
+    assert rows("SELECT event_id, status, claimed_by FROM events") == [("evt_T1041_created", "waiting_human", None)]
+    assert rows("SELECT COUNT(*) FROM outbox") == [(0,)]
+    assert rows("SELECT COUNT(*) FROM review_log") == [(0,)]
+
+    listing = inbox(jia, "list")
+    assert (listing.returncode, listing.stdout, listing.stderr) == (
+        0, f"T1041  [refund] 客户反映:同一笔账单被扣了两次\n        草稿:{T1041_FIRST_REDRAFT}\n", "")
+    accept = inbox(jia, "accept", "T1041")
+    assert (accept.returncode, accept.stdout, accept.stderr) == (0, "T1041 → sent\n", "")
+    assert rows("SELECT ticket_id, body, sent_by FROM outbox") == [("T1041", T1041_FIRST_REDRAFT, "agent+reviewer")]
+    assert rows("SELECT status FROM events") == [("done",)]
+
+
+def test_whoever_asked_for_the_redraft_or_never_listed_can_accept_it(lab):
+    """respond 打印了新草稿,就算这个人看过了:乙 list、respond、accept 照常发出。丙从没 list 过,accept 照课文发。"""
+    yi, bing = {**lab, "INBOX_USER": "乙"}, {**lab, "INBOX_USER": "丙"}
+    queue("T1041", "T1012")
+    assert inbox(yi, "list").stdout == T1041_ITEM + T1012_ITEM
+    assert inbox(yi, "respond", "T1041", "语气再软一点,先道歉").returncode == 0
+    assert inbox(yi, "accept", "T1041").stdout == "T1041 → sent\n"
+    assert inbox(bing, "accept", "T1012").stdout == "T1012 → sent\n"
+    t1012_draft = T1012_ITEM.splitlines()[1].removeprefix("        草稿:")
+    assert rows("SELECT ticket_id, body FROM outbox ORDER BY id") == [("T1041", T1041_FIRST_REDRAFT),
+                                                                      ("T1012", t1012_draft)]
+
+
+def test_a_redraft_that_lands_just_before_your_accept_takes_the_item_is_not_sent(lab, monkeypatch, capsys):
+    """甲的 accept 核对时还是第一版、正要拿走待办的那一刻乙的 respond 做完了:核对放在拿到手之后,照样不发第二版,
+    待办放回收件箱。两个进程真的同时跑时谁先谁后不确定,这里在本进程里把乙的 respond 放在确定的时刻。"""
+    queue("T1041")
+    monkeypatch.setenv("INBOX_USER", "甲")
+    assert inbox_mod.main(["list"]) == 0
+    real_take = store.take_for_review
+
+    def yi_responds_first(event_id, owner=None):
+        r = inbox({**lab, "INBOX_USER": "乙"}, "respond", "T1041", "语气再软一点,先道歉")
+        assert (r.returncode, r.stdout) == (0, f"已按意见重写,新草稿: {T1041_FIRST_REDRAFT}\n")
+        return real_take(event_id, owner)
+
+    monkeypatch.setattr(store, "take_for_review", yi_responds_first)
+    capsys.readouterr()
+    assert inbox_mod.main(["accept", "T1041"]) == 1
+    assert capsys.readouterr() == ("", NOT_THE_DRAFT_YOU_SAW)
+    assert rows("SELECT event_id, status, claimed_by FROM events") == [("evt_T1041_created", "waiting_human", None)]
+    assert rows("SELECT COUNT(*) FROM outbox") == [(0,)]
+    assert state("T1041")["outcome"] == "redraft"  # 图里最后一个决定是乙的 respond,甲的 accept 没有交给图
+
+
+@contextmanager
+def seen_table_locked(env: dict):
+    """有人开着事务、占着锁没提交:SQLite 是整个事件库的写锁(BUSY_TIMEOUT_S 默认等 30 秒),
+    PostgreSQL 是 inbox_seen 表上的锁(像 psql 里 ALTER TABLE 了没提交;不设 lock_timeout 会一直等)。"""
+    if "DATABASE_URL" not in env:
+        with write_locked():
+            yield
+        return
+    import psycopg
+
+    with psycopg.connect(env["DATABASE_URL"]) as conn:
+        conn.execute("LOCK TABLE inbox_seen IN ACCESS EXCLUSIVE MODE")
+        yield
+        conn.rollback()
+
+
+def test_a_list_that_cannot_record_what_you_saw_still_shows_the_inbox_at_once_and_accept_asks_you_to_list_again(
+        any_lab):
+    """记「你看到了哪一版」的表被别人锁着:list 照样马上列出来,只是记不下你看到了第二版;
+    锁放开后 accept 按上一次记下的第一版核对,对不上就请你再 list,不会发出去。再 list 一次就能发。"""
+    lab = any_lab
+    jia, yi = {**lab, "INBOX_USER": "甲"}, {**lab, "INBOX_USER": "乙"}
+    queue("T1041")
+    assert inbox(jia, "list").stdout == T1041_ITEM
+    assert inbox(yi, "respond", "T1041", "语气再软一点,先道歉").returncode == 0
+    second = f"T1041  [refund] 客户反映:同一笔账单被扣了两次\n        草稿:{T1041_FIRST_REDRAFT}\n"
+    with seen_table_locked(lab):
+        started = time.monotonic()
+        listing = inbox(jia, "list", timeout=60)
+        took = time.monotonic() - started
+    assert (listing.returncode, listing.stdout, listing.stderr) == (0, second, "")
+    assert took < 10, took  # 只等 SEEN_WAIT_S(0.5 秒)
+    refused = inbox(jia, "accept", "T1041")
+    assert (refused.returncode, refused.stdout, refused.stderr) == (1, "", NOT_THE_DRAFT_YOU_SAW)
+    assert rows("SELECT COUNT(*) FROM outbox") == [(0,)]
+    assert inbox(jia, "list").stdout == second
+    assert inbox(jia, "accept", "T1041").stdout == "T1041 → sent\n"
+    assert rows("SELECT body FROM outbox") == [(T1041_FIRST_REDRAFT,)]
 
 
 def test_an_item_is_not_taken_while_another_event_of_its_ticket_is_being_processed(any_lab):
