@@ -7,9 +7,17 @@ checkpoint 库等 worker 第一次跑时由 LangGraph 自己建),然后每个库
     事件库 /…/ambient.db:events 0 行,outbox 0 行,review_log 0 行,llm_usage 0 行
     业务库 /…/cloudledger.db:customers 30 行,tickets 41 行
 已经建好的不会重建,可以反复运行。退出码:0 好了;1 数据库暂时用不了或打不开、业务库拷不进 PostgreSQL(说明原因);
-2 BIZ_DB 指着的库不是 store.py 建的、PostgreSQL 里只有半套业务表(都没有动它),或者命令带了参数(它不收参数)。
+2 BIZ_DB 指着的库不是 store.py 建的、PostgreSQL 里只有半套业务表(都没有动它),或者参数不对(只收 --from-sqlite)。
 设了 DATABASE_URL 时三样都在那个 PostgreSQL 库里,EVENTS_DB、CHECKPOINTS_DB 不用;业务表第一次建时多一行
 「已在 … 新建业务表 customers、tickets(从 …/cloudledger.db 拷过来)」:BIZ_DB 指的 SQLite 业务库在就拷它,不在就是「(种子数据)」。
+
+一直用 SQLite、现在换到 PostgreSQL:设好 DATABASE_URL,停掉用 SQLite 的 worker 和收件箱,运行
+    uv run python store.py --from-sqlite
+把 EVENTS_DB、CHECKPOINTS_DB 里的全部事件、发件箱、审核记录、用量和 LangGraph 的 checkpoint 搬进去(一个事务,
+SQLite 的文件不改),各表行数之前多两行:「已从 … 搬进 …:events 5 行,…;checkpoint 4 个 thread(17 个 checkpoint)」
+和一句提醒;收件箱里的待办在 PostgreSQL 上照样 accept,做了一半的图接着跑。搬不了(有事件正在处理、PostgreSQL 里已经有同样的事件或工单、
+事件库是课文建的旧版)时说「没有搬:…」,退出码 1 或 2,什么都没搬。不带 --from-sqlite 运行时,EVENTS_DB 里还有
+PostgreSQL 里没有的未完事件,最后多一行提醒。
 
 三种触发源(webhook、邮件、定时任务)只往 events 里写一行;worker 领事件、跑图;
 发给客户的回复写进 outbox(今天不真的发邮件,写进这张表就算发出去了)。
@@ -931,6 +939,146 @@ def build_biz_db(path: Path, today: date | None = None) -> None:
     tmp.replace(path)  # 建好再换上,建到一半崩了不会留下半个库
 
 
+# ---------------------------------------------------------------- 从 SQLite 搬到 PostgreSQL(store.py --from-sqlite)
+# 事件库里要搬的表和列。自增的 id 不搬:PostgreSQL 自己编号(别处没有引用它)
+MOVED_COLUMNS = {
+    "events": ("event_id", "source", "kind", "payload", "status", "attempts", "last_error", "received_at",
+               "updated_at", "not_before", "ticket_id", "claimed_by"),
+    "outbox": ("ticket_id", "body", "sent_by", "sent_at"),
+    "review_log": ("ticket_id", "category", "draft", "final", "action", "feedback", "created_at"),
+    "inbox_seen": ("ticket_id", "viewer", "draft_sha", "seen_at"),
+    "llm_usage": ("event_id", "ticket_id", "model", "input_tokens", "output_tokens", "created_at"),
+}
+MOVE_LOCK = 20261133  # advisory lock 的编号:两个人同时搬,第二个等第一个搬完,再发现事件已经在了
+
+
+class MoveRefused(Exception):
+    """搬不了:说明原因,什么都没搬。code 是 store.py 的退出码。"""
+
+    def __init__(self, code: int, message: str):
+        super().__init__(message)
+        self.code = code
+
+
+def sqlite_rows_to_move() -> dict[str, list]:
+    """EVENTS_DB 里要搬的行(按 MOVED_COLUMNS)。库不在、是旧版的、有事件正在处理:MoveRefused,什么都没读走。"""
+    path = events_db()
+    if not path.exists() or path.stat().st_size == 0:
+        raise MoveRefused(2, f"没有可搬的:EVENTS_DB 指的 {path} 不存在")
+    try:
+        with opened(path) as conn:
+            have = {t: {r["name"] for r in conn.execute(f"PRAGMA table_info({t})")} for t in MOVED_COLUMNS}
+            if any(set(columns) - have[t] for t, columns in MOVED_COLUMNS.items()):
+                raise MoveRefused(2, f"{path} 是旧版的事件库(照课文建的,或者缺表):先在 SQLite 上运行一次 "
+                                     "DATABASE_URL= uv run python store.py 把它升级,再来搬")
+            busy = [r[0] for r in conn.execute(
+                "SELECT event_id FROM events WHERE status = 'processing' ORDER BY event_id")]
+            if busy:
+                raise MoveRefused(1, f"{path} 里有 {len(busy)} 个事件正在处理({'、'.join(busy[:5])}):先停掉用 SQLite 的 "
+                                     "worker 和收件箱,等它们做完再搬;进程已经没了的,先在 SQLite 上把它们放回队列、做完:"
+                                     "DATABASE_URL= STALE_MINUTES=0 uv run python worker.py --once。什么都没搬")
+            return {t: [tuple(r) for r in conn.execute(
+                f"SELECT {', '.join(columns)} FROM {t} ORDER BY rowid")] for t, columns in MOVED_COLUMNS.items()}
+    except sqlite3.DatabaseError as e:
+        raise MoveRefused(2, f"{path} 打不开:{first_line(e)}。什么都没搬") from None
+
+
+def sqlite_checkpoints() -> list:
+    """CHECKPOINTS_DB 里所有 thread 的全部 checkpoint(CheckpointTuple,带着没跑完的节点写下的 pending writes),
+    同一个 thread 里旧的在前。文件不在(worker 从没跑过)就是空的。"""
+    path = checkpoints_db()
+    if not path.exists() or path.stat().st_size == 0:
+        return []
+    from langgraph.checkpoint.sqlite import SqliteSaver
+
+    conn = sqlite3.connect(f"{path.absolute().as_uri()}?mode=rw", uri=True, check_same_thread=False,
+                           timeout=busy_timeout_s())
+    try:
+        return list(reversed(list(SqliteSaver(conn).list(None))))  # list() 给的是新的在前
+    except sqlite3.DatabaseError as e:
+        raise MoveRefused(2, f"{path} 打不开:{first_line(e)}。什么都没搬") from None
+    finally:
+        conn.close()
+
+
+class PostgresTarget(PgConnection):
+    """PgConnection 的写法(? 占位符),用在一个借好的连接上(搬家时和 checkpoint 同一个事务)。"""
+
+    def __init__(self, raw):
+        self.pool, self.raw = None, raw
+
+
+def move_from_sqlite() -> str:
+    """把 EVENTS_DB、CHECKPOINTS_DB 里的东西搬进 DATABASE_URL 指的 PostgreSQL:全部事件(等人审的、排队的、做完的、死信)、
+    发件箱、审核记录、看过的草稿、用量,和每个 thread 的全部 checkpoint —— 等人审的待办在 PostgreSQL 上照样 accept,
+    做了一半的图从停下的节点接着跑,定时任务也认得哪些工单已经回过。一个事务:要么全搬过去,要么什么都没搬。
+    SQLite 的两个文件只读,不改。返回给人看的一行;搬不了时抛 MoveRefused。"""
+    import psycopg
+
+    moved = sqlite_rows_to_move()
+    checkpoints = sqlite_checkpoints()
+    threads = sorted({t.config["configurable"]["thread_id"] for t in checkpoints})
+    saver, pool = open_checkpointer(durable=True)  # 先让 LangGraph 建好 checkpoint 的表
+    try:
+        with pool.connection() as conn, conn.transaction():
+            target = PostgresTarget(conn)
+            target.execute("SELECT pg_advisory_xact_lock(?)", (MOVE_LOCK,))
+            event_ids = [r[0] for r in moved["events"]]
+            there = [r["event_id"] for r in target.execute(
+                "SELECT event_id FROM events WHERE event_id = ANY(?) ORDER BY event_id", (event_ids,))]
+            if there:
+                raise MoveRefused(2, f"PostgreSQL 里已经有 {len(there)} 个同样的事件({'、'.join(there[:5])}):"
+                                     "多半已经搬过了。什么都没搬")
+            there = [r["thread_id"] for r in target.execute(
+                "SELECT DISTINCT thread_id FROM checkpoints WHERE thread_id = ANY(?) ORDER BY thread_id", (threads,))]
+            if there:
+                raise MoveRefused(2, f"PostgreSQL 里已经有这些工单的 checkpoint({'、'.join(there[:5])}):"
+                                     "它们在那边已经处理过,两边的进度合不到一起。什么都没搬")
+            for table, rows in moved.items():
+                columns = MOVED_COLUMNS[table]
+                target.executemany(f"INSERT INTO {table} ({', '.join(columns)}) "
+                                   f"VALUES ({', '.join('?' * len(columns))})", rows)
+            copy = type(saver)(conn)  # 同一个连接、同一个事务
+            for t in checkpoints:
+                parent = t.parent_config or {"configurable": {
+                    k: t.config["configurable"][k] for k in ("thread_id", "checkpoint_ns")}}
+                copy.put(parent, t.checkpoint, t.metadata, t.checkpoint["channel_versions"])
+                by_task: dict[str, list] = {}
+                for task_id, channel, value in t.pending_writes or ():
+                    by_task.setdefault(task_id, []).append((channel, value))
+                for task_id, writes in by_task.items():
+                    copy.put_writes(t.config, writes, task_id)
+    except psycopg.DataError as e:  # 比如文本里有 NUL:PostgreSQL 的 TEXT 存不了
+        raise MoveRefused(2, f"有一行搬不进 PostgreSQL({first_line(e)}):什么都没搬") from None
+    except psycopg.IntegrityError as e:  # 发件箱、审核记录里同一张工单两边都有(PostgreSQL 上已经处理过它)
+        detail = (e.diag.message_detail or "").strip()
+        raise MoveRefused(2, f"PostgreSQL 里已经有同样的记录({first_line(e)}{';' + detail if detail else ''}):"
+                             "什么都没搬") from None
+    finally:
+        pool.close()
+    counted = ",".join(f"{t} {len(rows)} 行" for t, rows in moved.items())
+    return f"{counted};checkpoint {len(threads)} 个 thread({len(checkpoints)} 个 checkpoint)"
+
+
+def unmoved_events() -> int:
+    """设了 DATABASE_URL 时:EVENTS_DB 那个 SQLite 库里还没做完(排队、处理中、等人审)、PostgreSQL 里又没有的事件有几个。
+    只是提醒用:SQLite 库不在、打不开就是 0。"""
+    path = events_db()
+    if not path.exists() or path.stat().st_size == 0:
+        return 0
+    try:
+        with opened(path) as conn:
+            ids = [r[0] for r in conn.execute(
+                "SELECT event_id FROM events WHERE status IN ('pending', 'processing', 'waiting_human')")]
+    except sqlite3.Error:
+        return 0
+    if not ids:
+        return 0
+    with opened() as conn:
+        there = conn.execute("SELECT COUNT(*) FROM events WHERE event_id = ANY(?)", (ids,)).fetchone()[0]
+    return len(ids) - there
+
+
 def _safe_url(url: str) -> str:
     """打印用:去掉 URL 里的密码。"""
     return re.sub(r"://([^:/@]+):[^@]*@", r"://\1:***@", url)
@@ -1062,23 +1210,33 @@ def _outcomes_by_category(reviews, recent_since: datetime | None) -> list[dict]:
     return list(out.values())
 
 
+USAGE = ("用法:uv run python store.py               建好缺的库,打印各表行数\n"
+         "      uv run python store.py --from-sqlite  (设了 DATABASE_URL 时)另外把 EVENTS_DB、CHECKPOINTS_DB 里的"
+         "事件、发件箱、审核记录和 checkpoint 搬进 PostgreSQL")
+
+
 def main(args: list[str] = ()) -> int:
-    if args:  # 不收参数:--help 打印用法,别的(写错的选项、多余的词)说明一下;都不建库
-        usage = "用法:uv run python store.py(不带参数:建好缺的库,打印各表行数)"
-        if list(args) in (["-h"], ["--help"]):
-            print(usage)
-            return 0
-        print(f"store.py 不收参数:{' '.join(args)}\n{usage}", file=sys.stderr)
+    args = list(args)
+    if args in (["-h"], ["--help"]):
+        print(USAGE)
+        return 0
+    if args not in ([], ["--from-sqlite"]):  # 写错的选项、多余的词:说明一下,不建库
+        print(f"store.py 不认识这些参数:{' '.join(args)}\n{USAGE}", file=sys.stderr)
+        return 2
+    if args and dialect() != "postgres":
+        print("--from-sqlite 是把 SQLite 里的东西搬进 PostgreSQL:先设好 DATABASE_URL=postgresql://…(写进 .env 或 export)"
+              "再运行。什么都没做", file=sys.stderr)
         return 2
     try:
-        return build_and_count()
+        return build_and_count(from_sqlite=bool(args))
     except unavailable_errors() as e:  # PostgreSQL 重启、连接被掐断;SQLite 被锁太久
-        print(f"{unavailable(e)},稍后再运行 uv run python store.py(已经建好的不会重建)", file=sys.stderr)
+        again = " --from-sqlite(已经建好的不会重建;这一次什么都没搬)" if args else "(已经建好的不会重建)"
+        print(f"{unavailable(e)},稍后再运行 uv run python store.py{again}", file=sys.stderr)
         return 1
 
 
-def build_and_count() -> int:
-    """建库(已有就不动),打印每张表的行数。"""
+def build_and_count(from_sqlite: bool = False) -> int:
+    """建库(已有就不动);from_sqlite 时再把 SQLite 事件库和 checkpoint 搬进 PostgreSQL;打印每张表的行数。"""
     init()
     if dialect() == "postgres":  # 业务表也在这个库里
         url = _safe_url(database_url())
@@ -1088,6 +1246,15 @@ def build_and_count() -> int:
             print(f"{problem}。没有动它:把剩下的业务表也删掉(DROP TABLE)再运行 uv run python store.py,就会新建一套",
                   file=sys.stderr)
             return 2
+        if from_sqlite:
+            try:
+                moved = move_from_sqlite()
+            except MoveRefused as e:
+                print(f"没有搬:{e}", file=sys.stderr)
+                return e.code
+            print(f"已从 {events_db()}、{checkpoints_db()} 搬进 {url}:{moved}")
+            print("这两个 SQLite 文件没有改动。以后都设着 DATABASE_URL 运行:别再不设它跑 worker 或收件箱,"
+                  "不然同一张工单会在两边各处理一遍")
         where = {"事件库": (url, None), "业务库": (url, None)}
     else:
         biz = biz_db()
@@ -1102,6 +1269,9 @@ def build_and_count() -> int:
     tables = {"事件库": ("events", "outbox", "review_log", "llm_usage"), "业务库": tuple(BIZ_COLUMNS)}
     for label, (shown, path) in where.items():
         print(f"{label} {shown}:" + ",".join(f"{t} {n} 行" for t, n in counts(path, tables[label]).items()))
+    if dialect() == "postgres" and not from_sqlite and (left := unmoved_events()):
+        print(f"{events_db()} 里还有 {left} 个没做完的事件(排队、等人审)不在 PostgreSQL 里:要在这边接着处理,"
+              "停掉用 SQLite 的 worker 和收件箱,运行 uv run python store.py --from-sqlite")
     return 0
 
 

@@ -232,9 +232,9 @@ def pg_url() -> str:
     return PG_URL
 
 
-@pytest.fixture
-def pg_lab(lab, monkeypatch, pg_url):
-    """同一套实验环境,但事件库和 checkpoint 放在真的 PostgreSQL 里:每个测试一个新 schema,用完删掉。"""
+@contextmanager
+def pg_schema():
+    """PostgreSQL 里一个新的空 schema,返回只看得见它的 DATABASE_URL;用完连同里面的表一起删掉。"""
     import uuid
 
     import psycopg
@@ -243,15 +243,23 @@ def pg_lab(lab, monkeypatch, pg_url):
     with psycopg.connect(PG_URL, autocommit=True) as conn:
         conn.execute(f"CREATE SCHEMA {schema}")
     sep = "&" if "?" in PG_URL else "?"
-    url = f"{PG_URL}{sep}options=-csearch_path%3D{schema}"
-    monkeypatch.setenv("DATABASE_URL", url)
-    store.init()
-    store.build_biz_tables()  # 业务表也建在这个 schema 里(拷 lab 建的 SQLite 业务库,和 store.py 第一次运行一样)
-    yield {**lab, "DATABASE_URL": url}
-    store.close_pools()
-    with psycopg.connect(PG_URL, autocommit=True) as conn:
-        conn.execute("SET lock_timeout = '60s'")  # 还有进程占着锁时报错,不要一直等
-        conn.execute(f"DROP SCHEMA {schema} CASCADE")
+    try:
+        yield f"{PG_URL}{sep}options=-csearch_path%3D{schema}"
+    finally:
+        store.close_pools()
+        with psycopg.connect(PG_URL, autocommit=True) as conn:
+            conn.execute("SET lock_timeout = '60s'")  # 还有进程占着锁时报错,不要一直等
+            conn.execute(f"DROP SCHEMA {schema} CASCADE")
+
+
+@pytest.fixture
+def pg_lab(lab, monkeypatch, pg_url):
+    """同一套实验环境,但事件库和 checkpoint 放在真的 PostgreSQL 里:每个测试一个新 schema,用完删掉。"""
+    with pg_schema() as url:
+        monkeypatch.setenv("DATABASE_URL", url)
+        store.init()
+        store.build_biz_tables()  # 业务表也建在这个 schema 里(拷 lab 建的 SQLite 业务库,和 store.py 第一次运行一样)
+        yield {**lab, "DATABASE_URL": url}
 
 
 @pytest.fixture(params=["sqlite", "postgres"])

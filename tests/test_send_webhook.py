@@ -88,11 +88,17 @@ def test_store_builds_missing_databases_and_prints_row_counts(tmp_path):
     assert rows("SELECT COUNT(*) FROM tickets WHERE status = 'open'", path=tmp_path / "b.db") == [(29,)]
 
 
+STORE_USAGE = ("用法:uv run python store.py               建好缺的库,打印各表行数\n"
+               "      uv run python store.py --from-sqlite  (设了 DATABASE_URL 时)另外把 EVENTS_DB、CHECKPOINTS_DB 里的"
+               "事件、发件箱、审核记录和 checkpoint 搬进 PostgreSQL\n")
+
+
 @pytest.mark.parametrize("args, code, out, err", [
-    (["--help"], 0, "用法:uv run python store.py(不带参数:建好缺的库,打印各表行数)\n", ""),
-    (["-h"], 0, "用法:uv run python store.py(不带参数:建好缺的库,打印各表行数)\n", ""),
-    (["--reset"], 2, "", "store.py 不收参数:--reset\n用法:uv run python store.py(不带参数:建好缺的库,打印各表行数)\n"),
-    (["init", "now"], 2, "", "store.py 不收参数:init now\n用法:uv run python store.py(不带参数:建好缺的库,打印各表行数)\n"),
+    (["--help"], 0, STORE_USAGE, ""),
+    (["-h"], 0, STORE_USAGE, ""),
+    (["--reset"], 2, "", "store.py 不认识这些参数:--reset\n" + STORE_USAGE),
+    (["init", "now"], 2, "", "store.py 不认识这些参数:init now\n" + STORE_USAGE),
+    (["--from-sqlite", "now"], 2, "", "store.py 不认识这些参数:--from-sqlite now\n" + STORE_USAGE),
 ])
 def test_store_with_arguments_prints_usage_and_builds_nothing(tmp_path, args, code, out, err):
     """以前 store.py 不看参数:store.py --help 也照样建库。"""

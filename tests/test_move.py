@@ -1,0 +1,261 @@
+"""store.py --from-sqlite:一直用 SQLite 的实验换到 PostgreSQL 时,把事件、发件箱、审核记录和 checkpoint 搬过去。
+搬过去的待办在 PostgreSQL 上照样处理、只发一次;做了一半的图接着跑;搬不了时说明原因,什么都没搬。"""
+import json
+import os
+import sqlite3
+from contextlib import contextmanager
+
+import pytest
+from conftest import cut_connections, drain, pg_schema, rows, run
+from openai_stub import OpenAIStub
+
+import store
+
+TABLES = ("events", "outbox", "review_log", "inbox_seen", "llm_usage")
+
+
+def add(ticket_id: str, event_id: str = "") -> None:
+    event_id = event_id or f"evt_{ticket_id}_created"
+    payload = json.dumps({"id": event_id, "type": "ticket.created", "data": {"ticket_id": ticket_id}})
+    assert store.add_event(event_id, "webhook", "ticket.created", payload)
+
+
+def snapshot() -> dict:
+    """当前库(SQLite 或 PostgreSQL)里这几张表的全部内容,不含自增 id;时间统一成 datetime 再比。"""
+    out = {}
+    for table, columns in store.MOVED_COLUMNS.items():
+        got = rows(f"SELECT {', '.join(columns)} FROM {table} ORDER BY {columns[0]}, {columns[1]}")
+        out[table] = [tuple(store.parse_time(v) if c.endswith(("_at", "not_before")) and v else v
+                            for c, v in zip(columns, r)) for r in got]
+    return out
+
+
+@contextmanager
+def on_postgres(monkeypatch, url: str):
+    """with 里面本进程用 url 指的 PostgreSQL,出来换回 SQLite。"""
+    with monkeypatch.context() as m:
+        m.setenv("DATABASE_URL", url)
+        yield
+
+
+def checkpoint_ids(thread_id: str) -> list[str]:
+    from agent import open_graph
+
+    graph, conn = open_graph()
+    try:
+        return [s.config["configurable"]["checkpoint_id"]
+                for s in graph.checkpointer.list({"configurable": {"thread_id": thread_id}})]
+    finally:
+        conn.close()
+
+
+@pytest.fixture
+def sqlite_lab_in_use(lab, monkeypatch):
+    """用了一阵的 SQLite 实验:T1012 已经发出,T1041、T1003 在收件箱里(甲看过),T1020 起草失败、等着重试
+    (图停在 draft 之前),T1021 刚进来还没领。返回 (环境变量, 搬之前 SQLite 里的全部内容)。"""
+    add("T1012"), add("T1041"), add("T1003")
+    assert drain() == [("evt_T1012_created", "waiting_human"), ("evt_T1041_created", "waiting_human"),
+                       ("evt_T1003_created", "waiting_human")]
+    assert run(["inbox.py", "accept", "T1012"], lab).stdout == "T1012 → sent\n"
+    assert run(["inbox.py", "list"], {**lab, "INBOX_USER": "甲"}).returncode == 0
+    with OpenAIStub() as stub, monkeypatch.context() as m:
+        for name, value in {"LLM_API_KEY": "sk-test", "LLM_BASE_URL": stub.base_url, "LLM_MODEL": "stub-model",
+                            "LLM_MAX_RETRIES": "0"}.items():
+            m.setenv(name, value)
+        stub.fail["stub-model"] = (500, "server_error")
+        add("T1020")
+        assert drain() == [("evt_T1020_created", "pending")]
+    add("T1021")
+    return lab, snapshot()
+
+
+def from_sqlite(env: dict):
+    return run(["store.py", "--from-sqlite"], env)
+
+
+def test_a_sqlite_lab_moved_to_postgres_carries_on_there_and_sends_each_reply_once(
+        sqlite_lab_in_use, pg_url, monkeypatch):
+    lab, before = sqlite_lab_in_use
+    sqlite_ids = checkpoint_ids("ticket-T1020")
+    (checkpoints, threads), = rows("SELECT COUNT(*), COUNT(DISTINCT thread_id) FROM checkpoints", (),
+                                   lab["CHECKPOINTS_DB"])
+    with pg_schema() as url:
+        env = {**lab, "DATABASE_URL": url}
+        first = run(["store.py"], env)  # 照 README 换到 PostgreSQL:先建库,它提醒 SQLite 里还有没做完的
+        assert (first.returncode, first.stderr) == (0, "")
+        assert first.stdout.splitlines() == [
+            f"已在 {url} 新建业务表 customers、tickets(从 {lab['BIZ_DB']} 拷过来)",
+            f"事件库 {url}:events 0 行,outbox 0 行,review_log 0 行,llm_usage 0 行",
+            f"业务库 {url}:customers 30 行,tickets 41 行",
+            f"{lab['EVENTS_DB']} 里还有 4 个没做完的事件(排队、等人审)不在 PostgreSQL 里:要在这边接着处理,"
+            "停掉用 SQLite 的 worker 和收件箱,运行 uv run python store.py --from-sqlite"]
+        r = from_sqlite(env)
+        assert (r.returncode, r.stderr) == (0, "")
+        assert r.stdout.splitlines() == [
+            f"已从 {lab['EVENTS_DB']}、{lab['CHECKPOINTS_DB']} 搬进 {url}:events 5 行,outbox 1 行,review_log 1 行,"
+            f"inbox_seen 2 行,llm_usage 3 行;checkpoint {threads} 个 thread({checkpoints} 个 checkpoint)",
+            "这两个 SQLite 文件没有改动。以后都设着 DATABASE_URL 运行:别再不设它跑 worker 或收件箱,"
+            "不然同一张工单会在两边各处理一遍",
+            f"事件库 {url}:events 5 行,outbox 1 行,review_log 1 行,llm_usage 3 行",
+            f"业务库 {url}:customers 30 行,tickets 41 行"]
+        assert snapshot() == before  # SQLite 原样没动
+        assert run(["store.py"], env).stdout.splitlines() == r.stdout.splitlines()[2:]  # 搬过了就不再提醒
+        monkeypatch.setenv("DATABASE_URL", url)
+        assert snapshot() == before  # PostgreSQL 里一模一样
+        assert checkpoint_ids("ticket-T1020") == sqlite_ids  # 图的历史也一样,一个不少
+
+        # 甲在 SQLite 上看过的草稿,在 PostgreSQL 上照样认得:不用再 list 一遍就能 accept
+        listing = run(["inbox.py", "list"], env)
+        assert [line.split()[0] for line in listing.stdout.splitlines()[::2]] == ["T1041", "T1003"]
+        accept = run(["inbox.py", "accept", "T1041"], {**env, "INBOX_USER": "甲"})
+        assert (accept.returncode, accept.stdout) == (0, "T1041 → sent\n")
+        assert run(["inbox.py", "ignore", "T1003"], env).stdout == "T1003 → ignored\n"
+
+        with store.opened() as conn:  # 把 T1020 的重试时间拨到现在
+            conn.execute("UPDATE events SET not_before = ? WHERE event_id = 'evt_T1020_created'", (store.now(),))
+        assert sorted(drain()) == [("evt_T1020_created", "waiting_human"), ("evt_T1021_created", "waiting_human")]
+        assert checkpoint_ids("ticket-T1020")[-len(sqlite_ids):] == sqlite_ids  # 接着原来的 checkpoint 往下跑
+        assert run(["inbox.py", "accept", "T1020"], env).stdout == "T1020 → sent\n"
+
+        assert rows("SELECT ticket_id, COUNT(*) FROM outbox GROUP BY ticket_id ORDER BY ticket_id") == [
+            ("T1012", 1), ("T1020", 1), ("T1041", 1)]
+        assert rows("SELECT event_id, status, attempts FROM events ORDER BY event_id") == [
+            ("evt_T1003_created", "ignored", 1), ("evt_T1012_created", "done", 1), ("evt_T1020_created", "done", 2),
+            ("evt_T1021_created", "waiting_human", 1), ("evt_T1041_created", "done", 1)]
+        # 搬过去的待办没有重新起草:每张工单只调过一次模型(T1020 失败的那次没记用量)
+        assert rows("SELECT ticket_id, COUNT(*) FROM llm_usage GROUP BY ticket_id ORDER BY ticket_id") == [
+            ("T1003", 1), ("T1012", 1), ("T1020", 1), ("T1021", 1), ("T1041", 1)]
+
+
+def test_moving_twice_is_refused_and_nothing_is_moved_again(sqlite_lab_in_use, pg_url, monkeypatch):
+    lab, before = sqlite_lab_in_use
+    with pg_schema() as url:
+        env = {**lab, "DATABASE_URL": url}
+        assert from_sqlite(env).returncode == 0
+        again = from_sqlite(env)
+        assert (again.returncode, again.stderr) == (
+            2, "没有搬:PostgreSQL 里已经有 5 个同样的事件(evt_T1003_created、evt_T1012_created、evt_T1020_created、"
+               "evt_T1021_created、evt_T1041_created):多半已经搬过了。什么都没搬\n")
+        monkeypatch.setenv("DATABASE_URL", url)
+        assert snapshot() == before
+
+
+def nothing_moved(url: str, monkeypatch, before: dict) -> None:
+    """PostgreSQL 里事件表和 checkpoint 都是空的(表可能已经建好),SQLite 里的和搬之前一模一样。"""
+    with on_postgres(monkeypatch, url):
+        assert snapshot() == {t: [] for t in TABLES}
+        if rows("SELECT to_regclass('checkpoints') IS NOT NULL") == [(True,)]:  # 搬之前就拒绝时还没建
+            assert rows("SELECT COUNT(*) FROM checkpoints") == [(0,)]
+    assert snapshot() == before
+
+
+def test_without_database_url_it_says_what_to_set_and_does_nothing(sqlite_lab_in_use):
+    lab, before = sqlite_lab_in_use
+    r = from_sqlite(lab)
+    assert (r.returncode, r.stdout, r.stderr) == (
+        2, "", "--from-sqlite 是把 SQLite 里的东西搬进 PostgreSQL:先设好 DATABASE_URL=postgresql://…(写进 .env 或 export)"
+               "再运行。什么都没做\n")
+    assert snapshot() == before
+
+
+def test_an_event_still_being_processed_in_sqlite_stops_the_move_and_nothing_is_moved(
+        sqlite_lab_in_use, pg_url, monkeypatch):
+    lab, _ = sqlite_lab_in_use
+    assert store.claim("somebody")["event_id"] == "evt_T1021_created"  # 还有一个用 SQLite 的 worker 在做 T1021
+    before = snapshot()
+    with pg_schema() as url:
+        r = from_sqlite({**lab, "DATABASE_URL": url})
+        assert (r.returncode, r.stderr) == (
+            1, f"没有搬:{lab['EVENTS_DB']} 里有 1 个事件正在处理(evt_T1021_created):先停掉用 SQLite 的 worker 和收件箱,"
+               "等它们做完再搬;进程已经没了的,先在 SQLite 上把它们放回队列、做完:"
+               "DATABASE_URL= STALE_MINUTES=0 uv run python worker.py --once。什么都没搬\n")
+        nothing_moved(url, monkeypatch, before)
+
+
+def test_a_reply_postgres_already_sent_for_the_same_ticket_stops_the_move_and_nothing_is_moved(
+        sqlite_lab_in_use, pg_url, monkeypatch):
+    """PostgreSQL 这边已经给 T1012 发过回复(没有 checkpoint,比如有人手工补的):两边的发件箱合不到一起,一行说清楚哪一条。"""
+    lab, before = sqlite_lab_in_use
+    with pg_schema() as url:
+        with on_postgres(monkeypatch, url):
+            store.init()
+            with store.opened() as conn:
+                conn.execute("INSERT INTO outbox (ticket_id, body, sent_by, sent_at) VALUES ('T1012', '您好', 'human', ?)",
+                             (store.now(),))
+        r = from_sqlite({**lab, "DATABASE_URL": url})
+        assert (r.returncode, r.stderr) == (
+            2, "没有搬:PostgreSQL 里已经有同样的记录(UniqueViolation: duplicate key value violates unique constraint "
+               "\"outbox_ticket_id_key\";Key (ticket_id)=(T1012) already exists.):什么都没搬\n")
+        with on_postgres(monkeypatch, url):
+            assert rows("SELECT ticket_id, sent_by FROM outbox") == [("T1012", "human")]
+            assert [rows(f"SELECT COUNT(*) FROM {t}") for t in ("events", "review_log", "checkpoints")] == [[(0,)]] * 3
+        assert snapshot() == before
+
+
+def test_a_ticket_postgres_already_worked_on_stops_the_move_and_nothing_is_moved(sqlite_lab_in_use, pg_url, monkeypatch):
+    lab, before = sqlite_lab_in_use
+    with pg_schema() as url:
+        with on_postgres(monkeypatch, url):
+            store.init()
+            store.build_biz_tables()
+            add("T1041", "evt_T1041_again")
+            assert drain() == [("evt_T1041_again", "waiting_human")]
+        r = from_sqlite({**lab, "DATABASE_URL": url})
+        assert (r.returncode, r.stderr) == (
+            2, "没有搬:PostgreSQL 里已经有这些工单的 checkpoint(ticket-T1041):它们在那边已经处理过,两边的进度合不到一起。"
+               "什么都没搬\n")
+        with on_postgres(monkeypatch, url):
+            assert rows("SELECT event_id, status FROM events") == [("evt_T1041_again", "waiting_human")]
+            assert rows("SELECT COUNT(DISTINCT thread_id) FROM checkpoints") == [(1,)]
+        assert snapshot() == before
+
+
+def test_a_missing_or_lesson_built_events_database_is_named_and_left_alone(lab, pg_url, monkeypatch, tmp_path):
+    from test_worker import LESSON_SCHEMA
+
+    missing = tmp_path / "nowhere.db"
+    lesson = tmp_path / "lesson.db"
+    with sqlite3.connect(lesson) as conn:
+        conn.executescript(LESSON_SCHEMA)
+    conn.close()
+    built = lesson.read_bytes()
+    with pg_schema() as url:
+        r = from_sqlite({**lab, "DATABASE_URL": url, "EVENTS_DB": str(missing)})
+        assert (r.returncode, r.stderr) == (2, f"没有搬:没有可搬的:EVENTS_DB 指的 {missing} 不存在\n")
+        assert not missing.exists()
+        r = from_sqlite({**lab, "DATABASE_URL": url, "EVENTS_DB": str(lesson)})
+        assert (r.returncode, r.stderr) == (
+            2, f"没有搬:{lesson} 是旧版的事件库(照课文建的,或者缺表):先在 SQLite 上运行一次 "
+               "DATABASE_URL= uv run python store.py 把它升级,再来搬\n")
+        assert lesson.read_bytes() == built
+        nothing_moved(url, monkeypatch, snapshot())
+
+
+def test_connections_cut_in_the_middle_of_the_move_leave_nothing_moved_and_the_rerun_moves_it_all(
+        sqlite_lab_in_use, pg_url, monkeypatch, capsys):
+    """搬到一半(第 5 个 checkpoint)PostgreSQL 断了:一行说明、退出码 1,那边什么都没留下;再运行一次全部搬过去。"""
+    from langgraph.checkpoint.postgres import PostgresSaver
+
+    lab, before = sqlite_lab_in_use
+    real_put, puts = PostgresSaver.put, []
+
+    def put(self, *args):
+        puts.append(args)
+        if len(puts) == 5:
+            assert cut_connections(os.getpid()) >= 1
+        return real_put(self, *args)
+
+    with pg_schema() as url:
+        with on_postgres(monkeypatch, url), monkeypatch.context() as m:
+            m.setattr(PostgresSaver, "put", put)
+            assert store.main(["--from-sqlite"]) == 1
+        out, err = capsys.readouterr()
+        assert (len(puts), out, err) == (
+            5, f"已在 {url} 新建业务表 customers、tickets(从 {lab['BIZ_DB']} 拷过来)\n",
+            "数据库暂时用不了(OperationalError: consuming input failed: server closed the connection unexpectedly),"
+            "稍后再运行 uv run python store.py --from-sqlite(已经建好的不会重建;这一次什么都没搬)\n")
+        store.close_pools()  # 池里的连接都被断了
+        nothing_moved(url, monkeypatch, before)
+        with on_postgres(monkeypatch, url):
+            assert store.main(["--from-sqlite"]) == 0
+            assert snapshot() == before
