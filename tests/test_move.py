@@ -259,3 +259,20 @@ def test_connections_cut_in_the_middle_of_the_move_leave_nothing_moved_and_the_r
         with on_postgres(monkeypatch, url):
             assert store.main(["--from-sqlite"]) == 0
             assert snapshot() == before
+
+
+def test_events_that_no_worker_has_touched_yet_move_without_a_checkpoint_file_and_are_worked_on_there(
+        lab, pg_url, monkeypatch):
+    add("T1012"), add("T1041")
+    assert not store.checkpoints_db().exists()  # worker 从没跑过
+    before = snapshot()
+    with pg_schema() as url:
+        r = from_sqlite({**lab, "DATABASE_URL": url})
+        assert (r.returncode, r.stderr) == (0, "")
+        assert r.stdout.splitlines()[1] == (
+            f"已从 {lab['EVENTS_DB']}、{lab['CHECKPOINTS_DB']} 搬进 {url}:events 2 行,outbox 0 行,review_log 0 行,"
+            "inbox_seen 0 行,llm_usage 0 行;checkpoint 0 个 thread(0 个 checkpoint)")
+        with on_postgres(monkeypatch, url):
+            assert snapshot() == before
+            assert drain() == [("evt_T1012_created", "waiting_human"), ("evt_T1041_created", "waiting_human")]
+    assert not store.checkpoints_db().exists() and snapshot() == before
