@@ -11,7 +11,7 @@ from openai_stub import OpenAIStub
 
 import store
 
-TABLES = ("events", "outbox", "review_log", "inbox_seen", "llm_usage")
+TABLES = ("events", "outbox", "review_log", "inbox_seen", "llm_usage")  # 事件库里的全部表,都要搬
 
 
 def add(ticket_id: str, event_id: str = "") -> None:
@@ -20,10 +20,24 @@ def add(ticket_id: str, event_id: str = "") -> None:
     assert store.add_event(event_id, "webhook", "ticket.created", payload)
 
 
+def columns_of(table: str) -> list[str]:
+    """这张表在 SQLite 事件库里的列(自增的 id 除外),照 store.SCHEMA 建出来的样子,不看搬家代码里写的列表。"""
+    conn = sqlite3.connect(store.events_db())
+    try:
+        return [r[1] for r in conn.execute(f"PRAGMA table_info({table})") if r[1] != "id"]
+    finally:
+        conn.close()
+
+
 def snapshot() -> dict:
-    """当前库(SQLite 或 PostgreSQL)里这几张表的全部内容,不含自增 id;时间统一成 datetime 再比。"""
+    """当前库(SQLite 或 PostgreSQL)里事件库各表的全部内容,不含自增 id;时间统一成 datetime 再比。"""
+    conn = sqlite3.connect(store.events_db())
+    tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")} - {"sqlite_sequence"}
+    conn.close()
+    assert tables == set(TABLES)  # SCHEMA 加了表,这里(和搬家)也要跟上
     out = {}
-    for table, columns in store.MOVED_COLUMNS.items():
+    for table in TABLES:
+        columns = columns_of(table)
         got = rows(f"SELECT {', '.join(columns)} FROM {table} ORDER BY {columns[0]}, {columns[1]}")
         out[table] = [tuple(store.parse_time(v) if c.endswith(("_at", "not_before")) and v else v
                             for c, v in zip(columns, r)) for r in got]
