@@ -480,10 +480,11 @@ def _pg_rows(cursor):
 
 
 class PgConnection:
-    """sqlite3.Connection 用到的那一小部分:execute(? 占位符)、executescript、close。"""
+    """sqlite3.Connection 用到的那一小部分:execute(? 占位符)、executescript、close。
+    从连接池借一个连接;或者包一个已经借好的 raw(搬家时和 checkpoint 同一个连接、同一个事务),close() 不还它。"""
 
-    def __init__(self, pool):
-        self.pool, self.raw = pool, pool.getconn()
+    def __init__(self, pool, raw=None):
+        self.pool, self.raw = (None, raw) if raw is not None else (pool, pool.getconn())
 
     def execute(self, query: str, args=()):
         return self.raw.execute(self.placeholders(query), tuple(args))
@@ -500,7 +501,8 @@ class PgConnection:
         return query.replace("%", "%%").replace("?", "%s")
 
     def close(self) -> None:
-        self.pool.putconn(self.raw)
+        if self.pool is not None:
+            self.pool.putconn(self.raw)
 
 
 def _no_flush_wait(conn) -> None:
@@ -991,21 +993,11 @@ def sqlite_checkpoints() -> list:
         return []
     from langgraph.checkpoint.sqlite import SqliteSaver
 
-    conn = sqlite3.connect(f"{path.absolute().as_uri()}?mode=rw", uri=True, check_same_thread=False,
-                           timeout=busy_timeout_s())
     try:
-        return list(reversed(list(SqliteSaver(conn).list(None))))  # list() 给的是新的在前
+        with opened(path) as conn:
+            return list(reversed(list(SqliteSaver(conn).list(None))))  # list() 给的是新的在前
     except sqlite3.DatabaseError as e:
         raise MoveRefused(2, f"{path} 打不开:{first_line(e)}。什么都没搬") from None
-    finally:
-        conn.close()
-
-
-class PostgresTarget(PgConnection):
-    """PgConnection 的写法(? 占位符),用在一个借好的连接上(搬家时和 checkpoint 同一个事务)。"""
-
-    def __init__(self, raw):
-        self.pool, self.raw = None, raw
 
 
 def move_from_sqlite() -> str:
@@ -1021,7 +1013,7 @@ def move_from_sqlite() -> str:
     saver, pool = open_checkpointer(durable=True)  # 先让 LangGraph 建好 checkpoint 的表
     try:
         with pool.connection() as conn, conn.transaction():
-            target = PostgresTarget(conn)
+            target = PgConnection(None, raw=conn)
             target.execute("SELECT pg_advisory_xact_lock(?)", (MOVE_LOCK,))
             event_ids = [r[0] for r in moved["events"]]
             there = [r["event_id"] for r in target.execute(
