@@ -52,12 +52,13 @@ def on_postgres(monkeypatch, url: str):
         yield
 
 
-def checkpoint_ids(thread_id: str) -> list[str]:
+def history(thread_id: str) -> list[tuple[str, str, int]]:
+    """这个 thread 的 checkpoint,新的在前:(checkpoint id, 怎么来的, 第几步)。怎么来的是 input 的,是一次从头开始的运行。"""
     from agent import open_graph
 
     graph, conn = open_graph()
     try:
-        return [s.config["configurable"]["checkpoint_id"]
+        return [(s.config["configurable"]["checkpoint_id"], s.metadata["source"], s.metadata["step"])
                 for s in graph.checkpointer.list({"configurable": {"thread_id": thread_id}})]
     finally:
         conn.close()
@@ -90,7 +91,7 @@ def from_sqlite(env: dict):
 def test_a_sqlite_lab_moved_to_postgres_carries_on_there_and_sends_each_reply_once(
         sqlite_lab_in_use, pg_url, monkeypatch):
     lab, before = sqlite_lab_in_use
-    sqlite_ids = checkpoint_ids("ticket-T1020")
+    sqlite_history = history("ticket-T1020")  # 开始、load 做完(第 1 步);draft 失败,没有第 2 步
     (checkpoints, threads), = rows("SELECT COUNT(*), COUNT(DISTINCT thread_id) FROM checkpoints", (),
                                    lab["CHECKPOINTS_DB"])
     with pg_schema() as url:
@@ -116,7 +117,7 @@ def test_a_sqlite_lab_moved_to_postgres_carries_on_there_and_sends_each_reply_on
         assert run(["store.py"], env).stdout.splitlines() == r.stdout.splitlines()[2:]  # 搬过了就不再提醒
         monkeypatch.setenv("DATABASE_URL", url)
         assert snapshot() == before  # PostgreSQL 里一模一样
-        assert checkpoint_ids("ticket-T1020") == sqlite_ids  # 图的历史也一样,一个不少
+        assert history("ticket-T1020") == sqlite_history  # 图的历史也一样,一个不少
 
         # 甲在 SQLite 上看过的草稿,在 PostgreSQL 上照样认得:不用再 list 一遍就能 accept
         listing = run(["inbox.py", "list"], env)
@@ -128,7 +129,8 @@ def test_a_sqlite_lab_moved_to_postgres_carries_on_there_and_sends_each_reply_on
         with store.opened() as conn:  # 把 T1020 的重试时间拨到现在
             conn.execute("UPDATE events SET not_before = ? WHERE event_id = 'evt_T1020_created'", (store.now(),))
         assert sorted(drain()) == [("evt_T1020_created", "waiting_human"), ("evt_T1021_created", "waiting_human")]
-        assert checkpoint_ids("ticket-T1020")[-len(sqlite_ids):] == sqlite_ids  # 接着原来的 checkpoint 往下跑
+        newest, *older = history("ticket-T1020")
+        assert (newest[1:], older) == (("loop", 2), sqlite_history)  # 从 draft 接着跑:只多了第 2 步,没有从头再来
         assert run(["inbox.py", "accept", "T1020"], env).stdout == "T1020 → sent\n"
 
         assert rows("SELECT ticket_id, COUNT(*) FROM outbox GROUP BY ticket_id ORDER BY ticket_id") == [
