@@ -6,18 +6,21 @@ checkpoint 库等 worker 第一次跑时由 LangGraph 自己建),然后每个库
     已新建业务库 /…/cloudledger.db
     事件库 /…/ambient.db:events 0 行,outbox 0 行,review_log 0 行,llm_usage 0 行
     业务库 /…/cloudledger.db:customers 30 行,tickets 41 行
-已经建好的不会重建,可以反复运行。退出码:0 好了;1 数据库暂时用不了或打不开、业务库拷不进 PostgreSQL(说明原因);
+已经建好的不会重建,可以反复运行。退出码:0 好了;1 数据库暂时用不了或打不开、业务库拷不进 PostgreSQL、
+SQLite 事件库已经搬进了 PostgreSQL 却没设 DATABASE_URL(说明原因);
 2 BIZ_DB 指着的库不是 store.py 建的、PostgreSQL 里只有半套业务表(都没有动它),或者参数不对(只收 --from-sqlite)。
 设了 DATABASE_URL 时三样都在那个 PostgreSQL 库里,EVENTS_DB、CHECKPOINTS_DB 不用;业务表第一次建时多一行
 「已在 … 新建业务表 customers、tickets(从 …/cloudledger.db 拷过来)」:BIZ_DB 指的 SQLite 业务库在就拷它,不在就是「(种子数据)」。
 
 一直用 SQLite、现在换到 PostgreSQL:设好 DATABASE_URL,停掉用 SQLite 的 worker 和收件箱,运行
     uv run python store.py --from-sqlite
-把 EVENTS_DB、CHECKPOINTS_DB 里的全部事件、发件箱、审核记录、用量和 LangGraph 的 checkpoint 搬进去(一个事务,
-SQLite 的文件不改),各表行数之前多两行:「已从 … 搬进 …:events 5 行,…;checkpoint 4 个 thread(17 个 checkpoint)」
-和一句提醒;收件箱里的待办在 PostgreSQL 上照样 accept,做了一半的图接着跑。搬不了(有事件正在处理、PostgreSQL 里已经有同样的事件或工单、
-事件库是课文建的旧版)时说「没有搬:…」,退出码 1 或 2,什么都没搬。不带 --from-sqlite 运行时,EVENTS_DB 里还有
-PostgreSQL 里没有的未完事件,最后多一行提醒。
+把 EVENTS_DB、CHECKPOINTS_DB 里的全部事件、发件箱、审核记录、用量和 LangGraph 的 checkpoint 搬进去(一个事务),
+各表行数之前多两行:「已从 … 搬进 …:events 5 行,…;checkpoint 4 个 thread(17 个 checkpoint)」和「…/ambient.db 里记下了
+已搬进 PostgreSQL:…」;收件箱里的待办在 PostgreSQL 上照样 accept,做了一半的图接着跑。SQLite 事件库从此不再收写入:
+不设 DATABASE_URL 运行的程序一开始就说明原因、退出码不是 0(webhook 不启动),还开着的 SQLite worker 领事件时也这样停下。
+搬不了(有事件正在处理、已经搬过、PostgreSQL 里已经有同样的事件或工单、事件库是课文建的旧版)时说「没有搬:…」,
+退出码 1 或 2,什么都没搬。
+不带 --from-sqlite 运行时,EVENTS_DB 里还有 PostgreSQL 里没有的未完事件,最后多一行提醒。
 
 三种触发源(webhook、邮件、定时任务)只往 events 里写一行;worker 领事件、跑图;
 发给客户的回复写进 outbox(今天不真的发邮件,写进这张表就算发出去了)。
@@ -298,6 +301,8 @@ def init() -> None:
     try:
         with opened() as conn:
             conn.execute("PRAGMA journal_mode = WAL")  # 写进库文件,之后每个连接都是 WAL;不能放在事务里
+            if moved := moved_to(conn):  # 每个程序都先 init():用一个已经搬走的库,在这里说清楚,什么都还没做
+                raise SystemExit(moved_away(events_db(), *moved))
             conn.executescript(sql("SCHEMA"))
             have = {r["name"] for r in conn.execute("PRAGMA table_info(events)")}
     except sqlite3.OperationalError as e:  # 每个程序都先 init():路径设错了在这里一行说清楚,什么都还没做
@@ -668,6 +673,8 @@ def _unless_ticket_taken(conn, query: str, args: tuple):
     try:
         return conn.execute(query, args)
     except Exception as e:
+        if isinstance(e, sqlite3.IntegrityError) and str(e) == MOVED_AWAY:  # 还开着的 SQLite worker、收件箱:停下
+            raise SystemExit(moved_away(events_db(), *moved_to(conn))) from None
         if isinstance(e, sqlite3.IntegrityError) or getattr(e, "sqlstate", None) == "23505":  # 23505:唯一约束冲突
             return None
         raise
@@ -954,6 +961,17 @@ MOVED_COLUMNS = {
 MOVE_LOCK = 20261133  # advisory lock 的编号:两个人同时搬,第二个等第一个搬完,再发现事件已经在了
 
 
+# 搬完以后,在 SQLite 事件库里(和搬家同一个事务)记下搬去了哪里,并让它不再收写入:还开着的 SQLite worker 领不到事件、
+# 收件箱拿不走待办、webhook 写不进新事件,同一张工单不会在两边各处理一遍。触发器的报错就是这一句(sqlite3.IntegrityError)
+MOVED_AWAY = "这个 SQLite 事件库已经搬进 PostgreSQL(store.py --from-sqlite),不再收写入:设好 DATABASE_URL 再运行"
+RETIRE_SQL = (
+    "CREATE TABLE moved_to_postgres (url TEXT NOT NULL, moved_at TEXT NOT NULL)",
+    "INSERT INTO moved_to_postgres (url, moved_at) VALUES (?, ?)",
+    f"CREATE TRIGGER moved_no_insert BEFORE INSERT ON events BEGIN SELECT RAISE(ABORT, '{MOVED_AWAY}'); END",
+    f"CREATE TRIGGER moved_no_update BEFORE UPDATE ON events BEGIN SELECT RAISE(ABORT, '{MOVED_AWAY}'); END",
+)
+
+
 class MoveRefused(Exception):
     """搬不了:说明原因,什么都没搬。code 是 store.py 的退出码。"""
 
@@ -962,27 +980,37 @@ class MoveRefused(Exception):
         self.code = code
 
 
-def sqlite_rows_to_move() -> dict[str, list]:
-    """EVENTS_DB 里要搬的行(按 MOVED_COLUMNS)。库不在、是旧版的、有事件正在处理:MoveRefused,什么都没读走。"""
-    path = events_db()
-    if not path.exists() or path.stat().st_size == 0:
-        raise MoveRefused(2, f"没有可搬的:EVENTS_DB 指的 {path} 不存在")
-    try:
-        with opened(path) as conn:
-            have = {t: {r["name"] for r in conn.execute(f"PRAGMA table_info({t})")} for t in MOVED_COLUMNS}
-            if any(set(columns) - have[t] for t, columns in MOVED_COLUMNS.items()):
-                raise MoveRefused(2, f"{path} 是旧版的事件库(照课文建的,或者缺表):先在 SQLite 上运行一次 "
-                                     "DATABASE_URL= uv run python store.py 把它升级,再来搬")
-            busy = [r[0] for r in conn.execute(
-                "SELECT event_id FROM events WHERE status = 'processing' ORDER BY event_id")]
-            if busy:
-                raise MoveRefused(1, f"{path} 里有 {len(busy)} 个事件正在处理({'、'.join(busy[:5])}):先停掉用 SQLite 的 "
-                                     "worker 和收件箱,等它们做完再搬;进程已经没了的,先在 SQLite 上把它们放回队列、做完:"
-                                     "DATABASE_URL= STALE_MINUTES=0 uv run python worker.py --once。什么都没搬")
-            return {t: [tuple(r) for r in conn.execute(
-                f"SELECT {', '.join(columns)} FROM {t} ORDER BY rowid")] for t, columns in MOVED_COLUMNS.items()}
-    except sqlite3.DatabaseError as e:
-        raise MoveRefused(2, f"{path} 打不开:{first_line(e)}。什么都没搬") from None
+def moved_to(conn) -> tuple[str, str] | None:
+    """这个 SQLite 事件库搬进了哪个 PostgreSQL、什么时候搬的(「2026-12-02 01:23:45 UTC」,store.py --from-sqlite
+    记下的);没搬过是 None。"""
+    if not conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'moved_to_postgres'").fetchone():
+        return None
+    url, moved_at = conn.execute("SELECT url, moved_at FROM moved_to_postgres").fetchone()
+    return url, f"{moved_at[:19].replace('T', ' ')} UTC"
+
+
+def moved_away(path: Path, url: str, moved_at: str) -> str:
+    """不设 DATABASE_URL 运行、用的又是搬走了的 SQLite 事件库时,给人看的那一行。"""
+    return (f"{path} 里的事件已经在 {moved_at} 搬进了 {url},这个库不再用了:"
+            "设好 DATABASE_URL 再运行(写进 .env 或 export)。要从头用一套新的 SQLite 库,让 EVENTS_DB、CHECKPOINTS_DB 指到别处")
+
+
+def sqlite_rows_to_move(conn, path: Path) -> dict[str, list]:
+    """conn(EVENTS_DB)里要搬的行(按 MOVED_COLUMNS)。已经搬过、是旧版的库、有事件正在处理:MoveRefused。"""
+    if moved := moved_to(conn):
+        url, moved_at = moved
+        raise MoveRefused(2, f"{path} 已经在 {moved_at} 搬进过 {url}。什么都没搬")
+    have = {t: {r["name"] for r in conn.execute(f"PRAGMA table_info({t})")} for t in MOVED_COLUMNS}
+    if any(set(columns) - have[t] for t, columns in MOVED_COLUMNS.items()):
+        raise MoveRefused(2, f"{path} 是旧版的事件库(照课文建的,或者缺表):先在 SQLite 上运行一次 "
+                             "DATABASE_URL= uv run python store.py 把它升级,再来搬")
+    busy = [r[0] for r in conn.execute("SELECT event_id FROM events WHERE status = 'processing' ORDER BY event_id")]
+    if busy:
+        raise MoveRefused(1, f"{path} 里有 {len(busy)} 个事件正在处理({'、'.join(busy[:5])}):先停掉用 SQLite 的 "
+                             "worker 和收件箱,等它们做完再搬;进程已经没了的,先在 SQLite 上把它们放回队列、做完:"
+                             "DATABASE_URL= STALE_MINUTES=0 uv run python worker.py --once。什么都没搬")
+    return {t: [tuple(r) for r in conn.execute(f"SELECT {', '.join(columns)} FROM {t} ORDER BY rowid")]
+            for t, columns in MOVED_COLUMNS.items()}
 
 
 def sqlite_checkpoints() -> list:
@@ -1000,15 +1028,39 @@ def sqlite_checkpoints() -> list:
         raise MoveRefused(2, f"{path} 打不开:{first_line(e)}。什么都没搬") from None
 
 
-def move_from_sqlite() -> str:
+def move_from_sqlite() -> tuple[str, str | None]:
     """把 EVENTS_DB、CHECKPOINTS_DB 里的东西搬进 DATABASE_URL 指的 PostgreSQL:全部事件(等人审的、排队的、做完的、死信)、
     发件箱、审核记录、看过的草稿、用量,和每个 thread 的全部 checkpoint —— 等人审的待办在 PostgreSQL 上照样 accept,
     做了一半的图从停下的节点接着跑,定时任务也认得哪些工单已经回过。一个事务:要么全搬过去,要么什么都没搬。
-    SQLite 的两个文件只读,不改。返回给人看的一行;搬不了时抛 MoveRefused。"""
+    从读到写完一直拿着 SQLite 事件库的写锁(SQLite 的 worker 这期间领不了事件、收件箱拿不走待办,搬过去的就是读到的),
+    PostgreSQL 提交之后在同一个 SQLite 事务里记下已搬走(RETIRE_SQL)。搬不了时抛 MoveRefused;
+    SQLite 被别人锁着太久时抛 sqlite3.OperationalError(数据库暂时用不了)。
+    返回 (给人看的行数,None);PostgreSQL 已经提交、SQLite 却没能记下时,第二项是 SQLite 的错误。"""
+    path = events_db()
+    if not path.exists() or path.stat().st_size == 0:
+        raise MoveRefused(2, f"没有可搬的:EVENTS_DB 指的 {path} 不存在")
+    counted = None
+    try:
+        with transaction(path) as source:
+            moved = sqlite_rows_to_move(source, path)
+            counted = copy_to_postgres(moved, sqlite_checkpoints())
+            source.execute(RETIRE_SQL[0])
+            source.execute(RETIRE_SQL[1], (_safe_url(database_url()), now()))
+            for statement in RETIRE_SQL[2:]:
+                source.execute(statement)
+    except sqlite3.Error as e:
+        if counted is not None:  # PostgreSQL 那边已经提交了
+            return counted, first_line(e)
+        if isinstance(e, sqlite3.OperationalError):  # 被别人锁着太久、磁盘出错:稍后再搬
+            raise
+        raise MoveRefused(2, f"{path} 打不开:{first_line(e)}。什么都没搬") from None
+    return counted, None
+
+
+def copy_to_postgres(moved: dict[str, list], checkpoints: list) -> str:
+    """在一个 PostgreSQL 事务里写进 moved(表 → 行)和 checkpoints;返回给人看的行数。冲突时抛 MoveRefused。"""
     import psycopg
 
-    moved = sqlite_rows_to_move()
-    checkpoints = sqlite_checkpoints()
     threads = sorted({t.config["configurable"]["thread_id"] for t in checkpoints})
     saver, pool = open_checkpointer(durable=True)  # 先让 LangGraph 建好 checkpoint 的表
     try:
@@ -1240,13 +1292,17 @@ def build_and_count(from_sqlite: bool = False) -> int:
             return 2
         if from_sqlite:
             try:
-                moved = move_from_sqlite()
+                moved, not_marked = move_from_sqlite()
             except MoveRefused as e:
                 print(f"没有搬:{e}", file=sys.stderr)
                 return e.code
             print(f"已从 {events_db()}、{checkpoints_db()} 搬进 {url}:{moved}")
-            print("这两个 SQLite 文件没有改动。以后都设着 DATABASE_URL 运行:别再不设它跑 worker 或收件箱,"
-                  "不然同一张工单会在两边各处理一遍")
+            if not_marked is None:
+                print(f"{events_db()} 里记下了已搬进 PostgreSQL:以后不设 DATABASE_URL 的程序都会说明原因、不用它,"
+                      "还开着的 SQLite worker 也领不到事件了,同一张工单不会在两边各处理一遍")
+            else:  # PostgreSQL 已经提交了:搬家本身成功,只是 SQLite 挡不住了
+                print(f"没能在 {events_db()} 里记下已搬走({not_marked}):以后一定设着 DATABASE_URL 运行,"
+                      "别再不设它跑 worker 或收件箱,不然同一张工单会在两边各处理一遍", file=sys.stderr)
         where = {"事件库": (url, None), "业务库": (url, None)}
     else:
         biz = biz_db()

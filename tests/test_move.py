@@ -6,7 +6,7 @@ import sqlite3
 from contextlib import contextmanager
 
 import pytest
-from conftest import cut_connections, drain, pg_schema, rows, run
+from conftest import LAB, cut_connections, drain, pg_schema, refused_startup, rows, run, webhook_server, write_locked
 from openai_stub import OpenAIStub
 
 import store
@@ -34,7 +34,7 @@ def snapshot() -> dict:
     conn = sqlite3.connect(store.events_db())
     tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")} - {"sqlite_sequence"}
     conn.close()
-    assert tables == set(TABLES)  # SCHEMA 加了表,这里(和搬家)也要跟上
+    assert tables - {"moved_to_postgres"} == set(TABLES)  # SCHEMA 加了表,这里(和搬家)也要跟上;另一张是搬走的记号
     out = {}
     for table in TABLES:
         columns = columns_of(table)
@@ -42,6 +42,26 @@ def snapshot() -> dict:
         out[table] = [tuple(store.parse_time(v) if c.endswith(("_at", "not_before")) and v else v
                             for c, v in zip(columns, r)) for r in got]
     return out
+
+
+def moved_mark(path) -> tuple[list, list]:
+    """SQLite 事件库里搬走的记号:([(搬去的 URL, 什么时候)], [触发器名]);没搬过是 ([], [])。"""
+    conn = sqlite3.connect(path)
+    try:
+        triggers = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'trigger' ORDER BY name")]
+        if not conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'moved_to_postgres'").fetchone():
+            return [], triggers
+        return [(url, store.parse_time(t)) for url, t in conn.execute("SELECT * FROM moved_to_postgres")], triggers
+    finally:
+        conn.close()
+
+
+def refusal(lab: dict, url: str) -> str:
+    """搬走以后,不设 DATABASE_URL 的程序说的那一行。"""
+    (where, moved_at), = moved_mark(lab["EVENTS_DB"])[0]
+    assert where == url
+    return (f"{lab['EVENTS_DB']} 里的事件已经在 {moved_at:%Y-%m-%d %H:%M:%S} UTC 搬进了 {url},这个库不再用了:"
+            "设好 DATABASE_URL 再运行(写进 .env 或 export)。要从头用一套新的 SQLite 库,让 EVENTS_DB、CHECKPOINTS_DB 指到别处")
 
 
 @contextmanager
@@ -96,6 +116,7 @@ def test_a_sqlite_lab_moved_to_postgres_carries_on_there_and_sends_each_reply_on
                                    lab["CHECKPOINTS_DB"])
     with pg_schema() as url:
         env = {**lab, "DATABASE_URL": url}
+        started = store.parse_time(store.now())
         first = run(["store.py"], env)  # 照 README 换到 PostgreSQL:先建库,它提醒 SQLite 里还有没做完的
         assert (first.returncode, first.stderr) == (0, "")
         assert first.stdout.splitlines() == [
@@ -109,11 +130,15 @@ def test_a_sqlite_lab_moved_to_postgres_carries_on_there_and_sends_each_reply_on
         assert r.stdout.splitlines() == [
             f"已从 {lab['EVENTS_DB']}、{lab['CHECKPOINTS_DB']} 搬进 {url}:events 5 行,outbox 1 行,review_log 1 行,"
             f"inbox_seen 2 行,llm_usage 3 行;checkpoint {threads} 个 thread({checkpoints} 个 checkpoint)",
-            "这两个 SQLite 文件没有改动。以后都设着 DATABASE_URL 运行:别再不设它跑 worker 或收件箱,"
-            "不然同一张工单会在两边各处理一遍",
+            f"{lab['EVENTS_DB']} 里记下了已搬进 PostgreSQL:以后不设 DATABASE_URL 的程序都会说明原因、不用它,"
+            "还开着的 SQLite worker 也领不到事件了,同一张工单不会在两边各处理一遍",
             f"事件库 {url}:events 5 行,outbox 1 行,review_log 1 行,llm_usage 3 行",
             f"业务库 {url}:customers 30 行,tickets 41 行"]
-        assert snapshot() == before  # SQLite 原样没动
+        assert snapshot() == before  # SQLite 里的数据原样没动,只多了搬走的记号
+        (where, moved_at), = moved_mark(lab["EVENTS_DB"])[0]
+        assert (where, started <= moved_at <= store.parse_time(store.now())) == (url, True)
+        assert moved_mark(lab["EVENTS_DB"])[1] == ["moved_no_insert", "moved_no_update"]
+        assert rows("SELECT COUNT(*) FROM checkpoints", (), lab["CHECKPOINTS_DB"]) == [(checkpoints,)]
         assert run(["store.py"], env).stdout.splitlines() == r.stdout.splitlines()[2:]  # 搬过了就不再提醒
         monkeypatch.setenv("DATABASE_URL", url)
         assert snapshot() == before  # PostgreSQL 里一模一样
@@ -143,15 +168,30 @@ def test_a_sqlite_lab_moved_to_postgres_carries_on_there_and_sends_each_reply_on
             ("T1003", 1), ("T1012", 1), ("T1020", 1), ("T1021", 1), ("T1041", 1)]
 
 
-def test_moving_twice_is_refused_and_nothing_is_moved_again(sqlite_lab_in_use, pg_url, monkeypatch):
+def copy_of(path: str, to) -> str:
+    """SQLite 库的一份完整拷贝(backup API:WAL 里还没并进主文件的也在)。"""
+    src, dst = sqlite3.connect(path), sqlite3.connect(to)
+    src.backup(dst)
+    src.close(), dst.close()
+    return str(to)
+
+
+def test_moving_twice_is_refused_and_nothing_is_moved_again(sqlite_lab_in_use, pg_url, monkeypatch, tmp_path):
     lab, before = sqlite_lab_in_use
+    copy = copy_of(lab["EVENTS_DB"], tmp_path / "copy-of-ambient.db")  # 有人在搬之前拷了一份
     with pg_schema() as url:
         env = {**lab, "DATABASE_URL": url}
         assert from_sqlite(env).returncode == 0
         again = from_sqlite(env)
+        (_, moved_at), = moved_mark(lab["EVENTS_DB"])[0]
+        assert (again.returncode, again.stdout.count("\n"), again.stderr) == (
+            2, 0, f"没有搬:{lab['EVENTS_DB']} 已经在 {moved_at:%Y-%m-%d %H:%M:%S} UTC 搬进过 {url}。什么都没搬\n")
+        # 拷贝里没有搬走的记号:PostgreSQL 那边认出这些事件已经在了
+        again = from_sqlite({**env, "EVENTS_DB": copy})
         assert (again.returncode, again.stderr) == (
             2, "没有搬:PostgreSQL 里已经有 5 个同样的事件(evt_T1003_created、evt_T1012_created、evt_T1020_created、"
                "evt_T1021_created、evt_T1041_created):多半已经搬过了。什么都没搬\n")
+        assert moved_mark(copy) == ([], [])
         monkeypatch.setenv("DATABASE_URL", url)
         assert snapshot() == before
 
@@ -292,3 +332,76 @@ def test_events_that_no_worker_has_touched_yet_move_without_a_checkpoint_file_an
             assert snapshot() == before
             assert drain() == [("evt_T1012_created", "waiting_human"), ("evt_T1041_created", "waiting_human")]
     assert not store.checkpoints_db().exists() and snapshot() == before
+
+
+def test_after_the_move_every_program_without_database_url_refuses_the_sqlite_files_even_ones_already_running(
+        sqlite_lab_in_use, pg_url, monkeypatch):
+    """搬完以后 SQLite 那边一样都不接:搬之前就开着、没停的 worker 领事件时停下,开着的 webhook 回 503;
+    新启动的程序一开始就说明原因。SQLite 里什么都没变,PostgreSQL 里也没有多出什么。"""
+    import worker
+
+    lab, before = sqlite_lab_in_use
+    running = worker.Worker()  # 搬之前就在跑的 SQLite worker(没按说明停掉)
+    try:
+        with webhook_server(lab) as (_, base), pg_schema() as url:
+            assert from_sqlite({**lab, "DATABASE_URL": url}).returncode == 0
+            refused = refusal(lab, url)
+            with pytest.raises(SystemExit) as stopped:  # T1021 在 SQLite 里还是 pending:这个 worker 本来会再起草一遍
+                running.run_once()
+            assert stopped.value.code == refused
+            sent = run(["send_webhook.py", "T1030"], {**lab, "WEBHOOK_URL": f"{base}/hooks/cloudledger"})
+            assert (sent.returncode, sent.stdout, sent.stderr) == (
+                1, f"503 {{'detail': 'event store unavailable (IntegrityError: {store.MOVED_AWAY}), retry later'}}\n", "")
+            eml = str(LAB / "samples" / "01_utf8_plain.eml")
+            for args, code in ((["worker.py", "--once"], 1), (["inbox.py", "list"], 1), (["inbox.py", "accept", "T1041"], 1),
+                               (["cron_jobs.py", "scan"], 2), (["cron_jobs.py", "report"], 2),
+                               (["email_poller.py", "--eml", eml], 2), (["store.py"], 1),
+                               (["worker.py", "--requeue-dead"], 1)):
+                r = run(args, lab)
+                assert (args, r.returncode, r.stdout, r.stderr) == (args, code, "", refused + "\n")
+            r = run(["-m", "uvicorn", "webhook:app", "--port", "0"], lab, timeout=60)
+            assert (r.returncode, r.stdout, r.stderr) == refused_startup(r, refused)
+            assert snapshot() == before
+            monkeypatch.setenv("DATABASE_URL", url)
+            assert snapshot() == before
+    finally:
+        running.close()
+
+
+def test_a_sqlite_writer_holding_the_lock_makes_the_move_wait_then_stop_with_nothing_moved(
+        sqlite_lab_in_use, pg_url, monkeypatch):
+    """搬家从读到写完拿着 SQLite 事件库的写锁:有人正在写(这里一直不提交),就等 BUSY_TIMEOUT_S,等不到就什么都不搬;
+    锁放开以后再运行就搬过去了。反过来,搬家途中 SQLite 的 worker、收件箱也动不了事件,搬过去的就是读到的。"""
+    lab, before = sqlite_lab_in_use
+    with pg_schema() as url:
+        env = {**lab, "DATABASE_URL": url, "BUSY_TIMEOUT_S": "1"}
+        with write_locked(lab["EVENTS_DB"]):
+            r = from_sqlite(env)
+        assert (r.returncode, r.stdout.count("\n"), r.stderr) == (
+            1, 1, "数据库暂时用不了(OperationalError: database is locked),稍后再运行 uv run python store.py --from-sqlite"
+                  "(已经建好的不会重建;这一次什么都没搬)\n")
+        nothing_moved(url, monkeypatch, before)
+        assert moved_mark(lab["EVENTS_DB"]) == ([], [])
+        assert from_sqlite(env).returncode == 0
+        monkeypatch.setenv("DATABASE_URL", url)
+        assert snapshot() == before
+
+
+def test_when_sqlite_cannot_record_the_move_it_says_so_and_postgres_keeps_everything(
+        sqlite_lab_in_use, pg_url, monkeypatch, capsys):
+    """PostgreSQL 已经提交、SQLite 却记不下(这里让建记号表的语句撞上已有的表,和磁盘满时一样是真的 SQLite 错误):
+    搬家算成功(退出码 0),标准错误上说清楚 SQLite 没挡住、以后要怎么做;再搬一次会被 PostgreSQL 那边拒绝。"""
+    lab, before = sqlite_lab_in_use
+    with pg_schema() as url:
+        with on_postgres(monkeypatch, url), monkeypatch.context() as m:
+            m.setattr(store, "RETIRE_SQL", ("CREATE TABLE events (x)", *store.RETIRE_SQL[1:]))
+            assert store.main(["--from-sqlite"]) == 0
+            assert snapshot() == before
+        out, err = capsys.readouterr()
+        assert out.splitlines()[1].startswith(f"已从 {lab['EVENTS_DB']}、{lab['CHECKPOINTS_DB']} 搬进 {url}:events 5 行,")
+        assert len(out.splitlines()) == 4
+        assert err == (f"没能在 {lab['EVENTS_DB']} 里记下已搬走(OperationalError: table events already exists):"
+                       "以后一定设着 DATABASE_URL 运行,别再不设它跑 worker 或收件箱,不然同一张工单会在两边各处理一遍\n")
+        assert moved_mark(lab["EVENTS_DB"]) == ([], [])
+        assert snapshot() == before
+        assert from_sqlite({**lab, "DATABASE_URL": url}).stderr.startswith("没有搬:PostgreSQL 里已经有 5 个同样的事件")
