@@ -42,7 +42,8 @@ bodies = st.one_of(
     st.binary(max_size=2000),
     st.integers(min_value=0, max_value=3).map(lambda k: b'{"id": "big", "pad": "' + b"x" * (k * 700_000) + b'"}'),
 )
-modes = st.sampled_from(["valid", "wrong_secret", "garbage", "none", "standard", "standard_garbage", "mixed"])
+modes = st.sampled_from(["valid", "wrong_secret", "garbage", "none", "standard", "standard_garbage", "mixed",
+                         "other_scheme", "second_v1"])
 skews = st.one_of(st.just(0), st.integers(min_value=-100_000, max_value=100_000))
 
 
@@ -57,8 +58,9 @@ def headers_for(mode: str, body: bytes, skew: int, junk: bytes) -> tuple[dict, b
     """返回 (请求头, 签名是否有效且在时间窗口里)。"""
     ts = int(time.time()) + skew
     fresh = abs(skew) <= 290
+    signed = send_webhook.sign(body, SECRET, ts).encode()
     if mode == "valid":
-        return {"x-cloudledger-signature": send_webhook.sign(body, SECRET, ts)}, fresh
+        return {"x-cloudledger-signature": signed}, fresh
     if mode == "wrong_secret":
         return {"x-cloudledger-signature": send_webhook.sign(body, "nope", ts)}, False
     if mode == "garbage":
@@ -68,8 +70,12 @@ def headers_for(mode: str, body: bytes, skew: int, junk: bytes) -> tuple[dict, b
         return {"webhook-id": "m1", "webhook-timestamp": str(ts), "webhook-signature": b"v1," + sig}, fresh
     if mode == "standard_garbage":
         return {"webhook-id": junk, "webhook-timestamp": junk, "webhook-signature": junk}, False
-    if mode == "mixed":  # 有效签名后面接一段垃圾
-        return {"x-cloudledger-signature": send_webhook.sign(body, SECRET, ts).encode() + b"," + junk}, False
+    if mode == "mixed":  # 有效签名后面接一段没有 = 的垃圾:至少有一段不是 key=value,整个头不认
+        return {"x-cloudledger-signature": signed + b"," + junk.replace(b"=", b"")}, False
+    if mode == "other_scheme":  # 有效签名后面接别的方案(v0=…):不认识的 key 忽略,签名照样有效
+        return {"x-cloudledger-signature": signed + b",v0=" + junk.replace(b",", b"")}, fresh
+    if mode == "second_v1":  # 换密钥期间的第二个 v1(这里是对不上的那个):任意一个对上就行
+        return {"x-cloudledger-signature": signed + b",v1=" + junk.replace(b",", b"")}, fresh
     return {}, False
 
 
