@@ -153,6 +153,9 @@ def act(graph, command: str, ticket_id: str, text: str) -> None:
             raise Refused(f"{ticket_id} 是通知类待办,Agent 没有起草回复,不能 {command};只能 {ok}(看过即可)")
         rounds = len(snap.values.get("feedback", []))
         raise Refused(f"{ticket_id} 已经按意见重写了 {rounds} 次,到上限了,不能再 respond;现在可以:{ok}")
+    # 拿走时 updated_at 改成现在(卡住检查靠它);放回收件箱(respond 重写、没发出去)时还用进收件箱的那个时间:
+    # 客户还在等,日报的「等得最久」不能因为有人碰过一下就从零算起(课文的 respond 不碰事件表,时间也不变)
+    back_in_inbox = ev["updated_at"]
     if not store.take_for_review(ev["event_id"]):
         if any(e["event_id"] == ev["event_id"] for e in store.events_by_status("waiting_human")):
             raise busy  # 待办还在,是同一张工单的另一个事件在 worker 手里
@@ -162,7 +165,7 @@ def act(graph, command: str, ticket_id: str, text: str) -> None:
         draft = graph.get_state(cfg).interrupts[0].value["action_request"]["args"].get("reply")
         seen = None if draft is None else store.seen_draft(ticket_id, viewer())
         if seen is not None and seen != fingerprint(draft):
-            store.set_status(ev["event_id"], "waiting_human", owner=store.worker_id())
+            store.set_status(ev["event_id"], "waiting_human", owner=store.worker_id(), updated_at=back_in_inbox)
             raise Refused(f"{ticket_id} 的草稿在你上次看过之后被改写了(有人 respond 过),这次没有发;"
                           "先 uv run python inbox.py list 看看新草稿,再决定")
     try:
@@ -176,7 +179,8 @@ def act(graph, command: str, ticket_id: str, text: str) -> None:
         snap = graph.get_state(cfg)
         status = status_of(snap)
         finished = status in ("done", "ignored")
-        store.set_status(ev["event_id"], status, None if finished else describe(e), owner=store.worker_id())
+        store.set_status(ev["event_id"], status, None if finished else describe(e), owner=store.worker_id(),
+                         updated_at=back_in_inbox if status == "waiting_human" else None)
         if finished:
             # 节点都走完了(回复已进发件箱 / ignore 已记下),报错的是途中某一次 checkpoint 写入:照实说结果
             print(f"(途中出过错:{describe(e)};这张工单已经处理完了)", file=sys.stderr)
@@ -185,7 +189,7 @@ def act(graph, command: str, ticket_id: str, text: str) -> None:
         where = "仍在收件箱里" if status == "waiting_human" else "已交回 worker 续跑"
         raise Refused(f"{ticket_id} 处理失败({describe(e)}),{where}") from e
     if "__interrupt__" in result:
-        store.set_status(ev["event_id"], "waiting_human", owner=store.worker_id())
+        store.set_status(ev["event_id"], "waiting_human", owner=store.worker_id(), updated_at=back_in_inbox)
         item = result["__interrupt__"][0].value
         rounds = len(snap.values.get("feedback", []))
         if command != "respond" or len(graph.get_state(cfg).values.get("feedback", [])) == rounds:

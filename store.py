@@ -680,15 +680,16 @@ def _unless_ticket_taken(conn, query: str, args: tuple):
         raise
 
 
-def set_status(event_id: str, status: str, error: str | None = None, *,
-               not_before: str | None = None, owner: str | None = None, expect: str | None = None) -> bool:
+def set_status(event_id: str, status: str, error: str | None = None, *, not_before: str | None = None,
+               owner: str | None = None, expect: str | None = None, updated_at=None) -> bool:
     """改状态。给了 owner 时只改「还在这个进程手里」的事件:卡住被放回队列、又被别人领走的,不去覆盖;
-    给了 expect 时只在当前状态是它的时候才改。返回改没改成。"""
+    给了 expect 时只在当前状态是它的时候才改。updated_at 默认是现在;收件箱把待办放回 waiting_human 时
+    给它原来的时间,日报「等得最久」算的还是它第一次进收件箱以来的时间。返回改没改成。"""
     assert status in STATUSES, status
     query = "UPDATE events SET status = ?, last_error = ?, not_before = ?, updated_at = ?"
     query += ", claimed_by = NULL" if status != "processing" else ""
     query += " WHERE event_id = ?"
-    args = [status, error, not_before, now(), event_id]
+    args = [status, error, not_before, updated_at or now(), event_id]
     if owner is not None:
         query += " AND status = 'processing' AND claimed_by = ?"
         args.append(owner)

@@ -490,6 +490,30 @@ def test_accept_of_a_draft_someone_else_rewrote_since_your_list_is_refused_until
     assert rows("SELECT status FROM events") == [("done",)]
 
 
+def test_respond_and_a_refused_accept_leave_the_waiting_time_in_the_daily_report_where_it_was(any_lab):
+    """T1041 进收件箱 50 小时、T1012 30 小时。乙 respond T1041、甲的 accept 因为草稿变了没发出:T1041 还在收件箱里,
+    客户还在等,日报的「等得最久」还是它、还是 50 小时(课文的 respond 不碰事件表)。原来两次都把时间改成了现在,
+    日报说等得最久的是 T1012。"""
+    jia, yi = {**any_lab, "INBOX_USER": "甲"}, {**any_lab, "INBOX_USER": "乙"}
+    queue("T1041", "T1012")
+    entered = {"T1041": store.minutes_from_now(-50 * 60), "T1012": store.minutes_from_now(-30 * 60)}
+    for ticket, moment in entered.items():
+        rows("UPDATE events SET updated_at = ? WHERE ticket_id = ? RETURNING event_id", (moment, ticket))
+    assert inbox(jia, "list").stdout == T1041_ITEM + T1012_ITEM
+    respond = inbox(yi, "respond", "T1041", "语气再软一点,先道歉")
+    assert (respond.returncode, respond.stdout) == (0, f"已按意见重写,新草稿: {T1041_FIRST_REDRAFT}\n")
+    refused = inbox(jia, "accept", "T1041")
+    assert (refused.returncode, refused.stdout, refused.stderr) == (1, "", NOT_THE_DRAFT_YOU_SAW)
+
+    waiting = rows("SELECT ticket_id, status, updated_at FROM events ORDER BY ticket_id")
+    assert [(t, s, store.parse_time(u)) for t, s, u in waiting] == [
+        (t, "waiting_human", store.parse_time(entered[t])) for t in ("T1012", "T1041")]
+    report = run(["cron_jobs.py", "report"], any_lab)
+    assert report.returncode == 0, report.stderr
+    assert ("收件箱里等得最久的:evt_T1041_created,已等 50.0 小时(超过 24 小时,该提醒值班的人了)(收件箱共 2 条)"
+            in report.stdout.splitlines())
+
+
 def test_whoever_asked_for_the_redraft_or_never_listed_can_accept_it(lab):
     """respond 打印了新草稿,就算这个人看过了:乙 list、respond、accept 照常发出。丙从没 list 过,accept 照课文发。"""
     yi, bing = {**lab, "INBOX_USER": "乙"}, {**lab, "INBOX_USER": "丙"}
