@@ -15,8 +15,10 @@
 import argparse
 import contextlib
 import json
+import itertools
 import math
 import os
+import queue
 import signal
 import sys
 import threading
@@ -186,7 +188,12 @@ class Worker:
         check_settings()
         self.concurrency = concurrency or default_concurrency()
         self.owner = store.worker_id()
-        self.stopping = threading.Event()
+        # 停止信号只改这几样,不碰任何锁:信号处理函数在主线程上、任意两条字节码之间运行,主线程这时可能正拿着某把锁
+        # (threading.Event 的锁:Event.wait 里,或者上一个信号的 Event.set() 里),处理函数再去拿它就是自己等自己。
+        # 原来用 Event,发给整个进程组的 SIGTERM(worker 收到两次)偶尔让常驻 worker 永远停不下来
+        self.stopping = False
+        self._stop_signals = itertools.count()  # next() 是一次 C 调用,中间插不进别的信号:谁拿到 0 谁是第一个
+        self._wake = queue.SimpleQueue()        # 空闲时在它上面等;put() 可重入,信号处理函数里可以用
         self.in_hand: set[str] = set()
         self.requeue_every_s = poll_seconds()
         self._requeue_lock = threading.Lock()
@@ -213,7 +220,7 @@ class Worker:
             self._requeue_lock.release()
 
     def drain(self, done: list) -> None:
-        while not self.stopping.is_set():
+        while not self.stopping:
             self.requeue(unless_recent=True)
             if not (ev := store.claim(self.owner)):
                 return
@@ -247,7 +254,7 @@ class Worker:
         return done
 
     def run(self) -> None:
-        while not self.stopping.is_set():
+        while not self.stopping:
             try:
                 self.hand_back()  # 上一轮数据库出错时没来得及改状态的事件(平时是空的)
                 busy = self.run_once()
@@ -256,10 +263,11 @@ class Worker:
                 say_retrying(e)
                 busy = []
             if not busy:
-                self.stopping.wait(poll_seconds())
+                with contextlib.suppress(queue.Empty):  # 等 POLL_SECONDS 秒,收到停止信号就马上醒
+                    self._wake.get(timeout=poll_seconds())
 
     def stop(self, signum: int | None = None, _frame=None) -> None:
-        if self.stopping.is_set():
+        if next(self._stop_signals):
             # 再来的 SIGTERM 不改主意:发给整个进程组的 SIGTERM(systemd 停服务、kill -- -PGID),uv run 还会再转发一次,
             # worker 收到两次,原来第二次就被当成「立即退出」。手上没有事件时也不用抢:马上就退出了(原来正在收尾时
             # 收到第二个信号会带着 traceback 退出)
@@ -268,7 +276,8 @@ class Worker:
             raise KeyboardInterrupt  # 第二次 Ctrl-C:不等了
         # 先记下「在停了」再说出来:第二个信号可能在 print 途中就到(Python 在这个函数的字节码之间就会再调它)。
         # 原来先 print 后 set,看到这一行马上再按一次 Ctrl-C,第二次被当成第一次,这一行说了两遍,worker 不退出
-        self.stopping.set()
+        self.stopping = True
+        self._wake.put(signum)
         print("收到停止信号:做完手上的事件就退出(再按一次 Ctrl-C 立即退出,手上的事件交回队列)", file=sys.stderr, flush=True)
 
 

@@ -206,3 +206,41 @@ def test_a_second_ctrl_c_that_arrives_while_the_first_is_being_announced_still_e
     finally:
         w.close()
     assert said == [(STOP_LINE.rstrip("\n"),)]
+
+
+# 第 target 轮:第一次 stop() 执行到第 target 个 Python 行(它自己的、它调用的 Python 函数的)时,再来一个 SIGTERM
+SECOND_SIGTERM_AT_EVERY_LINE = r"""
+import os, signal, sys
+import worker
+
+ROUNDS, injected = 40, 0
+for target in range(1, ROUNDS + 1):
+    w, lines = worker.Worker(1), 0
+    signal.signal(signal.SIGTERM, w.stop)
+
+    def tracer(frame, event, arg):
+        global lines, injected
+        if event == "line":
+            lines += 1
+            if lines == target:
+                injected += 1
+                os.kill(os.getpid(), signal.SIGTERM)
+        return tracer
+
+    sys.settrace(tracer)
+    w.stop(signal.SIGTERM)
+    sys.settrace(None)
+    w.run()  # 已经在停了:马上返回
+    w.close()
+print(injected)
+"""
+
+
+def test_a_second_sigterm_at_any_point_of_the_first_one_never_hangs_the_worker(lab):
+    """SIGTERM 发给整个进程组(systemd、kill -- -PGID、timeout)时 worker 收到两次。原来第二个正好落在第一个的
+    threading.Event.set() 里(它拿着 Event 的锁)时,处理函数再去 set,自己等自己,常驻 worker 永远停不下来
+    (在 PostgreSQL 上 timeout -s TERM 跑了三十来次碰上一次)。这里让第二个信号依次落在第一次 stop() 的每一行上:
+    每一轮都停得下来,停止那一行只说一次。"""
+    r = run(["-c", SECOND_SIGTERM_AT_EVERY_LINE], lab, timeout=90)
+    assert (r.returncode, r.stderr) == (0, STOP_LINE * 40)
+    assert int(r.stdout) >= 4  # 真的插进去了好几处(stop() 有几行,就有几轮插得进去)
