@@ -378,7 +378,7 @@ def unavailable(error: Exception) -> str:
 
 def first_line(error: Exception) -> str:
     """「类型名: 原文第一行」:psycopg 的错误常带好几行 DETAIL / HINT,给人看的一行里只留第一行。"""
-    return f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0]}"
+    return f"{type(error).__name__}: {(_safe_url(str(error)).strip().splitlines() or [''])[0]}"
 
 
 def _pg_pool(url: str, durable: bool = True):
@@ -418,7 +418,7 @@ def open_pg_pool(url: str, durable: bool, **kwargs):
     except psycopg.Error as e:
         if isinstance(e, psycopg.OperationalError) and not refused_for_good(str(e)):
             raise  # 服务器没开、还在启动、连接数满了、网络不通:和用着用着断了一样是「数据库暂时用不了」,各个程序照常处理
-        reason = ";".join(line.strip() for line in str(e).splitlines() if line.strip()) or type(e).__name__
+        reason = ";".join(line.strip() for line in _safe_url(str(e)).splitlines() if line.strip()) or type(e).__name__
         raise SystemExit(f"连不上 DATABASE_URL 指的 PostgreSQL:{reason}") from None
     # connect_timeout:接上了却一直不回话的服务器,连接池的后台线程也别一直等着(连不上时关连接池要等它)
     pool = ConnectionPool(url, min_size=1, max_size=max_size,
@@ -1124,9 +1124,11 @@ def unmoved_events() -> int:
     return len(ids) - there
 
 
-def _safe_url(url: str) -> str:
-    """打印用:去掉 URL 里的密码。"""
-    return re.sub(r"://([^:/@]+):[^@]*@", r"://\1:***@", url)
+def _safe_url(text: str) -> str:
+    """打印用:去掉连接串里的密码 —— URL 的「用户:密码@」、key=value 写法的 password=…。text 也可以是一句报错:
+    libpq 说连接串写错了(比如少了 :// 里的冒号)时会把整串原样引出来,密码不能跟着进终端和 cron.log。"""
+    text = re.sub(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s\"]+)", r"\1***", text)
+    return re.sub(r"(^|[/\s\"])([^:/@\s\"]+):(?!//)[^@\s\"]*@", r"\1\2:***@", text)
 
 
 def counts(path: Path | None, tables: tuple[str, ...]) -> dict[str, int]:

@@ -96,6 +96,9 @@ def refused_everywhere(lab: dict, url: str, expected: list[tuple[int, str]]) -> 
 @pytest.mark.parametrize("url, message", [
     ("mysql://app@db/ledger", "配置错误:DATABASE_URL 要以 postgresql:// 开头,现在是 mysql://…"),
     ("notaurl", '连不上 DATABASE_URL 指的 PostgreSQL:missing "=" after "notaurl" in connection info string'),
+    # 少了 :// 里的冒号:libpq 把整串原样引出来,密码不能跟着进终端和 cron.log(原来原样打印了 S3cretPw)
+    ("postgresql//app:S3cretPw@db/ledger",
+     '连不上 DATABASE_URL 指的 PostgreSQL:missing "=" after "postgresql//app:***@db/ledger" in connection info string'),
 ])
 def test_a_database_url_that_cannot_be_used_stops_at_once_with_the_reason_and_claims_nothing(lab, url, message):
     """原来每种都是等 10 秒、日志刷屏,最后一个 PoolTimeout 的 traceback,不说是哪一项、为什么。"""
