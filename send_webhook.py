@@ -14,6 +14,7 @@ import hmac
 import json
 import sys
 import time
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -37,6 +38,12 @@ def event_body(ticket_id: str) -> bytes:
 
 
 USAGE = "用法:uv run python send_webhook.py 工单号 [重复次数,正整数]"
+
+
+def port_of(url: str) -> int:
+    """WEBHOOK_URL 的端口:提示起 webhook 时说对端口(没写就是 http 80、https 443)。"""
+    parts = urlsplit(url)
+    return parts.port or (443 if parts.scheme == "https" else 80)
 
 
 def main(argv: list[str]) -> int:
@@ -65,7 +72,7 @@ def main(argv: list[str]) -> int:
             r = httpx.post(url, content=body, headers=headers, timeout=TIMEOUT_S)
         except (httpx.HTTPError, httpx.InvalidURL) as e:  # InvalidURL:urlsplit 放过了、httpx 不认的少见写法
             print(f"发不出去:{url} 连不上({type(e).__name__}: {e})。webhook 服务起来了吗?"
-                  "先在另一个终端运行 uv run uvicorn webhook:app --port 8139", file=sys.stderr)
+                  f"先在另一个终端运行 uv run uvicorn webhook:app --port {port_of(url)}", file=sys.stderr)
             return 1
         try:
             shown = r.json()

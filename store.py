@@ -12,7 +12,7 @@ SQLite 事件库已经搬进了 PostgreSQL 却没设 DATABASE_URL(说明原因);
 设了 DATABASE_URL 时三样都在那个 PostgreSQL 库里,EVENTS_DB、CHECKPOINTS_DB 不用;业务表第一次建时多一行
 「已在 … 新建业务表 customers、tickets(从 …/cloudledger.db 拷过来)」:BIZ_DB 指的 SQLite 业务库在就拷它,不在就是「(种子数据)」。
 
-一直用 SQLite、现在换到 PostgreSQL:设好 DATABASE_URL,停掉用 SQLite 的 worker 和收件箱,运行
+一直用 SQLite、现在换到 PostgreSQL:设好 DATABASE_URL,停掉用 SQLite 的 worker、webhook、邮件轮询和收件箱,运行
     uv run python store.py --from-sqlite
 把 EVENTS_DB、CHECKPOINTS_DB 里的全部事件、发件箱、审核记录、用量和 LangGraph 的 checkpoint 搬进去(一个事务),
 各表行数之前多两行:「已从 … 搬进 …:events 5 行,…;checkpoint 4 个 thread(17 个 checkpoint)」和「…/ambient.db 里记下了
@@ -1137,15 +1137,17 @@ def counts(path: Path | None, tables: tuple[str, ...]) -> dict[str, int]:
 
 
 # ---------------------------------------------------------------- 邮件和定时任务用的查询
-def biz_db_problem() -> str | None:
-    """业务库用不了时返回原因,能用返回 None。库文件不存在时不去连接(连接会顺手建一个空库)。"""
+def biz_db_problem(*, hint: bool = True) -> str | None:
+    """业务库用不了时返回原因,能用返回 None。库文件不存在时不去连接(连接会顺手建一个空库)。
+    只缺一部分表(不是还没建,store.py 不会替你重建)时,hint 让它接着说去运行 store.py:那里说怎么修。"""
+    partly = "(运行 uv run python store.py,它说怎么修)" if hint else ""
     if dialect() == "postgres":
         with opened() as conn:
             have = conn.execute(BIZ_TABLES_SQL).fetchone()
         missing = [t for t, there in zip(BIZ_COLUMNS, have) if not there]
         if len(missing) == len(BIZ_COLUMNS):
             return f"业务库还没建:{_safe_url(database_url())} 里没有表 {'、'.join(missing)}(先运行 uv run python store.py 建库)"
-        return f"业务库 {_safe_url(database_url())} 里没有表:{'、'.join(missing)}" if missing else None
+        return f"业务库 {_safe_url(database_url())} 里没有表:{'、'.join(missing)}{partly}" if missing else None
     path = biz_db()
     if not path.exists():
         return f"业务库不存在:{path}(先运行 uv run python store.py 建库)"
@@ -1155,7 +1157,7 @@ def biz_db_problem() -> str | None:
     except sqlite3.Error as e:
         return f"业务库打不开:{path}:{e}"
     missing = [t for t in BIZ_COLUMNS if t not in have]
-    return f"业务库 {path} 里没有表:{'、'.join(missing)}" if missing else None
+    return f"业务库 {path} 里没有表:{'、'.join(missing)}{partly}" if missing else None
 
 
 def customer_by_email(address: str) -> str | None:
@@ -1289,7 +1291,7 @@ def build_and_count(from_sqlite: bool = False) -> int:
         url = _safe_url(database_url())
         if source := build_biz_tables():
             print(f"已在 {url} 新建业务表 customers、tickets({source})")
-        elif problem := biz_db_problem():  # 只剩半套(有人删了一张):不在上面补,说清楚
+        elif problem := biz_db_problem(hint=False):  # 只剩半套(有人删了一张):不在上面补,说清楚
             print(f"{problem}。没有动它:把剩下的业务表也删掉(DROP TABLE)再运行 uv run python store.py,就会新建一套",
                   file=sys.stderr)
             return 2
@@ -1312,7 +1314,7 @@ def build_and_count(from_sqlite: bool = False) -> int:
         if not biz.exists() or biz.stat().st_size == 0:  # 空文件(touch 出来的)里什么都没有,建在它上面不丢东西
             build_biz_db(biz)
             print(f"已新建业务库 {biz}")
-        elif problem := biz_db_problem():
+        elif problem := biz_db_problem(hint=False):
             print(f"{problem}。没有动它:删掉它(或者让 BIZ_DB 指到别处)再运行 uv run python store.py,就会新建一份",
                   file=sys.stderr)
             return 2
@@ -1322,7 +1324,7 @@ def build_and_count(from_sqlite: bool = False) -> int:
         print(f"{label} {shown}:" + ",".join(f"{t} {n} 行" for t, n in counts(path, tables[label]).items()))
     if dialect() == "postgres" and not from_sqlite and (left := unmoved_events()):
         print(f"{events_db()} 里还有 {left} 个没做完的事件(排队、等人审)不在 PostgreSQL 里:要在这边接着处理,"
-              "停掉用 SQLite 的 worker 和收件箱,运行 uv run python store.py --from-sqlite")
+              "停掉用 SQLite 的 worker、webhook、邮件轮询和收件箱,运行 uv run python store.py --from-sqlite")
     return 0
 
 

@@ -124,7 +124,7 @@ def test_a_sqlite_lab_moved_to_postgres_carries_on_there_and_sends_each_reply_on
             f"事件库 {url}:events 0 行,outbox 0 行,review_log 0 行,llm_usage 0 行",
             f"业务库 {url}:customers 30 行,tickets 41 行",
             f"{lab['EVENTS_DB']} 里还有 4 个没做完的事件(排队、等人审)不在 PostgreSQL 里:要在这边接着处理,"
-            "停掉用 SQLite 的 worker 和收件箱,运行 uv run python store.py --from-sqlite"]
+            "停掉用 SQLite 的 worker、webhook、邮件轮询和收件箱,运行 uv run python store.py --from-sqlite"]
         r = from_sqlite(env)
         assert (r.returncode, r.stderr) == (0, "")
         assert r.stdout.splitlines() == [

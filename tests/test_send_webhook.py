@@ -51,12 +51,15 @@ def test_malformed_webhook_url_is_a_clear_error_and_nothing_is_sent(lab, url, pr
     assert rows("SELECT COUNT(*) FROM events") == [(0,)]
 
 
-def test_server_not_running_is_one_clear_message_and_exit_1(lab):
-    url = f"http://127.0.0.1:{free_port()}/hooks/cloudledger"
+def test_server_not_running_is_one_clear_message_with_the_port_of_webhook_url_and_exit_1(lab):
+    """提示的端口是 WEBHOOK_URL 里的那个(原来总说 8139)。"""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/hooks/cloudledger"
     r = run(["send_webhook.py", "T1012"], {**lab, "WEBHOOK_URL": url})
     assert (r.returncode, r.stdout) == (1, "")
     assert r.stderr.startswith(f"发不出去:{url} 连不上(ConnectError: ")
-    assert r.stderr.endswith("webhook 服务起来了吗?先在另一个终端运行 uv run uvicorn webhook:app --port 8139\n")
+    assert r.stderr.endswith(f"webhook 服务起来了吗?先在另一个终端运行 uv run uvicorn webhook:app --port {port}\n")
+    assert rows("SELECT COUNT(*) FROM events") == [(0,)]
 
 
 def test_duplicate_delivery_over_real_http_prints_the_lessons_lines(lab):

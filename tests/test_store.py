@@ -162,5 +162,6 @@ def test_half_of_the_business_tables_in_postgres_is_named_and_left_alone(pg_lab)
         2, "", f"业务库 {url} 里没有表:tickets。没有动它:把剩下的业务表也删掉(DROP TABLE)再运行 uv run python store.py,"
                "就会新建一套\n")
     worker = run(["worker.py", "--once"], pg_lab)
-    assert (worker.returncode, worker.stdout, worker.stderr) == (1, "", f"业务库 {url} 里没有表:tickets\n")
+    assert (worker.returncode, worker.stdout, worker.stderr) == (
+        1, "", f"业务库 {url} 里没有表:tickets(运行 uv run python store.py,它说怎么修)\n")
     assert rows("SELECT COUNT(*), to_regclass('tickets') IS NULL FROM customers") == [(30, True)]
