@@ -74,6 +74,9 @@ def test_four_decisions_end_as_in_the_lesson(any_lab):
     assert (category, final, action, json.loads(feedback)) == ("refund", T1041_EDIT, "edit", [T1041_FEEDBACK])
     assert draft == T1041_ITEM.splitlines()[1].removeprefix("        草稿:")  # 模型原稿是第一版,不是重写的那版
     assert log["T1003"][3:] == ("ignore", "[]") and log["T1003"][2] is None
+    # 自测 6:只有 respond 会再调模型 —— accept、edit、ignore 都不调(T1041 是起草一次 + 重写一次)
+    assert rows("SELECT ticket_id, COUNT(*) FROM llm_usage GROUP BY ticket_id ORDER BY ticket_id") == [
+        ("T1003", 1), ("T1012", 1), ("T1041", 2)]
     assert inbox(any_lab, "list").stdout == "收件箱是空的\n"
 
 
