@@ -275,7 +275,12 @@ _DIRECTIVE = ("别", "不要", "不用", "语气")  # 以这些开头的意见�
 _INSTRUCTION_WORDS = ("语气", "道歉", "抱歉", "简短", "短一点")
 
 
+# 繁体字写的工单(Big5 邮件、港台客户)先把关键词里用到的字换成简体再匹配:不然「發票」认不出是发票
+_SIMPLIFIED = str.maketrans("發開稅費續帳賬單價錯敗異閃錄碼號權驗證綁換", "发开税费续账账单价错败异闪录码号权验证绑换")
+
+
 def classify(text: str) -> str:
+    text = text.translate(_SIMPLIFIED)
     for category, words in CATEGORY_WORDS.items():
         if any(w in text for w in words):
             return category
@@ -294,9 +299,11 @@ def offline_draft(prompt: str) -> dict:
         opening += "让您久等了,非常抱歉。"
     if notes:
         body = "".join(_statement(n) for n in notes) or REPLIES[category]
-        if any(w in "".join(notes) for w in ("道歉", "软", "抱歉")):
+        if "抱歉" not in opening and any(w in "".join(notes) for w in ("道歉", "软", "抱歉")):
             opening += "非常抱歉给您添了麻烦。"
-        reply = opening + body + "到账或处理时间以实际渠道为准,给您添麻烦了。"
+        # 结尾:退款才说到账时间;开头已经道过歉的不再说一遍「给您添麻烦了」
+        closing = "到账或处理时间以实际渠道为准," if category == "refund" else ""
+        reply = opening + body + closing + ("感谢您的耐心。" if "抱歉" in opening else "给您添麻烦了。")
     else:
         reply = opening + REPLIES[category] + "感谢您的耐心。"
     reply = _AMOUNT.sub("", reply)

@@ -55,6 +55,18 @@ def test_offline_drafts_for_every_seed_ticket_follow_the_draft_rules(lab):
         assert d["category"] in Draft.model_fields["category"].annotation.__args__
 
 
+def test_the_offline_model_reads_traditional_characters_and_apologizes_only_once(lab):
+    """Big5 样例邮件是繁体字:原来一个关键词都认不出,归到 other、起草成一句空话。久等的工单(定时扫描)又按
+    「先道歉」重写:原来开头两句道歉、结尾再来一句「给您添麻烦了」,发票的重写也说「到账时间」。"""
+    big5 = {"ticket_id": "M5b1c2d", "ticket_text": "發票郵寄地址要更改:您好:我們公司搬家了,之後的紙本發票請寄到新地址,謝謝。"}
+    first = llm.offline_draft(build_prompt(big5))
+    assert first == {"category": "invoice", "summary": "客户反映:發票郵寄地址要更改",
+                     "reply": f"您好,{llm.REPLIES['invoice']}感谢您的耐心。"}
+    stale = {**big5, "kind": "ticket.stale", "feedback": ["语气再软一点,先道歉"]}
+    again = llm.offline_draft(build_prompt(stale))
+    assert again["reply"] == f"您好,让您久等了,非常抱歉。{llm.REPLIES['invoice']}感谢您的耐心。"
+
+
 def test_real_chatopenai_path_end_to_end_with_extra_body(lab, monkeypatch):
     with OpenAIStub() as stub:
         real_model(monkeypatch, stub, LLM_EXTRA_BODY='{"thinking": {"type": "disabled"}}')

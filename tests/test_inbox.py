@@ -23,7 +23,8 @@ T1041_ITEM = ("T1041  [refund] 客户反映:同一笔账单被扣了两次\n    
               "核实后会按原支付渠道处理,进度会在 1–3 个工作日内通过工单告知您。感谢您的耐心。\n")
 T1003_ITEM = "T1003  [other] 客户反映:谢谢小周老师的耐心帮助\n        草稿:您好,我们已经收到您的消息,相关同事会尽快查看并回复您。感谢您的耐心。\n"
 SORRY = "您好,非常抱歉给您添了麻烦。"  # 意见里要道歉时,重写的草稿这样开头
-AFTER_FEEDBACK = "到账或处理时间以实际渠道为准,给您添麻烦了。"  # 按意见重写的草稿这样结尾
+AFTER_FEEDBACK = "到账或处理时间以实际渠道为准,给您添麻烦了。"  # 按意见重写的退款草稿这样结尾
+AFTER_SORRY = "到账或处理时间以实际渠道为准,感谢您的耐心。"  # 开头已经道过歉的:不再说一遍「给您添麻烦了」
 
 
 def queue(*tickets: str) -> None:
@@ -87,8 +88,8 @@ def test_several_respond_rounds_then_accept_sends_the_last_redraft(lab):
     # 「先道歉」是给起草人的指令:开头道歉,不把这三个字原样写进回复;第二轮在第一轮的基础上照意见写
     assert (first.returncode, first.stdout) == (0, f"已按意见重写,新草稿: {SORRY}关于您提到的扣款和退款问题,我们已转交财务"
                                                    f"核实扣款记录,核实后会按原支付渠道处理,进度会在 1–3 个工作日内通过工单告知您。"
-                                                   f"{AFTER_FEEDBACK}\n")
-    last = f"{SORRY}退款申请已提交。{AFTER_FEEDBACK}"
+                                                   f"{AFTER_SORRY}\n")
+    last = f"{SORRY}退款申请已提交。{AFTER_SORRY}"
     assert (second.returncode, second.stdout) == (0, f"已按意见重写,新草稿: {last}\n")
     assert inbox(lab, "approve", "T1041").stdout == "T1041 → sent\n"  # LangChain v1 的叫法 approve = accept
     assert rows("SELECT body FROM outbox") == [(last,)]
@@ -429,7 +430,7 @@ def test_inbox_killed_while_redrafting_is_finished_by_the_worker_with_the_feedba
     assert drain() == [("evt_T1012_created", "waiting_human")]
     assert state("T1012")["feedback"] == ["先道歉"]
     listing = inbox(any_lab, "list")
-    redraft = T1012_ITEM.replace("您好,", SORRY).replace("感谢您的耐心。", AFTER_FEEDBACK)  # 照「先道歉」重写的那版
+    redraft = T1012_ITEM.replace("您好,", SORRY)  # 照「先道歉」重写的那版(发票:结尾不说到账时间)
     assert (listing.returncode, listing.stdout, listing.stderr) == (0, redraft, "")
     # 模型调用:第一版、被杀的那次重写(回答了,结果没存下)、worker 续跑的重写
     assert rows("SELECT COUNT(*) FROM llm_usage") == [(3,)]
@@ -466,7 +467,7 @@ def test_two_inbox_commands_on_one_ticket_at_once_send_one_reply(any_lab):
 NOT_THE_DRAFT_YOU_SAW = ("T1041 的草稿在你上次看过之后被改写了(有人 respond 过),这次没有发;"
                          "先 uv run python inbox.py list 看看新草稿,再决定\n")
 T1041_FIRST_REDRAFT = (f"{SORRY}关于您提到的扣款和退款问题,我们已转交财务核实扣款记录,核实后会按原支付渠道处理,"
-                       f"进度会在 1–3 个工作日内通过工单告知您。{AFTER_FEEDBACK}")
+                       f"进度会在 1–3 个工作日内通过工单告知您。{AFTER_SORRY}")
 
 
 def test_accept_of_a_draft_someone_else_rewrote_since_your_list_is_refused_until_you_list_again(any_lab):
