@@ -381,6 +381,13 @@ def first_line(error: Exception) -> str:
     return f"{type(error).__name__}: {(_safe_url(str(error)).strip().splitlines() or [''])[0]}"
 
 
+def with_detail(error: Exception) -> str:
+    """first_line() 再接上 PostgreSQL 的 DETAIL:约束冲突时只有它说是哪一行,比如
+    Key (customer_id)=(C999) is not present in table "customers"。"""
+    detail = (getattr(getattr(error, "diag", None), "message_detail", None) or "").strip()
+    return first_line(error) + (f";{detail}" if detail else "")
+
+
 def _pg_pool(url: str, durable: bool = True):
     """每个进程、每个 URL 两个连接池(提交等不等落盘,见 connect()),第一次用到时才建(import 时不连数据库)。"""
     with _pools_lock:
@@ -920,7 +927,7 @@ def build_biz_tables(today: date | None = None) -> str | None:
                 return None
             fill_biz(conn, *(sqlite_biz_rows(path) if copy else seed_rows(today)))
     except (sqlite3.Error, psycopg.IntegrityError, psycopg.DataError) as e:
-        raise SystemExit(f"业务库 {path} 拷不进 PostgreSQL:{first_line(e)}。"
+        raise SystemExit(f"业务库 {path} 拷不进 PostgreSQL:{with_detail(e)}。"
                          "什么都没建:修好它,或者让 BIZ_DB 指到一个不存在的文件、改用种子数据") from None
     return f"从 {path} 拷过来" if copy else "种子数据"
 
@@ -1096,9 +1103,7 @@ def copy_to_postgres(moved: dict[str, list], checkpoints: list) -> str:
     except psycopg.DataError as e:  # 比如文本里有 NUL:PostgreSQL 的 TEXT 存不了
         raise MoveRefused(2, f"有一行搬不进 PostgreSQL({first_line(e)}):什么都没搬") from None
     except psycopg.IntegrityError as e:  # 发件箱、审核记录里同一张工单两边都有(PostgreSQL 上已经处理过它)
-        detail = (e.diag.message_detail or "").strip()
-        raise MoveRefused(2, f"PostgreSQL 里已经有同样的记录({first_line(e)}{';' + detail if detail else ''}):"
-                             "什么都没搬") from None
+        raise MoveRefused(2, f"PostgreSQL 里已经有同样的记录({with_detail(e)}):什么都没搬") from None
     finally:
         pool.close()
     counted = ",".join(f"{t} {len(rows)} 行" for t, rows in moved.items())

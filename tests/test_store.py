@@ -102,7 +102,8 @@ def test_the_first_build_in_postgres_copies_the_sqlite_business_db_that_biz_db_n
 @pytest.mark.parametrize("broken, error", [
     ("ALTER TABLE tickets DROP COLUMN body", "OperationalError: no such column: body"),
     ("UPDATE tickets SET customer_id = 'C999' WHERE id = 'T1012'",
-     'ForeignKeyViolation: insert or update on table "tickets" violates foreign key constraint "tickets_customer_id_fkey"'),
+     'ForeignKeyViolation: insert or update on table "tickets" violates foreign key constraint "tickets_customer_id_fkey";'
+     'Key (customer_id)=(C999) is not present in table "customers".'),  # DETAIL 说是哪一行(原来没有)
 ])
 def test_a_sqlite_business_db_that_cannot_be_copied_is_named_and_nothing_is_built(pg_lab, broken, error):
     """Day 23 的库列不一样,或者工单的客户不存在(SQLite 默认不查外键,PostgreSQL 查):说清楚、退出码 1,
