@@ -273,6 +273,6 @@ def thread_of(ticket_id: str, event_id: str | None = None) -> dict:
     """一张工单一个 thread。event_id 只是带给 draft 记账用,不影响 thread。
     metadata 给追踪用(课文「上线以后」:trace 的 session id 用工单号):接了 LangSmith、Langfuse 这类回调时,
     同一张工单的起草、每一轮重写、最后发送都归在一个 session 里;没接时什么都不做。"""
-    return {"configurable": {"thread_id": f"ticket-{ticket_id}", "event_id": event_id},
+    return {"configurable": {"thread_id": store.thread_id(ticket_id), "event_id": event_id},
             "metadata": {"session_id": ticket_id, "langfuse_session_id": ticket_id},
             "max_concurrency": MAX_CONCURRENCY}

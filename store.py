@@ -988,6 +988,11 @@ class MoveRefused(Exception):
         self.code = code
 
 
+def thread_id(ticket_id: str) -> str:
+    """一张工单一个 LangGraph thread,id 是 ticket-<工单号>(agent.thread_of 用它;搬家时拿它核对两个文件是不是一套)。"""
+    return f"ticket-{ticket_id}"
+
+
 def moved_to(conn) -> tuple[str, str] | None:
     """这个 SQLite 事件库搬进了哪个 PostgreSQL、什么时候搬的(「2026-12-02 01:23:45 UTC」,store.py --from-sqlite
     记下的);没搬过是 None。"""
@@ -1050,8 +1055,15 @@ def move_from_sqlite() -> tuple[str, str | None]:
     counted = None
     try:
         with transaction(path) as source:
-            moved = sqlite_rows_to_move(source, path)
-            counted = copy_to_postgres(moved, sqlite_checkpoints())
+            moved, checkpoints = sqlite_rows_to_move(source, path), sqlite_checkpoints()
+            tickets = source.execute("SELECT DISTINCT ticket_id FROM events WHERE ticket_id IS NOT NULL").fetchall()
+            threads = {t.config["configurable"]["thread_id"] for t in checkpoints}
+            if strays := sorted(threads - {thread_id(r[0]) for r in tickets}):
+                # 搬过去的话,这几个 thread 在 PostgreSQL 里没人认领,以后同一张工单来了新事件,反倒接着旧进度跑
+                raise MoveRefused(2, f"{checkpoints_db()} 里有 {len(strays)} 个 thread 在 {path} 里没有对应的事件"
+                                     f"({'、'.join(strays[:5])}):两个文件不是同一套 —— EVENTS_DB、CHECKPOINTS_DB 指错了,"
+                                     "或者拷事件库时漏了旁边的 -wal 文件(拷之前先停掉所有程序,连 -wal 一起拷)。什么都没搬")
+            counted = copy_to_postgres(moved, checkpoints)
             source.execute(RETIRE_SQL[0])
             source.execute(RETIRE_SQL[1], (_safe_url(database_url()), now()))
             for statement in RETIRE_SQL[2:]:

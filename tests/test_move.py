@@ -228,6 +228,25 @@ def test_an_event_still_being_processed_in_sqlite_stops_the_move_and_nothing_is_
         nothing_moved(url, monkeypatch, before)
 
 
+def test_checkpoints_without_their_events_stop_the_move_and_nothing_is_moved(sqlite_lab_in_use, pg_url, monkeypatch,
+                                                                             tmp_path):
+    """EVENTS_DB 指着另一个库(或者拷事件库时漏了 -wal,拷出来的库里没有这些事件),CHECKPOINTS_DB 还是这一套的:
+    原来照样「搬好了」,退出码 0,四个没人认领的 thread 进了 PostgreSQL,那个库还被记成已搬走。"""
+    lab, before = sqlite_lab_in_use
+    other = tmp_path / "other.db"
+    assert run(["store.py"], {**lab, "EVENTS_DB": str(other)}).returncode == 0  # 一个新建的、空的事件库
+    with pg_schema() as url:
+        r = from_sqlite({**lab, "EVENTS_DB": str(other), "DATABASE_URL": url})
+        built = f"已在 {store._safe_url(url)} 新建业务表 customers、tickets(从 {lab['BIZ_DB']} 拷过来)\n"  # 搬之前的一步
+        assert (r.returncode, r.stdout, r.stderr) == (
+            2, built, f"没有搬:{lab['CHECKPOINTS_DB']} 里有 4 个 thread 在 {other} 里没有对应的事件"
+                   "(ticket-T1003、ticket-T1012、ticket-T1020、ticket-T1041):两个文件不是同一套 —— EVENTS_DB、"
+                   "CHECKPOINTS_DB 指错了,或者拷事件库时漏了旁边的 -wal 文件(拷之前先停掉所有程序,连 -wal 一起拷)。"
+                   "什么都没搬\n")
+        nothing_moved(url, monkeypatch, before)
+    assert moved_mark(other) == ([], [])
+
+
 def test_a_reply_postgres_already_sent_for_the_same_ticket_stops_the_move_and_nothing_is_moved(
         sqlite_lab_in_use, pg_url, monkeypatch):
     """PostgreSQL 这边已经给 T1012 发过回复(没有 checkpoint,比如有人手工补的):两边的发件箱合不到一起,一行说清楚哪一条。"""
