@@ -29,7 +29,7 @@ class OpenAIStub:
         self.malformed: dict[str, str] = {}     # 模型名 → "text"(不调工具,只回一段话)、"args"(工具参数不合 Draft)、
                                                 # "json"(工具参数被截断,不是合法 JSON)或 "refusal"(拒答)
         self.multiline = False                  # True:回复草稿分成几行(真模型常这样写)
-        self.requests: list[dict] = []          # 每个请求:{"model", "body", "headers", "at"}
+        self.requests: list[dict] = []          # 每个请求:{"model", "body", "headers", "at", "abandoned"}
         self.in_flight: Counter = Counter()     # 工单号 → 正在等回答、客户端还活着的请求数
         self.overlaps: list[str] = []           # 同一张工单同时有两个活着的起草请求:工单号
         self.peak = 0                           # 最多同时有几个请求在等回答(所有工单加起来)
@@ -75,9 +75,10 @@ class OpenAIStub:
                 key = self.headers.get("authorization", "").removeprefix("Bearer ")
                 prompt = "\n".join(str(m.get("content") or "") for m in body.get("messages", []))
                 ticket = (re.search(r"工单 ([A-Za-z0-9_-]+):", prompt) or [None, None])[1]
+                request = {"model": body.get("model"), "body": body, "ticket": ticket,
+                           "headers": dict(self.headers), "at": time.time(), "abandoned": False}
                 with stub.lock:
-                    stub.requests.append({"model": body.get("model"), "body": body, "ticket": ticket,
-                                          "headers": dict(self.headers), "at": time.time()})
+                    stub.requests.append(request)
                     if stub.in_flight[ticket]:
                         stub.overlaps.append(ticket)
                     stub.in_flight[ticket] += 1
@@ -86,6 +87,7 @@ class OpenAIStub:
                     if stub.delay and self._client_left(stub.delay):
                         with stub.lock:
                             stub.abandoned += 1
+                            request["abandoned"] = True
                         return
                     self._answer(body, key, prompt)
                 finally:

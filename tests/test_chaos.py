@@ -65,14 +65,16 @@ def test_random_kill_9_loses_nothing_duplicates_nothing_and_resumes_where_it_sto
         assert set(drafts) == set(tickets)
         # 每个 worker 手上最多 2 个事件(--concurrency 2):杀一次最多让 2 张工单重新起草
         assert stub.abandoned <= kills * 2 and extra <= kills * 2, (extra, stub.abandoned, kills)
-        # 同一张工单再起草一次,两次之间一定有 worker 被杀过:被杀的 worker 没等到回答(stub.abandoned),
-        # 或者回答到了、draft 的结果还没写进 checkpoint 就被杀了(这种 stub 看不出来),续跑时 draft 节点重跑
-        asked: dict[str, list[float]] = {}
+        # 同一张工单再起草一次,一定是有 worker 被杀了:前一次的请求没等到回答(发请求的 worker 被杀,stub 记下 abandoned;
+        # 它可能在 kill 之前就发出了请求、stub 却在 kill 之后才记下 at,所以这种不比时间 —— 机器忙时 CI 碰上过),
+        # 或者回答到了、draft 的结果还没写进 checkpoint 就被杀了(两次之间有一次 kill),续跑时 draft 节点重跑
+        asked: dict[str, list[dict]] = {}
         for r in stub.requests:
-            asked.setdefault(r["ticket"], []).append(r["at"])
-        for ticket, times in asked.items():
-            for before, after in zip(times, times[1:]):
-                assert any(before <= k <= after for k in kill_times), (ticket, before, after, kill_times)
+            asked.setdefault(r["ticket"], []).append(r)
+        for ticket, tries in asked.items():
+            for before, after in zip(tries, tries[1:]):
+                assert before["abandoned"] or any(before["at"] <= k <= after["at"] for k in kill_times), (
+                    ticket, before["at"], after["at"], kill_times)
     assert rows("SELECT status, COUNT(*) FROM events GROUP BY status") == [("waiting_human", EVENTS)]
     finished = [e for out in outputs for e in handled(out)]
     assert len(finished) == len(set(finished))  # 事件表里没有哪个事件被两个 worker 都做完
