@@ -508,8 +508,8 @@ def test_two_worker_processes_claim_each_of_200_events_exactly_once(any_lab):
             assert all(p.poll() is None for p in procs), [p.communicate() for p in procs]
             time.sleep(0.05)
         time.sleep(1.0)  # SQLite 没有「谁在等锁」可查:打开库文件之后到开始等锁只差几条语句,留足余量
-    outs = [p.communicate(timeout=120)[0] for p in procs]
-    assert [p.returncode for p in procs] == [0, 0]
+    outs, errs = zip(*(p.communicate(timeout=120) for p in procs))
+    assert [p.returncode for p in procs] == [0, 0], errs
     seen = [line.split()[0] for out in outs for line in out.splitlines()]
     assert sorted(seen) == sorted(f"evt_T9{i:03d}_created" for i in range(200))
     assert all(out for out in outs), "两个 worker 都应该领到活"
