@@ -290,6 +290,24 @@ def transaction(path: Path | str | None = None, *, wait_s: float | None = None):
                 conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s() * 1000)}")
 
 
+WAL_RETRY_S = 0.01  # 秒;新库换成 WAL 撞上别人也在换时,隔多久再试(最多试到 BUSY_TIMEOUT_S)
+
+
+def use_wal(conn: sqlite3.Connection) -> None:
+    """PRAGMA journal_mode = WAL。两个连接同时第一次打开同一个新库文件时(两个 worker、webhook 和 worker 一起起来),
+    换日志模式那一下 SQLite 不等 busy_timeout,当场说 database is locked:原来后到的那个程序就以「库打不开」退出了
+    (tests/test_worker.py 两个 worker 进程一起起来,CI 上碰到过)。这里隔一会儿再试,最多等 BUSY_TIMEOUT_S 秒。"""
+    deadline = time.monotonic() + busy_timeout_s()
+    while True:
+        try:
+            conn.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as e:
+            if "database is locked" not in str(e) or time.monotonic() >= deadline:
+                raise
+            time.sleep(WAL_RETRY_S)
+
+
 def init() -> None:
     """建事件库的表(已存在就不动),并把旧版库缺的列补上。几个进程同时 init 也没关系。"""
     if dialect() == "postgres":
@@ -300,7 +318,7 @@ def init() -> None:
         return
     try:
         with opened() as conn:
-            conn.execute("PRAGMA journal_mode = WAL")  # 写进库文件,之后每个连接都是 WAL;不能放在事务里
+            use_wal(conn)  # 写进库文件,之后每个连接都是 WAL;不能放在事务里
             if moved := moved_to(conn):  # 每个程序都先 init():用一个已经搬走的库,在这里说清楚,什么都还没做
                 raise SystemExit(moved_away(events_db(), *moved))
             conn.executescript(sql("SCHEMA"))
@@ -551,7 +569,7 @@ def open_checkpointer(durable: bool = False):
 
     try:
         conn = sqlite3.connect(checkpoints_db(), check_same_thread=False, timeout=busy_timeout_s())
-        conn.execute("PRAGMA journal_mode = WAL")  # worker 和收件箱是不同进程,同时写 checkpoint
+        use_wal(conn)  # worker 和收件箱是不同进程,同时写 checkpoint
     except sqlite3.OperationalError as e:
         raise SystemExit(cannot_open("checkpoint 库", "CHECKPOINTS_DB", checkpoints_db(), e)) from None
     # worker 的 checkpoint 用 NORMAL:进程崩溃(kill -9)时一个不丢,只有断电可能丢最后几个 checkpoint,

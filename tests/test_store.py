@@ -166,3 +166,41 @@ def test_half_of_the_business_tables_in_postgres_is_named_and_left_alone(pg_lab)
     assert (worker.returncode, worker.stdout, worker.stderr) == (
         1, "", f"业务库 {url} 里没有表:tickets(运行 uv run python store.py,它说怎么修)\n")
     assert rows("SELECT COUNT(*), to_regclass('tickets') IS NULL FROM customers") == [(30, True)]
+
+
+def test_programs_opening_a_new_lab_at_the_same_moment_all_get_it(tmp_path, monkeypatch):
+    """两个 worker(或者 webhook 和 worker)同时第一次打开一套新库:换成 WAL 的那一下 SQLite 不等 busy_timeout,
+    当场说 database is locked,原来后到的那个就以「库打不开」退出(CI 上两个 worker 进程一起起来时碰到过,退出码 1)。
+    这里每一轮 4 个线程、各自的连接,同时打开一个新的事件库(init),再同时打开一个新的 checkpoint 库,
+    一共 200 轮:每一个都打开了、都是 WAL。"""
+    monkeypatch.delenv("DATABASE_URL", raising=False)
+    monkeypatch.setenv("AMBIENT_NO_DOTENV", "1")
+    failures: list[str] = []
+
+    def at_once(opening) -> None:
+        together = threading.Barrier(4)
+
+        def one():
+            try:
+                together.wait()
+                opening()
+            except BaseException as e:  # noqa: BLE001 —— 原来是 SystemExit(库打不开)
+                failures.append(f"{type(e).__name__}: {e}")
+            finally:
+                store.close_connections()
+
+        threads = [threading.Thread(target=one) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+
+    for i in range(200):
+        monkeypatch.setenv("EVENTS_DB", str(tmp_path / f"ambient{i}.db"))
+        monkeypatch.setenv("CHECKPOINTS_DB", str(tmp_path / f"checkpoints{i}.db"))
+        at_once(store.init)
+        at_once(lambda: store.open_checkpointer()[1].close())
+    assert failures == []
+    modes = {rows("PRAGMA journal_mode", path=tmp_path / f"{name}{i}.db")[0][0]
+             for name in ("ambient", "checkpoints") for i in range(200)}
+    assert modes == {"wal"}
