@@ -125,15 +125,26 @@ def cut_at(env: dict, when: str, *args: str) -> subprocess.CompletedProcess:
     return run(["-c", DIE_AT, f"cut@{when}", *args], env)
 
 
-def cut_connections(pid: int) -> int:
+def cut_connections(pid: int, *, quiet_for_s: float | None = None) -> int:
     """像 PostgreSQL 重启、防火墙或 PgBouncer 掐掉闲连接那样,在服务器那头断掉这个进程的所有连接;返回断了几个。
-    用一个单独的连接来做:测试进程自己的连接池也可能在被断的名单里。"""
+    用一个单独的连接来做:测试进程自己的连接池也可能在被断的名单里。
+    quiet_for_s:只在这个进程的连接全都闲着、最近一条语句结束还不到 quiet_for_s 秒时断(同一条语句里判断和断开),
+    否则等一会儿再看。worker 每 POLL_SECONDS 查一次队列,这样断开正好落在两次查询之间,不会赶上一条正在跑的语句。"""
     import psycopg
 
     name = store.pg_application_name(store.worker_id(pid))
+    quiet = "" if quiet_for_s is None else (
+        " AND (SELECT bool_and(state = 'idle') AND clock_timestamp() - max(state_change) < make_interval(secs => %s)"
+        " FROM pg_stat_activity WHERE application_name = %s)")
+    args = (name,) if quiet_for_s is None else (name, quiet_for_s, name)
+    deadline = time.monotonic() + 60
     with psycopg.connect(PG_URL, autocommit=True) as conn:
-        return conn.execute("SELECT COUNT(pg_terminate_backend(pid, 10000)) FROM pg_stat_activity "
-                            "WHERE application_name = %s", (name,)).fetchone()[0]
+        while True:
+            n = conn.execute("SELECT COUNT(pg_terminate_backend(pid, 10000)) FROM pg_stat_activity "
+                             "WHERE application_name = %s" + quiet, args).fetchone()[0]
+            if n or quiet_for_s is None or time.monotonic() > deadline:
+                return n
+            time.sleep(0.01)
 
 
 @contextmanager

@@ -910,7 +910,7 @@ def wait_until(condition, what: str, timeout: float = 60) -> None:
 
 
 def start_worker(env: dict) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "worker.py"], cwd=LAB, env={**env, "POLL_SECONDS": "0.2"}, text=True,
+    return subprocess.Popen([sys.executable, "worker.py"], cwd=LAB, env={"POLL_SECONDS": "0.2", **env}, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
@@ -930,11 +930,13 @@ def stop_worker(proc: subprocess.Popen) -> tuple[str, str]:
 def test_connections_the_server_dropped_while_idle_are_replaced_before_an_event_uses_them(pg_lab):
     """常驻 worker 处理完一个事件、闲着的时候,它的连接在服务器那头全断了。下一个事件来时,闲过 PG_IDLE_CHECK_S 的连接
     借出去之前先确认一下,死的换新的:事件一次就成,不白白失败、不用掉尝试次数,worker 一直活着。"""
-    proc = start_worker({**pg_lab, "PG_IDLE_CHECK_S": "0"})  # 0:每次借都查,不用真等 5 秒
+    # PG_IDLE_CHECK_S=0:每次借都查,不用真等 5 秒。POLL_SECONDS=3 并且在一次查队列刚结束时断:断开时没有语句在跑
+    # (每 0.2 秒查一次时,偶尔正赶上一条已经借出去、查过的连接上的语句,那是另一个测试管的「说一行、再试」)
+    proc = start_worker({**pg_lab, "PG_IDLE_CHECK_S": "0", "POLL_SECONDS": "3"})
     try:
         add("T1012")
         wait_until(lambda: events() == [("evt_T1012_created", "waiting_human", 1)], "第一个事件没处理完")
-        assert cut_connections(proc.pid) >= 2  # 事件表的池、checkpoint 的池都有连接
+        assert cut_connections(proc.pid, quiet_for_s=1) >= 2  # 事件表的池、checkpoint 的池都有连接
         add("T1041")
         wait_until(lambda: len(events()) == 2 and events()[1][1] != "pending", "第二个事件没被领走")
         wait_until(lambda: events()[1][1] == "waiting_human", "第二个事件没处理完")
