@@ -792,13 +792,16 @@ def requeue_stale(minutes: float) -> int:
         stale = [r for r in rows
                  if (state := _owner_state(r["claimed_by"], conn)) == "dead"
                  or (state == "unknown" and parse_time(r["updated_at"]) <= parse_time(cutoff))]
+        # 只放回刚才看过的那一次领取(同一个领的人、同一个时间):PostgreSQL 上 SELECT 不锁行,两个 worker 同时来放回时,
+        # 一个放回、第三个马上领走,另一个原来接着把这次新的、活着的领取也放回了,同一张工单两个 worker 同时起草
+        requeued = 0
         for r in stale:
-            conn.execute(
+            requeued += conn.execute(
                 "UPDATE events SET status = 'pending', claimed_by = NULL, last_error = ?, updated_at = ? "
-                "WHERE event_id = ? AND status = 'processing'",
-                (REQUEUED_STALE, now(), r["event_id"]),
-            )
-    return len(stale)
+                "WHERE event_id = ? AND status = 'processing' AND claimed_by = ? AND updated_at = ?",
+                (REQUEUED_STALE, now(), r["event_id"], r["claimed_by"], r["updated_at"]),
+            ).rowcount
+    return requeued
 
 
 def orphans() -> list[dict]:

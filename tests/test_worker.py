@@ -342,6 +342,42 @@ def test_stale_processing_event_of_a_dead_process_is_requeued_but_a_live_ones_is
         ("evt_T1012_created", store.REQUEUED_STALE)]
 
 
+def test_two_workers_requeuing_at_once_never_put_back_a_claim_made_in_between(any_lab, monkeypatch):
+    """两个 worker 同时查卡住的事件、都看到同一个死掉的进程手里的事件:B 放回,D 马上领走;C 查完死活再去放回时,
+    原来在 PostgreSQL 上把 D 这次活着的领取也放回了(SELECT 不锁行),E 又领到它:两个 worker 同时起草同一张工单,
+    还白白多算一次尝试、记上「进程没了」。现在只放回看过的那一次领取。SQLite 上 C 拿着写锁,B 等它做完。"""
+    add("T1012")
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    conn = store.connect()
+    conn.execute("UPDATE events SET status = 'processing', attempts = 1, claimed_by = ?",
+                 (f"{store.socket.gethostname()}:{dead.pid}",))
+    conn.close()
+    owner_state, c_looked, c_goes_on = store._owner_state, threading.Event(), threading.Event()
+
+    def c_pauses_between_its_select_and_its_update(owner, conn=None):
+        if threading.current_thread().name == "C":
+            c_looked.set()
+            assert c_goes_on.wait(30)
+        return owner_state(owner, conn)
+
+    monkeypatch.setattr(store, "_owner_state", c_pauses_between_its_select_and_its_update)
+    requeued, d_claimed = {}, []
+    c = threading.Thread(target=lambda: requeued.update(C=store.requeue_stale(10)), name="C")
+    c.start()
+    assert c_looked.wait(30)
+    b = threading.Thread(target=lambda: (requeued.update(B=store.requeue_stale(10)),
+                                         d_claimed.append(store.claim("host-d:1"))), name="B")
+    b.start()
+    b.join(1)  # PostgreSQL:B 放回、D 领走都在这一秒里做完;SQLite:B 等着 C 的写锁
+    c_goes_on.set()
+    c.join(30), b.join(30)
+    assert sorted(requeued.values()) == [0, 1]  # 一个事件只放回一次
+    assert [e and e["event_id"] for e in d_claimed] == ["evt_T1012_created"]
+    assert rows("SELECT status, attempts, claimed_by FROM events") == [("processing", 2, "host-d:1")]
+    assert store.claim("host-e:1") is None  # D 还在做,别人领不到
+
+
 @pytest.mark.parametrize("concurrency", [1, 3])
 def test_a_local_worker_that_dies_during_a_long_round_has_its_event_requeued_in_that_round(any_lab, monkeypatch,
                                                                                           capsys, concurrency):
