@@ -86,6 +86,10 @@ def reconcile(graph, ev: dict) -> str | None:
     status = status_of(graph.get_state(thread_of(ev["ticket_id"])))
     if status == ev["status"]:
         return None
+    if ev["status"] == "processing" and status == "pending":
+        # 交回 worker 续跑,和 worker 放回卡住的事件一样:死掉的是 worker 时记上崩溃的标记(原来清空了 last_error,
+        # 每次都让 worker 崩溃的事件,每 list 一次就多跑一圈、多调一次模型),是收件箱命令时 worker 的尝试次数从头算
+        return status if store.hand_to_worker(ev["event_id"], ev["claimed_by"]) else None
     guard = {"owner": ev["claimed_by"]} if ev["status"] == "processing" else {"expect": ev["status"]}
     return status if store.set_status(ev["event_id"], status, **guard) else None
 
@@ -165,7 +169,7 @@ def act(graph, command: str, ticket_id: str, text: str) -> None:
         draft = graph.get_state(cfg).interrupts[0].value["action_request"]["args"].get("reply")
         seen = None if draft is None else store.seen_draft(ticket_id, viewer())
         if seen is not None and seen != fingerprint(draft):
-            store.set_status(ev["event_id"], "waiting_human", owner=store.worker_id(), updated_at=back_in_inbox)
+            store.set_status(ev["event_id"], "waiting_human", owner=store.inbox_owner(), updated_at=back_in_inbox)
             raise Refused(f"{ticket_id} 的草稿在你上次看过之后被改写了(有人 respond 过),这次没有发;"
                           "先 uv run python inbox.py list 看看新草稿,再决定")
     try:
@@ -175,21 +179,27 @@ def act(graph, command: str, ticket_id: str, text: str) -> None:
         result = graph.invoke(Command(resume=answer_for(command, ticket_id, text)), cfg, durability="sync")
     except store.unavailable_errors():
         raise  # 数据库用不了:这时也改不了事件状态,交给 main() 说一行;下次运行 tidy() 按 checkpoint 更正
-    except Exception as e:
+    except (Exception, KeyboardInterrupt) as e:
+        # 出错,或者人等不及按了 Ctrl-C(respond 正在等模型重写):按 checkpoint 把事件放到该在的地方再退出。
+        # 原来 Ctrl-C 带着 traceback 退出,事件留在 processing,等 worker 当成崩溃放回
         snap = graph.get_state(cfg)
         status = status_of(snap)
-        finished = status in ("done", "ignored")
-        store.set_status(ev["event_id"], status, None if finished else describe(e), owner=store.worker_id(),
-                         updated_at=back_in_inbox if status == "waiting_human" else None)
-        if finished:
+        interrupted = isinstance(e, KeyboardInterrupt)
+        owner, what = store.inbox_owner(), "被中断(Ctrl-C)" if interrupted else describe(e)
+        if status == "pending":
+            store.hand_to_worker(ev["event_id"], owner, what)
+        elif status == "waiting_human":
+            store.set_status(ev["event_id"], status, what, owner=owner, updated_at=back_in_inbox)
+        else:
+            store.set_status(ev["event_id"], status, owner=owner)
             # 节点都走完了(回复已进发件箱 / ignore 已记下),报错的是途中某一次 checkpoint 写入:照实说结果
-            print(f"(途中出过错:{describe(e)};这张工单已经处理完了)", file=sys.stderr)
+            print(f"(途中出过错:{what};这张工单已经处理完了)", file=sys.stderr)
             print(ticket_id, "→", snap.values["outcome"])
             return
         where = "仍在收件箱里" if status == "waiting_human" else "已交回 worker 续跑"
-        raise Refused(f"{ticket_id} 处理失败({describe(e)}),{where}") from e
+        raise Refused(f"{ticket_id} {f'这次{what}' if interrupted else f'处理失败({what})'},{where}") from e
     if "__interrupt__" in result:
-        store.set_status(ev["event_id"], "waiting_human", owner=store.worker_id(), updated_at=back_in_inbox)
+        store.set_status(ev["event_id"], "waiting_human", owner=store.inbox_owner(), updated_at=back_in_inbox)
         item = result["__interrupt__"][0].value
         rounds = len(snap.values.get("feedback", []))
         if command != "respond" or len(graph.get_state(cfg).values.get("feedback", [])) == rounds:
@@ -198,7 +208,7 @@ def act(graph, command: str, ticket_id: str, text: str) -> None:
         print("已按意见重写,新草稿:", item["action_request"]["args"]["reply"])
         remember({ticket_id: item["action_request"]["args"]["reply"]})
         return
-    store.set_status(ev["event_id"], "ignored" if result["outcome"] == "ignored" else "done", owner=store.worker_id())
+    store.set_status(ev["event_id"], "ignored" if result["outcome"] == "ignored" else "done", owner=store.inbox_owner())
     print(ticket_id, "→", result["outcome"])
 
 

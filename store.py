@@ -689,7 +689,7 @@ def take_for_review(event_id: str, owner: str | None = None) -> bool:
     with opened() as conn:
         cur = _unless_ticket_taken(
             conn, "UPDATE events SET status = 'processing', claimed_by = ?, updated_at = ? "
-                  "WHERE event_id = ? AND status = 'waiting_human'", (owner or worker_id(), now(), event_id))
+                  "WHERE event_id = ? AND status = 'waiting_human'", (owner or inbox_owner(), now(), event_id))
     return cur is not None and cur.rowcount == 1
 
 
@@ -739,7 +739,8 @@ def _owner_state(owner: str | None, conn=None) -> str:
     """alive:本机上还活着(不算僵尸);dead:本机上已经不在了;unknown:别的机器上的,看不到,只能靠时间判断。
     PostgreSQL 时,进程死了但它的连接还在服务器上(正在执行它死前发出的最后一条语句)也算 alive:
     这时把它的事件交给别人,那条语句(比如写 checkpoint)可能在别人读完状态之后才提交,同一张工单就会被从头再跑一遍。"""
-    host, _, rest = (owner or "").rpartition(":")
+    owner = (owner or "").removeprefix(INBOX_OWNER_PREFIX)  # 收件箱命令的连接也用 worker_id 当 application_name
+    host, _, rest = owner.rpartition(":")
     pid, _, started = rest.partition("@")
     if host != socket.gethostname() or not pid.isdigit():
         return "unknown"
@@ -775,13 +776,48 @@ def _has_pg_sessions(owner: str, conn=None) -> bool:
     return conn.execute(PG_SESSIONS_SQL, (pg_application_name(owner),)).fetchone()[0] > 0
 
 
-# requeue_stale 放回队列时写进 last_error 的话。worker 领到 attempts 已经超过 MAX_ATTEMPTS、last_error 又是这句的事件,
-# 就知道前一次是处理到一半进程没了(而不是普通的失败),不再跑它:每次都让 worker 崩溃的事件不能无限循环下去。
+# 卡住的事件放回队列时写进 last_error 的话。worker 领到 attempts 已经超过 MAX_ATTEMPTS、last_error 又是 REQUEUED_STALE
+# 的事件,就知道前一次是 worker 处理到一半进程没了(而不是普通的失败),不再跑它:每次都让 worker 崩溃的事件不能无限循环下去。
 REQUEUED_STALE = "上次领它的进程中途没了(被杀、崩溃,或者卡住超过 STALE_MINUTES),放回了队列"
+# 收件箱命令拿走待办时 claimed_by 是 INBOX_OWNER_PREFIX + worker_id。它中途没了(被杀、Ctrl-C、出错)、人的决定已经写下时,
+# 事件交回 worker 从那里接着做:这不是 worker 的崩溃,last_error 记 REQUEUED_FROM_INBOX,attempts 从 0 重新算
+# (起草用掉的次数不该算到人做了决定以后;原来起草用满了 MAX_ATTEMPTS 的事件,在这里会被当成崩溃循环送进死信,人批准的回复发不出去)
+INBOX_OWNER_PREFIX = "inbox:"
+REQUEUED_FROM_INBOX = "上次拿走它的收件箱命令中途没了(被杀、Ctrl-C 或出错),交回 worker 接着做"
+
+# processing → pending,交给 worker 接着做;只改 owner 还拿着的(requeue_stale 还要求是刚才看过的那一次领取)
+HAND_TO_WORKER_SQL = ("UPDATE events SET status = 'pending', claimed_by = NULL, last_error = ?, "
+                      "attempts = CASE WHEN ? THEN 0 ELSE attempts END, updated_at = ? "
+                      "WHERE event_id = ? AND status = 'processing'")
+
+
+def inbox_owner() -> str:
+    return INBOX_OWNER_PREFIX + worker_id()
+
+
+def hand_to_worker(event_id: str, owner: str | None, error: str | None = None, *, conn=None, updated_at=None) -> bool:
+    """owner 手里的 processing 事件交回 pending,让 worker 接着做(owner 没了,或者做不下去了)。
+    owner 是收件箱命令时 attempts 清零,last_error 是 error(没给就是 REQUEUED_FROM_INBOX);是 worker 时 attempts 不动,
+    last_error 是 REQUEUED_STALE。给了 updated_at 时只改这一次领取(领取时刻对得上)。返回改没改成。"""
+    if conn is None:
+        with opened(durable=False) as own:
+            return hand_to_worker(event_id, owner, error, conn=own, updated_at=updated_at)
+    from_inbox = (owner or "").startswith(INBOX_OWNER_PREFIX)
+    error = (error or REQUEUED_FROM_INBOX) if from_inbox else REQUEUED_STALE
+    query, args = HAND_TO_WORKER_SQL, [error, from_inbox, now(), event_id]
+    if owner is None:  # 照课文建的旧库没有 claimed_by 列:补上的列里是 NULL
+        query += " AND claimed_by IS NULL"
+    else:
+        query += " AND claimed_by = ?"
+        args.append(owner)
+    if updated_at is not None:
+        query += " AND updated_at = ?"
+        args.append(updated_at)
+    return conn.execute(query, args).rowcount == 1
 
 
 def requeue_stale(minutes: float) -> int:
-    """把卡在 processing 的事件放回 pending,last_error 记上 REQUEUED_STALE。
+    """把卡在 processing 的事件放回 pending(见 hand_to_worker)。
     本机的进程:已经死了的马上放回,还活着的不动(STALE_MINUTES=0 重启时也不会抢别人正在做的);
     别的机器上的进程看不到死活,只能按时间:超过 minutes 分钟没动静才放回。"""
     cutoff = minutes_from_now(-minutes)
@@ -794,14 +830,8 @@ def requeue_stale(minutes: float) -> int:
                  or (state == "unknown" and parse_time(r["updated_at"]) <= parse_time(cutoff))]
         # 只放回刚才看过的那一次领取(同一个领的人、同一个时间):PostgreSQL 上 SELECT 不锁行,两个 worker 同时来放回时,
         # 一个放回、第三个马上领走,另一个原来接着把这次新的、活着的领取也放回了,同一张工单两个 worker 同时起草
-        requeued = 0
-        for r in stale:
-            requeued += conn.execute(
-                "UPDATE events SET status = 'pending', claimed_by = NULL, last_error = ?, updated_at = ? "
-                "WHERE event_id = ? AND status = 'processing' AND claimed_by = ? AND updated_at = ?",
-                (REQUEUED_STALE, now(), r["event_id"], r["claimed_by"], r["updated_at"]),
-            ).rowcount
-    return requeued
+        return sum(hand_to_worker(r["event_id"], r["claimed_by"], conn=conn, updated_at=r["updated_at"])
+                   for r in stale)
 
 
 def orphans() -> list[dict]:

@@ -159,20 +159,21 @@ def say(line: str) -> None:
 
 def process(graph, ev: dict, owner: str) -> str:
     """处理一个领到的事件,改好状态,打印一行,返回新状态。"""
+    failed, not_before = None, None
     try:
         status = handle(graph, ev)
     except Exception as e:  # noqa: BLE001 —— 任何错误都要落到事件表里,不能让 worker 死掉
-        permanent = isinstance(e, PERMANENT_ERRORS)
-        status = "dead" if permanent or ev["attempts"] >= max_attempts() else "pending"
+        failed = e
+        status = "dead" if isinstance(e, PERMANENT_ERRORS) or ev["attempts"] >= max_attempts() else "pending"
         not_before = store.minutes_from_now(backoff_minutes(ev["attempts"])) if status == "pending" else None
-        store.set_status(ev["event_id"], status, describe(e), not_before=not_before, owner=owner)
-        shown = str(e) if isinstance(e, PermanentError) else describe(e)
-        say(f"{ev['event_id']} 第 {ev['attempts']} 次失败 → {status}: {mask_pii(shown)}")
-        return status
-    if store.set_status(ev["event_id"], status, owner=owner):
-        say(f"{ev['event_id']} → {status}")
+    kept = store.set_status(ev["event_id"], status, failed and describe(failed), not_before=not_before, owner=owner)
+    # 慢到被放回队列、又被别人领走了:不覆盖,说一声(成功、失败都一样;原来失败时照样说「→ dead」,表里却没改)
+    moved = "" if kept else "(这期间事件被放回了队列,状态留给接手的 worker 改)"
+    if failed is None:
+        say(f"{ev['event_id']} → {status}{moved}")
     else:
-        say(f"{ev['event_id']} → {status}(这期间事件被放回了队列,状态留给接手的 worker 改)")
+        shown = str(failed) if isinstance(failed, PermanentError) else describe(failed)
+        say(f"{ev['event_id']} 第 {ev['attempts']} 次失败 → {status}{moved}: {mask_pii(shown)}")
     return status
 
 

@@ -1,5 +1,6 @@
 """命令行收件箱:四种处理、多轮 respond、通知类待办、重写上限、拒绝坏输入、崩溃后对账、并发。"""
 import json
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -366,6 +367,75 @@ def test_inbox_killed_after_the_decision_is_saved_is_finished_by_the_worker_not_
     assert rows("SELECT ticket_id, sent_by FROM outbox") == [("T1012", "agent+reviewer")]
     assert rows("SELECT ticket_id, action FROM review_log") == [("T1012", "accept")]
     assert state("T1012")["outcome"] in ("sent", "already_sent")  # send 有没有在被杀之前跑完,看时机
+
+
+def test_a_decision_left_by_a_killed_inbox_is_sent_by_the_worker_even_when_the_draft_used_every_attempt(any_lab,
+                                                                                                    capsys):
+    """起草用满了 MAX_ATTEMPTS(默认 3)次的事件,人 accept 了、决定写下了,收件箱命令随后被杀;先发现的是常驻 worker
+    (不是 list)。原来 worker 把它当成「每次都让 worker 崩溃」的事件:第 4 次 → dead,人批准的回复发不出去、还怪到
+    worker 头上。现在收件箱命令拿走的事件交回时 worker 的尝试次数从头算,worker 接着发,只发一封。"""
+    queue("T1012")
+    conn = store.connect()
+    conn.execute("UPDATE events SET attempts = 3")  # 前两次起草失败,第 3 次才成
+    conn.close()
+    die_before_checkpoint(any_lab, 3, "inbox.py", "accept", "T1012")  # 第 2 步停在 review,第 3 步是 review 之后
+    [(status, attempts, owner)] = rows("SELECT status, attempts, claimed_by FROM events")
+    assert (status, attempts, owner.startswith(store.INBOX_OWNER_PREFIX)) == ("processing", 3, True)
+    capsys.readouterr()
+    assert drain() == [("evt_T1012_created", "done")]
+    assert capsys.readouterr().out == "放回队列 1 个卡住的事件\nevt_T1012_created → done\n"
+    assert rows("SELECT status, attempts, last_error FROM events") == [("done", 1, None)]
+    assert rows("SELECT ticket_id, sent_by FROM outbox") == [("T1012", "agent+reviewer")]
+    assert rows("SELECT ticket_id, action FROM review_log") == [("T1012", "accept")]
+    assert rows("SELECT COUNT(*) FROM llm_usage") == [(1,)]  # 人批准的是原稿:没有再调模型
+
+
+def test_list_hands_a_dead_workers_event_back_with_the_crash_mark_so_a_crash_loop_still_ends(lab, capsys):
+    """worker 起草到一半被杀(MAX_ATTEMPTS=1,这是它最后一次),事件停在 processing。先来的是 inbox.py list:
+    它按 checkpoint 把事件交回 worker。原来它清空了 last_error,「上次是进程没了」的标记没了,worker 照常再起草一遍、
+    再调一次模型 —— 每次都让 worker 崩溃的事件,每 list 一次就多转一圈。现在和 worker 自己放回时一样记上标记,
+    worker 领到时直接进死信,不调模型。"""
+    env = {**lab, "MAX_ATTEMPTS": "1"}
+    payload = json.dumps({"id": "evt_T1012_created", "type": "ticket.created", "data": {"ticket_id": "T1012"}})
+    store.add_event("evt_T1012_created", "webhook", "ticket.created", payload)
+    die_at(env, "writes:first_draft", "worker.py", "--once")  # 模型回答了,结果还没写下
+    assert rows("SELECT status, attempts FROM events") == [("processing", 1)]
+    listing = inbox(env, "list")
+    assert (listing.returncode, listing.stdout, listing.stderr) == (
+        0, "收件箱是空的\n", "(更正:T1012 上次处理中途中断,事件 evt_T1012_created 改为 pending)\n")
+    assert rows("SELECT status, attempts, last_error FROM events") == [("pending", 1, store.REQUEUED_STALE)]
+    r = run(["worker.py", "--once"], env)
+    reason = ("领了 2 次都没做完,超过 MAX_ATTEMPTS=1:最后一次处理到一半进程没了(被杀、崩溃或卡住),"
+              "多半是这个事件让 worker 崩溃;查清原因后运行 uv run python worker.py --requeue-dead evt_T1012_created")
+    assert (r.returncode, r.stdout) == (0, f"evt_T1012_created 第 2 次失败 → dead: {reason}\n")
+    assert rows("SELECT COUNT(*) FROM llm_usage") == [(1,)]  # 被杀的那一次;没有再调
+
+
+def test_ctrl_c_while_respond_waits_for_the_redraft_hands_it_to_the_worker_in_one_line(lab):
+    """respond 正在等模型重写,人等不及按了 Ctrl-C。原来带着 traceback 退出,事件留在 processing,之后被 worker 当成
+    崩溃放回(起草用满了次数的就进死信)。现在意见已经写下:一行说明、退出码 1,事件交回 worker(尝试次数从头算),
+    worker 照意见重写,新草稿回到收件箱。"""
+    queue("T1012")
+    with OpenAIStub(delay=30) as stub:
+        env = {**lab, "LLM_API_KEY": "sk-test", "LLM_BASE_URL": stub.base_url}
+        proc = subprocess.Popen([sys.executable, "inbox.py", "respond", "T1012", "先道歉"], cwd=LAB, env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            deadline = time.time() + 30
+            while not stub.requests:
+                assert time.time() < deadline and proc.poll() is None, "respond 没有去调模型"
+                time.sleep(0.05)
+            proc.send_signal(signal.SIGINT)
+            out, err = proc.communicate(timeout=30)
+        finally:
+            proc.kill()
+    assert (proc.returncode, out, err) == (1, "", "T1012 这次被中断(Ctrl-C),已交回 worker 续跑\n")
+    assert rows("SELECT status, attempts, claimed_by, last_error FROM events") == [
+        ("pending", 0, None, "被中断(Ctrl-C)")]
+    assert drain() == [("evt_T1012_created", "waiting_human")]
+    assert state("T1012")["feedback"] == ["先道歉"]
+    listing = inbox(lab, "list")
+    assert (listing.returncode, listing.stdout, listing.stderr) == (0, T1012_ITEM.replace("您好,", SORRY), "")
 
 
 def test_inbox_killed_after_the_answer_is_saved_but_before_review_used_it_asks_again_and_the_new_answer_wins(any_lab):

@@ -470,6 +470,23 @@ def test_a_slow_worker_whose_event_was_requeued_and_taken_meanwhile_leaves_its_s
     assert rows("SELECT status, attempts, claimed_by, last_error FROM events") == [("processing", 1, "other-host:2", None)]
 
 
+def test_a_slow_worker_whose_failed_event_was_taken_meanwhile_says_so_instead_of_claiming_it_is_dead(any_lab, capsys):
+    """同上,但慢的那个是失败(工单不存在,本该进死信):原来照样说「→ dead」,表里其实没改、事件还在接手的人手里。"""
+    add("T9999")
+    ev = store.claim("slow-host:1")
+    conn = store.connect()
+    conn.execute("UPDATE events SET claimed_by = 'other-host:2'")
+    conn.close()
+    graph, conn = open_graph()
+    try:
+        assert worker_mod.process(graph, ev, "slow-host:1") == "dead"
+    finally:
+        conn.close()
+    assert capsys.readouterr().out == (
+        "evt_T9999_created 第 1 次失败 → dead(这期间事件被放回了队列,状态留给接手的 worker 改): 工单不存在:T9999\n")
+    assert rows("SELECT status, attempts, claimed_by, last_error FROM events") == [("processing", 1, "other-host:2", None)]
+
+
 def test_a_killed_workers_event_waits_until_its_last_postgres_statement_is_finished(pg_lab):
     """kill -9 之后,服务器还在执行那个进程发出的最后一条语句:这时不能把它的事件交给别人,
     否则那条语句(比如写 checkpoint)可能在接手的 worker 读完状态之后才提交。"""
