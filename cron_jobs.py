@@ -234,14 +234,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "scan" and args.limit < 1:
         p_scan.error("--limit 至少是 1")
     try:
-        # 先读设置、再碰数据库:设置不对时连事件库文件都不该建出来
+        # 先读设置、查业务库,再碰事件库:设置不对、业务库不在时连事件库文件都不该建出来(和 email_poller 一样)
         stale_days_setting() if args.command == "scan" else report_settings()
+        if args.command == "scan" and (problem := store.biz_db_problem()):
+            print(problem, file=sys.stderr)
+            return EXIT_USAGE
         store.init()
         if args.command == "report":
             return report()
-        if problem := store.biz_db_problem():
-            print(problem, file=sys.stderr)
-            return EXIT_USAGE
         scan(args.limit)
     except SystemExit as e:  # config 读到不合法的设置(STALE_DAYS=abc 之类):说明原因,什么都没做
         if not isinstance(e.code, str):

@@ -19,7 +19,7 @@ IMAP_MAILBOX(默认 INBOX)、IMAP_TIMEOUT_S(默认 30 秒)。
 
 不丢邮件:取信用 BODY.PEEK(不会顺手标成已读),工单和事件都提交了(或者确定跳过、重复)之后才标 \Seen。
 存储失败的邮件保持未读,下次运行再收;两个库之间崩了也没关系:工单是 INSERT OR IGNORE、事件 id 就是
-Message-ID,重跑时补上缺的那一半。解析不了的邮件在 stderr 上说明原因,在邮箱里标已读并加星标(\Flagged)
+Message-ID(见 mail_event_id()),重跑时补上缺的那一半。解析不了的邮件在 stderr 上说明原因,在邮箱里标已读并加星标(\Flagged)
 留给人看,其他邮件照常处理。服务器拒绝交出某一封信(FETCH 回 NO)时,那封保持未读,下次再收,其他邮件照常处理;
 离线模式读不了某个 .eml 文件(没有权限、磁盘 I/O 错误)也一样:说是哪个文件,其余照常,修好后重跑这条命令。
 解析不了的原因里带着邮件原文的(比如找不到发件人地址时的 From 头),先打码(手机号、身份证号、银行卡号、邮箱地址)
@@ -38,6 +38,7 @@ import re
 import socket
 import ssl
 import sys
+import unicodedata
 from dataclasses import dataclass
 from email.errors import HeaderParseError
 from email.header import decode_header
@@ -59,6 +60,10 @@ TICKET_HASH_LENGTHS = range(6, 41, 2)  # 工单号 M + sha1(Message-ID) 的前 6
 # 用它们的超集解码,能多认出字,原本就合规的信结果不变。
 CHARSET_SUPERSETS = {"gb2312": "gb18030", "gbk": "gb18030", "x-gbk": "gb18030", "big5": "big5hkscs",
                      "us-ascii": "utf-8", "ascii": "utf-8"}
+# 字;事件 id 最长这么多(和 webhook 收的 id 一样)。Message-ID 再长就用它的 sha1:PostgreSQL 主键索引的一行
+# 最多 2704 字节,原来几 KB 的 Message-ID 每次都存不进去,还被当成「数据库用不了」,整个邮箱就卡在这封信上
+MAX_EVENT_ID_CHARS = 200
+SURROGATES = re.compile("[\ud800-\udfff]")  # 落单的代理项:utf-8 编不出来,两种库都存不进去
 EXIT_OK, EXIT_SOME_FAILED, EXIT_CONFIG, EXIT_MAILBOX = 0, 1, 2, 3
 
 
@@ -94,16 +99,20 @@ class Outcome:
 
 # ---------------------------------------------------------------- 解析:字节 → {message_id, from, subject, body}
 def decode_bytes(raw: bytes, charset: str | None) -> str:
-    """按声明的字符集解码;没声明、声明了不认识的名字或者解不通时,依次试 utf-8、gb18030,最后带替换符硬解。"""
+    """按声明的字符集解码;没声明、声明了不认识的名字或者解不通时,依次试 utf-8、gb18030,最后带替换符硬解。
+    解出落单代理项的也算解不通(utf-7 的 +2AA-、unicode_escape 的 \\ud800 会这样):带着它存不进库,
+    原来这封信每次都「存储失败」、保持未读,永远收不进来。"""
     declared = CHARSET_SUPERSETS.get((charset or "").lower(), charset)
     for name in (declared, "utf-8", "gb18030"):
         if not name:
             continue
         try:
-            return raw.decode(name)
+            text = raw.decode(name)
         except (LookupError, UnicodeDecodeError):
             continue
-    return raw.decode("utf-8", errors="replace")
+        if not SURROGATES.search(text):
+            return text
+    return raw.decode("utf-8", errors="replace")  # utf-8 解码器不会解出代理项
 
 
 def header_text(value) -> str:
@@ -186,6 +195,25 @@ def derived_message_id(raw: bytes) -> str:
     return "no-message-id:" + hashlib.sha1(raw.replace(b"\r\n", b"\n")).hexdigest()
 
 
+def mail_event_id(msg: Message, raw: bytes) -> str:
+    """这封信的事件 id(课文:事件 id 就是 Message-ID)。Message-ID 去掉不可打印的字符(NUL 落不了 PostgreSQL,
+    原来这封信每次都「存储失败」、永远收不进来),折行、连续空白并成一个空格;直接写 8 位字节的(<工单一@…>)
+    和别的邮件头一样解码,原来非 ASCII 的字节一律变成 U+FFFD,字节数一样的两封信成了「重复」,第二封标了已读就丢了。
+    不是 <…> 形式的加上尖括号:定时任务的 cron:stale:…、课文 webhook 的 evt_… 都不以 < 开头,一封信占不了它们的 id。
+    没有 Message-ID:no-message-id: + 整封信的 sha1;解码后还有替换符(U+FFFD)或者超过 MAX_EVENT_ID_CHARS 个字:
+    message-id-sha1: + 这个头原始字节的 sha1,不拿有损的文字当 id。"""
+    header = next((value for name, value in msg.raw_items() if name.lower() == "message-id"), "")
+    header_bytes = b" ".join(header.encode("utf-8", "surrogateescape").split())  # 原始字节;IMAP 的 CRLF 折行和 .eml 一样
+    text = " ".join("".join(c for c in decode_bytes(header_bytes, None) if c.isprintable() or c.isspace()).split())
+    if not text:
+        return derived_message_id(raw)
+    if not (text.startswith("<") and text.endswith(">")):
+        text = f"<{text}>"
+    if "\ufffd" in text or len(text) > MAX_EVENT_ID_CHARS:
+        return "message-id-sha1:" + hashlib.sha1(header_bytes).hexdigest()
+    return text
+
+
 def parse(raw: bytes) -> dict:
     """解析一封邮件。解析不了时抛 BrokenMail,说明原因。"""
     try:
@@ -195,11 +223,11 @@ def parse(raw: bytes) -> dict:
         address = parseaddr(str(msg.get("From") or ""))[1].strip().lower()
         if "@" not in address:
             raise BrokenMail(masked(f"找不到发件人地址(From: {header_text(msg.get('From'))!r})"))
-        # 它就是事件 id:去掉不可打印的字符(NUL 落不了 PostgreSQL,原来这封信每次都「存储失败」、永远收不进来)
-        message_id = " ".join("".join(c for c in str(msg.get("Message-ID") or "") if c.isprintable() or c.isspace())
-                              .split())
+        # NUL 之类:PostgreSQL 上查客户时就报错,这封信每次都「存储失败」;SQLite 上却说不是已知客户。两种库都当坏信
+        if any(unicodedata.category(c) == "Cc" for c in address):
+            raise BrokenMail(masked(f"发件人地址里有控制字符(From: {header_text(msg.get('From'))!r})"))
         return {
-            "message_id": message_id or derived_message_id(raw),
+            "message_id": mail_event_id(msg, raw),
             "from": address,
             "subject": header_text(msg.get("Subject")) or "(无主题)",
             "body": body_of(msg)[:MAX_BODY_CHARS],
@@ -225,10 +253,14 @@ def ticket_candidates(message_id: str) -> list[str]:
 
 def to_event(mail: dict) -> str:
     """已知客户的邮件:建工单、写事件,返回工单号(这封之前收过就返回 duplicate)。
-    先写工单再写事件;两步之间崩了,重跑时工单 INSERT OR IGNORE 得到同一个工单号,事件这次补上。"""
+    先写工单再写事件;两步之间崩了,重跑时工单 INSERT OR IGNORE 得到同一个工单号,事件这次补上。
+    事件已经有了就不建工单:同一个 Message-ID、内容却不一样的信,原来会多出一张没有事件的工单,定时扫描过些天把它当成
+    「久未回复」入队。"""
     customer_id = store.customer_by_email(mail["from"])
     if customer_id is None:
         return "skip: 不是已知客户"
+    if store.event_exists(mail["message_id"]):
+        return "duplicate"
     ticket_id = store.add_mail_ticket(ticket_candidates(mail["message_id"]), customer_id,
                                       mail["subject"], mail["body"], store.now()[:10])
     payload = json.dumps({"id": mail["message_id"], "type": "ticket.created", "data": {"ticket_id": ticket_id}})

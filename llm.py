@@ -226,13 +226,15 @@ def _announce_offline() -> None:
 
 
 # ---------------------------------------------------------------- PII 脱敏:进模型之前、写日志之前
-_EMAIL = re.compile(r"[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+\.[A-Za-z]{2,}")
+_EMAIL = re.compile(r"([A-Za-z0-9._%+-])[A-Za-z0-9._%+-]*([@＠][A-Za-z0-9.-]+\.[A-Za-z]{2,})")  # ＠:输入法打出的全角
 _ID_CARD = re.compile(r"(?<!\d)(\d{6})(?:19|20)\d{2}(?:0[1-9]|1[0-2])(?:0[1-9]|[12]\d|3[01])(\d{3}[\dXx])(?![\dXx])")
 _OLD_ID_CARD = re.compile(r"(?<!\d)(\d{6})\d{2}(?:0[1-9]|1[0-2])(?:0[1-9]|[12]\d|3[01])(\d{3})(?!\d)")  # 15 位,年份两位
 # 15–19 位(15 位是美国运通这类信用卡),中间可以有空格或 -;15 位的老身份证在上一步已经打过码
 _BANK_CARD = re.compile(r"(?<!\d)\d(?:[ -]?\d){14,18}(?!\d)")
 # 138 1234 5678、138-1234-5678、138.1234.5678、+86 13812345678 也算;\d 也认全角数字(１３８…),开头两位单独写上全角
 _MOBILE = re.compile(r"(?<![\d+])((?:\+?86[ -]?)?[1１][3-9３-９]\d)[ .-]?\d{4}[ .-]?(\d{4})(?!\d)")
+# 4-4-3 分组:1380 0138 000、1380-0138-000;打码后和上面一样是 138****8000
+_MOBILE_443 = re.compile(r"(?<![\d+])((?:\+?86[ -]?)?[1１][3-9３-９]\d)\d[ .-]\d{3}(\d)[ .-](\d{3})(?!\d)")
 
 
 # 控制字符(换行、回车、制表符除外):模型用不上;NUL 还落不了 PostgreSQL(text 和 JSONB 都不收 \u0000),
@@ -246,10 +248,11 @@ def without_control_chars(text: str) -> str:
 
 def mask_pii(text: str) -> str:
     """手机号、身份证号(18 位和 15 位)、银行卡号、邮箱地址打码。业务库里的原文不动,只改进模型和日志的副本。"""
-    text = _EMAIL.sub(lambda m: m.group(0)[0] + "***@" + m.group(0).split("@", 1)[1], text)
+    text = _EMAIL.sub(lambda m: m.group(1) + "***" + m.group(2), text)
     text = _ID_CARD.sub(lambda m: m.group(1) + "*" * 8 + m.group(2), text)
     text = _OLD_ID_CARD.sub(lambda m: m.group(1) + "*" * 6 + m.group(2), text)
     text = _BANK_CARD.sub(lambda m: "**** **** **** " + re.sub(r"\D", "", m.group(0))[-4:], text)
+    text = _MOBILE_443.sub(lambda m: m.group(1) + "****" + m.group(2) + m.group(3), text)
     return _MOBILE.sub(lambda m: m.group(1) + "****" + m.group(2), text)
 
 

@@ -606,6 +606,12 @@ def add_event(event_id: str, source: str, kind: str, payload: str) -> bool:
     return add_events([(event_id, source, kind, payload)])[0]
 
 
+def event_exists(event_id: str) -> bool:
+    """事件表里已经有这个 id 了吗(收过了)。"""
+    with opened() as conn:
+        return conn.execute("SELECT 1 FROM events WHERE event_id = ?", (event_id,)).fetchone() is not None
+
+
 def add_events(events: list[tuple[str, str, str, str]]) -> list[bool]:
     """一个事务写一批事件(webhook 的组提交用它):一次落盘,逐条告诉你是不是新的。
     同一批里重复的 event_id 只写第一个,也只有第一个算新的。"""

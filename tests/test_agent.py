@@ -186,6 +186,25 @@ def test_pii_in_common_written_forms_is_masked(text, masked):
     assert llm.mask_pii(text) == masked
 
 
+@pytest.mark.parametrize("text, masked", [
+    ("From: zhang.wei＠example.com 张伟", "From: z***＠example.com 张伟"),  # 输入法打出的全角 ＠
+    ("电话 1380 0138 000", "电话 138****8000"),  # 4-4-3 分组
+    ("电话 1380-0138-000。", "电话 138****8000。"),
+    ("电话 1380 0138.000", "电话 138****8000"),
+    ("电话 +86 1380 0138 000", "电话 +86 138****8000"),
+    ("电话 １３８０ ０１３８ ０００", "电话 １３８****８０００"),
+    # 不是 PII 的不动
+    ("订单号 1380 0138 0001 已付款", "订单号 1380 0138 0001 已付款"),  # 4-4-4:12 位,不是手机号
+    ("合计 1380 元,其中 0138 号发票 000 元", "合计 1380 元,其中 0138 号发票 000 元"),
+    ("单价 1380.01 元,数量 380 件", "单价 1380.01 元,数量 380 件"),
+    ("日期 2026-11-30 13:80", "日期 2026-11-30 13:80"),
+    ("＠张伟 请看一下,价格 @ 100 元", "＠张伟 请看一下,价格 @ 100 元"),
+])
+def test_full_width_at_emails_and_4_4_3_grouped_mobiles_are_masked_but_amounts_and_dates_are_not(text, masked):
+    """原来「找不到发件人地址」那一行里,zhang.wei＠example.com 和 1380 0138 000 原样打进了 cron 的日志。"""
+    assert llm.mask_pii(text) == masked
+
+
 def test_pii_in_a_reviewers_feedback_is_masked_before_the_redraft(lab, monkeypatch):
     from langgraph.types import Command
 

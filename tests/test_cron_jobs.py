@@ -203,6 +203,14 @@ def test_scan_without_business_database_says_how_to_build_it(lab, tmp_path):
     assert rows(EVENTS) == [] and not missing.exists()
 
 
+def test_scan_without_business_database_does_not_create_the_event_database(lab, tmp_path):
+    """原来先建事件库、再查业务库:退出码 2 说「什么都没做」,事件库文件却已经建出来了(email_poller 是先查的)。"""
+    missing, fresh = tmp_path / "gone.db", tmp_path / "fresh-events.db"
+    r = run(["cron_jobs.py", "scan"], {**lab, "BIZ_DB": str(missing), "EVENTS_DB": str(fresh)})
+    assert (r.returncode, r.stdout, r.stderr) == (2, "", f"业务库不存在:{missing}(先运行 uv run python store.py 建库)\n")
+    assert not fresh.exists() and not missing.exists()
+
+
 # ---------------------------------------------------------------- report
 def header(moment: datetime) -> str:
     return f"云簿后台 Agent 日报({moment.strftime('%Y-%m-%d %H:%M')} UTC)"

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+import unicodedata
 from pathlib import Path
 
 import pytest
@@ -215,6 +216,29 @@ def test_a_mail_without_a_sender_address_is_reported_with_the_phone_number_in_it
     assert imap_server.flags() == {101: {"\\Seen", "\\Flagged"}, 102: {"\\Seen"}}
     assert [e[0] for e in rows(EVENTS)] == ["<t1@example.com>"]
     assert [t[0] for t in biz_rows(MAIL_TICKETS)] == [ticket_of("<t1@example.com>")]
+
+
+def test_mails_whose_message_ids_differ_only_in_chinese_characters_are_two_tickets_not_duplicates(imap_env,
+                                                                                                  imap_server):
+    """Message-ID 里直接写着 UTF-8 字节(<工单三@…>):原来非 ASCII 的字节一律变成 U+FFFD,字节数一样的两封信得到
+    同一个事件 id,都说 duplicate、标了已读,退出码 0,两封客户来信就这么丢了。现在和别的邮件头一样解码。"""
+    a, b = "<工单三@example.com>", "<退款四@example.com>"
+    imap_server.append(mail(a, "zhang.wei@example.com", "第三封", "发票开错了。"),
+                       mail(b, "li.na@example.com", "第四封", "我要退款。"))
+    r = run(["email_poller.py"], imap_env)
+    ta, tb = ticket_of(a), ticket_of(b)
+    assert (r.returncode, r.stdout, r.stderr) == (
+        0, f"{ta}  UID 101\n{tb}  UID 102\n本次收取 2 封:新工单 2,重复 0,跳过 0,无法解析 0,存储失败 0\n", "")
+    assert imap_server.flags() == {101: {"\\Seen"}, 102: {"\\Seen"}}
+    assert biz_rows(MAIL_TICKETS) == sorted([(ta, "C001", "第三封", "发票开错了。", "open"),
+                                             (tb, "C002", "第四封", "我要退款。", "open")])
+    assert sorted((e[0], store.ticket_of(e[3])) for e in rows(EVENTS)) == sorted([(a, ta), (b, tb)])
+
+    imap_server.append(mail(b, "li.na@example.com", "第四封", "我要退款。"))  # 上游重投:这才是重复
+    again = run(["email_poller.py"], imap_env)
+    assert (again.returncode, again.stdout, again.stderr) == (
+        0, "duplicate  UID 103\n本次收取 1 封:新工单 0,重复 1,跳过 0,无法解析 0,存储失败 0\n", "")
+    assert imap_server.unseen() == [] and len(rows(EVENTS)) == len(biz_rows(MAIL_TICKETS)) == 2
 
 
 # ---------------------------------------------------------------- 不丢邮件:存储失败、两个库之间崩溃
@@ -776,12 +800,124 @@ def test_two_mails_whose_ticket_ids_collide_get_separate_tickets(lab, tmp_path):
     assert len(biz_rows(MAIL_TICKETS)) == 2
 
 
+def test_a_message_id_over_200_characters_is_stored_under_its_sha1_and_the_mails_after_it_still_come_in(any_lab,
+                                                                                                        tmp_path):
+    """事件 id 就是 Message-ID,可 PostgreSQL 主键索引的一行最多 2704 字节:4000 个字的 Message-ID 原来在 PostgreSQL 上
+    每次都存不进去,还被当成「数据库暂时用不了」,每一轮都停在它上面,后面的信永远收不进来(SQLite 上却存得进去)。
+    现在超过 200 个字(webhook 收的 id 也最长这么多)就用这个头原始字节的 sha1,两种库一样。"""
+    # 不能是 abab… 这样重复的:PostgreSQL 会先压缩再进索引,压得下就存进去了。十六进制的 sha256 压不下
+    long_id = "<" + "".join(hashlib.sha256(str(i).encode()).hexdigest() for i in range(63)) + "@example.com>"
+    (tmp_path / "a.eml").write_bytes(mail(long_id, "zhang.wei@example.com", "长 id", "发票开错了。"))
+    (tmp_path / "b.eml").write_bytes(LI)
+    event_id = "message-id-sha1:" + hashlib.sha1(long_id.encode()).hexdigest()
+    ta, tb = ticket_of(event_id), ticket_of("<t3@example.com>")
+    r = run(["email_poller.py", "--eml", str(tmp_path)], any_lab)
+    assert (r.returncode, r.stdout, r.stderr) == (
+        0, f"{ta}  {tmp_path}/a.eml\n{tb}  {tmp_path}/b.eml\n"
+           "本次收取 2 封:新工单 2,重复 0,跳过 0,无法解析 0,存储失败 0\n", "")
+    assert sorted((e[0], store.ticket_of(e[3]), e[4]) for e in rows(EVENTS)) == sorted(
+        [(event_id, ta, "pending"), ("<t3@example.com>", tb, "pending")])
+    assert biz_rows(MAIL_TICKETS) == sorted([(ta, "C001", "长 id", "发票开错了。", "open"),
+                                             (tb, "C002", "扣款", "又被扣了一次款。", "open")])
+    again = run(["email_poller.py", "--eml", str(tmp_path)], any_lab)
+    assert (again.returncode, again.stdout, again.stderr) == (
+        0, f"duplicate  {tmp_path}/a.eml\nduplicate  {tmp_path}/b.eml\n"
+           "本次收取 2 封:新工单 0,重复 2,跳过 0,无法解析 0,存储失败 0\n", "")
+
+
+def test_a_charset_that_decodes_to_lone_surrogates_is_decoded_another_way_and_the_mail_is_stored(lab, tmp_path):
+    """utf-7 的 +2AA-、unicode_escape 的 \\ud800 解出来是落单的代理项,utf-8 编不出来:原来这封信每次都「存储失败」、
+    保持未读、不标星,cron 每分钟退出码 1。现在这样的解法算解不通,接着试 utf-8。"""
+    (tmp_path / "a.eml").write_bytes(b"Message-ID: <u7@example.com>\nFrom: zhang.wei@example.com\n"
+                                     b"Subject: =?utf-7?Q?+2AA-?=\nContent-Type: text/plain; charset=utf-7\n\n"
+                                     b"hi +2AA- there\n")
+    (tmp_path / "b.eml").write_bytes(b"Message-ID: <ue@example.com>\nFrom: li.na@example.com\nSubject: x\n"
+                                     b"Content-Type: text/plain; charset=unicode_escape\n\nhi \\ud800 there\n")
+    ta, tb = ticket_of("<u7@example.com>"), ticket_of("<ue@example.com>")
+    r = run(["email_poller.py", "--eml", str(tmp_path)], lab)
+    assert (r.returncode, r.stdout, r.stderr) == (
+        0, f"{ta}  {tmp_path}/a.eml\n{tb}  {tmp_path}/b.eml\n"
+           "本次收取 2 封:新工单 2,重复 0,跳过 0,无法解析 0,存储失败 0\n", "")
+    assert biz_rows(MAIL_TICKETS) == sorted([(ta, "C001", "+2AA-", "hi +2AA- there", "open"),
+                                             (tb, "C002", "x", "hi \\ud800 there", "open")])
+    assert sorted(e[0] for e in rows(EVENTS)) == ["<u7@example.com>", "<ue@example.com>"]
+
+
+def test_a_from_address_with_control_characters_is_broken_mail_the_same_on_both_databases(any_lab, tmp_path):
+    """From 的地址里夹着 NUL:原来 PostgreSQL 上查客户时报 DataError,这封信每次都「存储失败」、保持未读;
+    SQLite 上却说「不是已知客户」、标已读。现在两种库都是坏信:一行原因(打过码),其余照常,退出码 1。"""
+    (tmp_path / "a.eml").write_bytes(mail("<nul-from@example.com>", "zh\x00ang.wei@example.com", "发票", "发票开错了。"))
+    (tmp_path / "b.eml").write_bytes(LI)
+    r = run(["email_poller.py", "--eml", str(tmp_path)], any_lab)
+    t3 = ticket_of("<t3@example.com>")
+    assert (r.returncode, r.stdout, r.stderr) == (
+        1, f"{t3}  {tmp_path}/b.eml\n本次收取 2 封:新工单 1,重复 0,跳过 0,无法解析 1,存储失败 0\n",
+        f"无法解析:发件人地址里有控制字符(From: 'zh\\x***@example.com')  {tmp_path}/a.eml\n")
+    assert [t[0] for t in biz_rows(MAIL_TICKETS)] == [t3]
+    assert [e[0] for e in rows(EVENTS)] == ["<t3@example.com>"]
+
+
+def test_a_different_mail_with_a_stored_message_id_is_a_duplicate_that_adds_no_ticket_for_scan_to_queue(lab,
+                                                                                                        tmp_path):
+    """同一个 Message-ID、别的发件人和内容:原来说 duplicate,却先建了一张没有事件的工单(工单号撞了就加长),
+    过些天定时扫描把它当成久未回复的工单入队,草稿还为久等道歉。现在事件已经有了就不建工单。"""
+    (tmp_path / "1.eml").write_bytes(mail("<same@example.com>", "zhang.wei@example.com", "第一封", "张伟的问题"))
+    (tmp_path / "2.eml").write_bytes(mail("<same@example.com>", "li.na@example.com", "第二封", "李娜的问题"))
+    r = run(["email_poller.py", "--eml", str(tmp_path)], lab)
+    ticket = ticket_of("<same@example.com>")
+    assert (r.returncode, r.stdout, r.stderr) == (
+        0, f"{ticket}  {tmp_path}/1.eml\nduplicate  {tmp_path}/2.eml\n"
+           "本次收取 2 封:新工单 1,重复 1,跳过 0,无法解析 0,存储失败 0\n", "")
+    assert biz_rows(MAIL_TICKETS) == [(ticket, "C001", "第一封", "张伟的问题", "open")]
+
+    seeded = len(biz_rows("SELECT id FROM tickets WHERE status = 'open' AND id NOT LIKE 'M%'"))
+    scan = run(["cron_jobs.py", "scan", "--limit", "100"], {**lab, "STALE_DAYS": "0"})  # 今天建的也算「久未回复」
+    assert (scan.returncode, scan.stdout, scan.stderr) == (
+        0, f"超过 0 天还开着的工单 {seeded + 1} 张,其中没回复过的 {seeded + 1} 张,本次入队 {seeded} 个\n"
+           "没有入队的:已在队列或收件箱里 1 张\n", "")
+    assert rows("SELECT event_id FROM events WHERE ticket_id LIKE 'M%'") == [("<same@example.com>",)]
+
+
+def test_a_message_id_shaped_like_a_cron_event_id_cannot_take_that_days_stale_reminder(lab, tmp_path):
+    """邮件的事件 id 和定时任务的 cron:stale:<工单>:<日期> 在同一张表里:原来 Message-ID 写成这个样子的信占了这个 id,
+    这天 T1007 就不提醒了(「今天已经入过队」)。现在不是 <…> 形式的 Message-ID 加上尖括号,占不了。"""
+    today = store.now()[:10]
+    (tmp_path / "a.eml").write_bytes(mail(f"cron:stale:T1007:{today}", "zhang.wei@example.com", "催一下", "还没处理。"))
+    mid = f"<cron:stale:T1007:{today}>"
+    r = run(["email_poller.py", "--eml", str(tmp_path)], lab)
+    assert (r.returncode, r.stdout, r.stderr) == (
+        0, f"{ticket_of(mid)}  {tmp_path}/a.eml\n本次收取 1 封:新工单 1,重复 0,跳过 0,无法解析 0,存储失败 0\n", "")
+    scan = run(["cron_jobs.py", "scan"], lab)
+    assert (scan.returncode, scan.stdout, scan.stderr) == (
+        0, "超过 20 天还开着的工单 9 张,其中没回复过的 9 张,本次入队 5 个\n没有入队的:超出 --limit 5 4 张\n", "")
+    assert sorted((e[0], e[1]) for e in rows(EVENTS)) == sorted(
+        [(mid, "email")] + [(f"cron:stale:{t}:{today}", "cron") for t in ("T1029", "T1020", "T1010", "T1007", "T1022")])
+
+
 # ---------------------------------------------------------------- 解析的细节
 def test_raw_eight_bit_headers_and_unknown_charsets_still_decode():
     raw = ("From: zhang.wei@example.com\nSubject: ".encode() + "退款进度".encode("gbk")
            + b"\nContent-Type: text/plain; charset=x-made-up\n\n" + "正文是 utf-8".encode())
     assert email_poller.parse(raw) == {"message_id": "no-message-id:" + hashlib.sha1(raw).hexdigest(),
                                        "from": "zhang.wei@example.com", "subject": "退款进度", "body": "正文是 utf-8"}
+
+
+@pytest.mark.parametrize("header, event_id", [
+    (b"<20261122090112.zw01@example.com>", "<20261122090112.zw01@example.com>"),  # 平常的 Message-ID:原样
+    (b"<a@example.com>  \n\t<b@example.com>", "<a@example.com> <b@example.com>"),  # 折行、连续空白并成一个空格
+    ("<工单一@example.com>".encode(), "<工单一@example.com>"),  # 直接写的 8 位字节:和别的邮件头一样解码
+    ("<退款@example.com>".encode("gbk"), "<退款@example.com>"),
+    (b"cron:stale:T1007:2026-12-03", "<cron:stale:T1007:2026-12-03>"),  # 不是 <…> 的加上尖括号
+    (b"evt_T1012_created", "<evt_T1012_created>"),
+    (b"no-message-id:0123", "<no-message-id:0123>"),
+    (b"<" + b"a" * 198 + b">", "<" + "a" * 198 + ">"),  # 正好 200 个字
+    (b"<" + b"a" * 199 + b">", "message-id-sha1:" + hashlib.sha1(b"<" + b"a" * 199 + b">").hexdigest()),
+    (b"<\xff\xfe@example.com>", "message-id-sha1:" + hashlib.sha1(b"<\xff\xfe@example.com>").hexdigest()),  # 解不出来
+])
+def test_the_event_id_is_the_decoded_message_id_in_angle_brackets_or_else_a_sha1_of_its_bytes(header, event_id):
+    raw = b"Message-ID: " + header + b"\nFrom: zhang.wei@example.com\nSubject: x\n\nbody\n"
+    assert email_poller.parse(raw)["message_id"] == event_id
+    assert email_poller.parse(raw.replace(b"\n", b"\r\n"))["message_id"] == event_id  # IMAP 收到的是 CRLF
 
 
 def test_mail_without_a_sender_address_cannot_be_parsed():
@@ -810,6 +946,9 @@ def test_any_bytes_either_parse_or_raise_broken_mail_never_anything_else(raw):
         return
     assert set(parsed) == {"message_id", "from", "subject", "body"}
     assert parsed["message_id"] and "@" in parsed["from"] and parsed["subject"] and len(parsed["body"]) <= 2000
+    # 存得进两种库:事件 id 不超过 200 个字,哪一项都没有落单的代理项,地址里没有控制字符
+    assert len(parsed["message_id"]) <= 200 and not any(email_poller.SURROGATES.search(v) for v in parsed.values())
+    assert not any(unicodedata.category(c) == "Cc" for c in parsed["from"])
 
 
 # ---------------------------------------------------------------- 练习 5:投诉邮件只产生通知
