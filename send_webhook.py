@@ -6,12 +6,14 @@
     202 {'accepted': True, 'duplicate': True}      ← 同一个事件第二次到,被认出是重复投递
 
 发到 WEBHOOK_URL(默认 http://127.0.0.1:8139/hooks/cloudledger),密钥是 WEBHOOK_SECRET。
-服务没起来时说明原因,退出码 1;对方回了非 2xx 时照样打印,退出码 1;
+服务没起来时说明原因,退出码 1;对方回了非 2xx 时照样打印,退出码 1;请求发出去了、却超时或者连接断了时说
+webhook 可能已经存下了这个事件、再发一次是安全的(会回 duplicate: true),退出码 1;
 参数不对(工单号是空的或以 - 开头、重复次数不是正整数)或 WEBHOOK_URL 写错时说明原因,退出码 2;--help 打印用法。
 """
 import hashlib
 import hmac
 import json
+import shlex
 import sys
 import time
 from urllib.parse import urlsplit
@@ -46,6 +48,23 @@ def port_of(url: str) -> int:
     return parts.port or (443 if parts.scheme == "https" else 80)
 
 
+def printable_url(url: str) -> str:
+    """打印用的网址:里面带了密码(http://用户:密码@主机/…)时换成 ***。"""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    return parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@", 1)).geturl()
+
+
+def no_answer(url: str, e: httpx.HTTPError, ticket_id: str) -> str:
+    """请求发出去以后超时、连接断了:不是「服务没起来」。webhook 可能已经把事件存下了,只是回答没送到;
+    同一个事件再发一次是安全的 —— 事件 id 一样,存下了的只会回 duplicate: true,不会存两份。"""
+    what = f"但 {TIMEOUT_S} 秒内没有回答" if isinstance(e, httpx.TimeoutException) else "但还没回答,连接就断了"
+    return (f"没等到回答:请求已经发给 {url},{what}({type(e).__name__}: {e})。webhook 可能已经存下了这个事件,"
+            f"再发一次同一个事件是安全的(事件 id 不变,已经存下了只会回 duplicate: true):"
+            f"uv run python send_webhook.py {shlex.quote(ticket_id)}")
+
+
 def main(argv: list[str]) -> int:
     if argv in (["-h"], ["--help"]):
         print(USAGE)
@@ -70,9 +89,13 @@ def main(argv: list[str]) -> int:
         headers = {"content-type": "application/json", "x-cloudledger-signature": sign(body, secret)}
         try:
             r = httpx.post(url, content=body, headers=headers, timeout=TIMEOUT_S)
-        except (httpx.HTTPError, httpx.InvalidURL) as e:  # InvalidURL:urlsplit 放过了、httpx 不认的少见写法
-            print(f"发不出去:{url} 连不上({type(e).__name__}: {e})。webhook 服务起来了吗?"
+        # 连不上:请求根本没发出去。InvalidURL:urlsplit 放过了、httpx 不认的少见写法
+        except (httpx.ConnectError, httpx.ConnectTimeout, httpx.InvalidURL) as e:
+            print(f"发不出去:{printable_url(url)} 连不上({type(e).__name__}: {e})。webhook 服务起来了吗?"
                   f"先在另一个终端运行 uv run uvicorn webhook:app --port {port_of(url)}", file=sys.stderr)
+            return 1
+        except httpx.HTTPError as e:  # 连上了、请求发出去了,却没等到回答:对方可能已经收下了
+            print(no_answer(printable_url(url), e, ticket_id), file=sys.stderr)
             return 1
         try:
             shown = r.json()

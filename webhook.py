@@ -10,23 +10,29 @@
   签的是 "{id}.{timestamp}." + 原始请求体;密钥以 whsec_ 开头时按规范先 base64 解码,否则按原样的字节用。
 
 坏请求一律回清楚的 JSON 错误,什么都不存:签名头缺失或格式不对 400,时间戳超出 ±300 秒 400,
-签名不对 401,请求体不是带 id/type/data.ticket_id 的 JSON 对象 400,请求体超过 1 MiB 413;
+签名不对 401,请求体不是带 id/type/data.ticket_id 的 JSON 对象 400(里面的整数超过 4300 位也是 400),
+请求体超过 1 MiB 413;
 签名对、但 type 不是 ticket.created(上游订阅了别的事件)时回 202 {"accepted": false, "reason": "ignored type"},
 也什么都不存:回 4xx 的话上游会一直重试;这种事件只检查 id 和 type,不看 data。
 事件库写不进去时 503(什么都没存,上游照常重试即可)。
 
 写库不在这个进程里做:启动时拉起一个写库子进程(event_writer.py),同一时刻到达的一批事件交给它放进一个事务、
 一次落盘(组提交),提交成功后这一批请求才各自回 202。所以回了 202 的事件,断电也还在。
-写库进程被杀了,手上那一批回 503,下一批到来时重新拉起一个;webhook 退出(哪怕被 kill -9)时它也跟着退出。
+写库进程被杀了,它读走了、没来得及回话的那一批回 503(可能已经提交了),下一批到来时重新拉起一个;它在两批之间
+没了的话,交过去它没读到的那一批直接交给新拉起的一个,照常回 202。webhook 退出(哪怕被 kill -9)时它也跟着退出。
 """
+import array
 import asyncio
 import base64
+import fcntl
 import hashlib
 import hmac
 import json
 import logging
+import os
 import re
 import sys
+import termios
 import time
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -65,10 +71,11 @@ class GroupCommitter:
         self.pump: asyncio.Task | None = None
         self.stopping = False
         self.in_flight = 0  # 正在写的这一批有几个事件
+        self.stdin_copy: int | None = None  # 写库进程输入管道写端的副本,见 _spawn
 
     async def start(self) -> None:
         self.pending, self.stopping, self.wake = [], False, asyncio.Event()
-        self.proc = await self._spawn()
+        await self._spawn()
         self.pump = asyncio.create_task(self._run())
 
     async def stop(self) -> None:
@@ -76,6 +83,7 @@ class GroupCommitter:
         self.stopping = True
         self.wake.set()
         await self.pump
+        self._close_stdin_copy()  # 副本先关掉:下面关了 stdin,写库进程才读得到输入结束
         if self.proc.returncode is None:
             self.proc.stdin.close()
             try:
@@ -121,26 +129,59 @@ class GroupCommitter:
         batch, self.pending = self.pending[:n], self.pending[n:]
         return batch
 
-    async def _spawn(self) -> asyncio.subprocess.Process:
-        return await asyncio.create_subprocess_exec(sys.executable, str(WRITER), stdin=asyncio.subprocess.PIPE,
-                                                    stdout=asyncio.subprocess.PIPE)
+    async def _spawn(self) -> None:
+        """拉起一个新的写库进程。另外留一个它输入管道写端的副本(self.stdin_copy):它没了以后,asyncio 会关掉自己那个,
+        靠这个副本还能看管道里剩没剩下它没读走的字节(_unread)。副本不传给子进程;关输入时两个都关,它才读到结尾。"""
+        self._close_stdin_copy()
+        self.proc = await asyncio.create_subprocess_exec(sys.executable, str(WRITER), stdin=asyncio.subprocess.PIPE,
+                                                         stdout=asyncio.subprocess.PIPE)
+        self.stdin_copy = os.dup(self.proc.stdin.transport.get_extra_info("pipe").fileno())
+
+    def _close_stdin_copy(self) -> None:
+        if self.stdin_copy is not None:
+            os.close(self.stdin_copy)
+            self.stdin_copy = None
+
+    def _unread(self) -> int:
+        """写库进程的输入管道里还有多少字节没被读走(读不出来就当 0)。"""
+        count = array.array("i", [0])
+        try:
+            fcntl.ioctl(self.stdin_copy, termios.FIONREAD, count, True)
+        except (OSError, TypeError):
+            return 0
+        return count[0]
 
     async def _write(self, events: list[tuple]) -> list[bool]:
-        """把一批交给写库进程,等它提交完回话。它不在了(被杀、崩了)就先重新拉起一个。"""
-        if self.proc.returncode is not None:
+        """把一批交给写库进程,等它提交完回话。它不在了(被杀、崩了)就先重新拉起一个。
+
+        交过去时它已经没了、或者正在退出(刚被 kill -9,asyncio 还没收到它退出的消息),这一行它没读完,这一批不可能
+        提交过:拉起新的再交一次,回答(新的 / 重复)照样是对的。它读走了这一行才没的,这一批可能已经提交,也可能没有:
+        这时不再交第二次 —— 已经提交了的话,新的写库进程会说「已经在库里」,这次投递明明是第一次到,却回
+        duplicate: true。回 503,上游重发时已提交的才得到 duplicate。"""
+        line = json.dumps(events).encode() + b"\n"
+        while True:
+            fresh = self.proc.returncode is not None  # 这一个是刚为这一批拉起的
+            if fresh:
+                try:
+                    await self._spawn()
+                except OSError as e:
+                    raise StoreUnavailable(f"cannot start writer process: {e}") from None
             try:
-                self.proc = await self._spawn()
-            except OSError as e:
-                raise StoreUnavailable(f"cannot start writer process: {e}") from None
-        try:
-            self.proc.stdin.write(json.dumps(events).encode() + b"\n")
-            await self.proc.stdin.drain()
-            reply = await self.proc.stdout.readline()
-        except OSError:  # 写的时候它正好退出了(管道断了):当作没写进去
-            reply = b""
-        if not reply:
-            # 它在这一批写完之前退出了:这一批可能已经提交,也可能没有;都回 503,上游重发时已提交的会得到 duplicate
-            raise StoreUnavailable(f"writer process exited with code {await self.proc.wait()}")
+                self.proc.stdin.write(line)
+                await self.proc.stdin.drain()
+            except OSError:  # 管道断了:它在这一行交完之前就没了,没读到完整的一行
+                reply, unread = b"", True
+            else:
+                try:
+                    reply = await self.proc.stdout.readline()
+                except OSError:
+                    reply = b""
+                unread = False
+            if reply:
+                break
+            code = await self.proc.wait()  # 它没回话就退出了;等它真的退出了,管道里剩下的就不会再有人读
+            if fresh or not (unread or self._unread()):  # 刚拉起的也没读就退出了(起不来):再拉一个也一样
+                raise StoreUnavailable(f"writer process exited with code {code}")
         try:
             answer = json.loads(reply)
             error, is_new = answer.get("error"), answer.get("new")
@@ -297,8 +338,10 @@ async def read_body(request: Request) -> bytes:
 def parse_event(raw: bytes) -> dict:
     try:
         event = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError):
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
         raise fail(400, "body is not UTF-8 JSON") from None
+    except ValueError:  # 是合法的 JSON,但里面的整数超过了 Python 肯转换的位数(int 和 str 互转的上限,默认 4300)
+        raise fail(400, f"body has an integer longer than {sys.get_int_max_str_digits()} digits") from None
     if not isinstance(event, dict):
         raise fail(400, "body must be a JSON object with id, type and data.ticket_id")
     if not isinstance(event.get("id"), str) or not 0 < len(event["id"]) <= 200:

@@ -1,10 +1,15 @@
 """send_webhook.py 和 store.py 的命令行:坏参数、服务没起来、对方拒绝,都说清楚,什么都不存。"""
 import os
+import signal
 import sqlite3
+import subprocess
+import sys
+import time
 from contextlib import closing
 
 import pytest
-from conftest import cut_connections, free_port, rows, run, webhook_server
+from conftest import LAB, cut_connections, free_port, rows, run, webhook_server
+from test_webhook import unread_in_pipe, writer_pids
 
 import store
 
@@ -60,6 +65,69 @@ def test_server_not_running_is_one_clear_message_with_the_port_of_webhook_url_an
     assert r.stderr.startswith(f"发不出去:{url} 连不上(ConnectError: ")
     assert r.stderr.endswith(f"webhook 服务起来了吗?先在另一个终端运行 uv run uvicorn webhook:app --port {port}\n")
     assert rows("SELECT COUNT(*) FROM events") == [(0,)]
+
+
+def no_answer_message(url: str, what: str, error: str, ticket_id: str) -> str:
+    return (f"没等到回答:请求已经发给 {url},{what}({error})。webhook 可能已经存下了这个事件,"
+            f"再发一次同一个事件是安全的(事件 id 不变,已经存下了只会回 duplicate: true):"
+            f"uv run python send_webhook.py {ticket_id}\n")
+
+
+# send_webhook.py 照原样运行,只把等回答的时间从 10 秒改成 1 秒,测试不用干等
+SEND_WITH_1S_TIMEOUT = "import sys, send_webhook; send_webhook.TIMEOUT_S = 1; sys.exit(send_webhook.main(sys.argv[1:]))"
+
+
+def test_a_delivery_the_webhook_does_not_answer_in_time_says_it_may_be_stored_and_resending_is_safe(lab):
+    """webhook 开着,只是没在时限内回答(写库进程停住了,像事件库被锁着的时候):原来说「连不上……webhook 服务起来了吗?」,
+    让人去起一个已经在跑的服务。现在说事件可能已经存下了、再发一次是安全的,退出码 1;照着再发一次,回 duplicate。"""
+    with webhook_server(lab) as (proc, base):
+        url = base + "/hooks/cloudledger"
+        env = {**lab, "WEBHOOK_URL": url}
+        (writer,) = writer_pids(proc.pid)
+        os.kill(writer, signal.SIGSTOP)
+        try:
+            r = run(["-c", SEND_WITH_1S_TIMEOUT, "T1012"], env)
+        finally:
+            os.kill(writer, signal.SIGCONT)  # 它接着把那一批写完:事件其实存下了,只是回答没人收
+        assert (r.returncode, r.stdout) == (1, "")
+        assert r.stderr == no_answer_message(url, "但 1 秒内没有回答", "ReadTimeout: timed out", "T1012")
+        again = run(["send_webhook.py", "T1012"], env)  # 照提示再发一次
+    assert (again.returncode, again.stdout, again.stderr) == (0, "202 {'accepted': True, 'duplicate': True}\n", "")
+    assert rows("SELECT event_id, status, attempts FROM events") == [("evt_T1012_created", "pending", 0)]
+
+
+def test_a_delivery_whose_connection_drops_before_the_answer_says_it_may_be_stored_and_it_was(lab):
+    """请求已经交给写库进程,webhook 这时被 kill -9,连接断了:原来也说「webhook 服务起来了吗?」。
+    其实事件已经存下了(写库进程照样写完这一批):现在说可能已经存下、再发一次是安全的;再发一次回 duplicate,只有一行。"""
+    with webhook_server(lab) as (proc, base):
+        url = base + "/hooks/cloudledger"
+        (writer,) = writer_pids(proc.pid)
+        os.kill(writer, signal.SIGSTOP)
+        sender = subprocess.Popen([sys.executable, "send_webhook.py", "T1030"], cwd=LAB,
+                                  env={**lab, "WEBHOOK_URL": url}, text=True,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        try:
+            deadline = time.time() + 30
+            while not unread_in_pipe(writer):  # 这一批已经交给(停住的)写库进程了
+                assert time.time() < deadline and sender.poll() is None, "请求应该已经到了写库进程那里"
+                time.sleep(0.01)
+            proc.kill()
+            proc.wait(timeout=10)
+        finally:
+            os.kill(writer, signal.SIGCONT)
+        out, err = sender.communicate(timeout=60)
+        deadline = time.time() + 30
+        while store._process_alive(writer):  # 它写完这一批、回话时发现 webhook 不在了,退出
+            assert time.time() < deadline, "写库进程应该写完这一批就退出"
+            time.sleep(0.05)
+    assert (sender.returncode, out) == (1, "")
+    assert err == no_answer_message(url, "但还没回答,连接就断了",
+                                    "RemoteProtocolError: Server disconnected without sending a response.", "T1030")
+    assert rows("SELECT event_id, status, attempts FROM events") == [("evt_T1030_created", "pending", 0)]
+    with webhook_server(lab) as (_, base):
+        again = run(["send_webhook.py", "T1030"], {**lab, "WEBHOOK_URL": base + "/hooks/cloudledger"})
+    assert (again.returncode, again.stdout, again.stderr) == (0, "202 {'accepted': True, 'duplicate': True}\n", "")
+    assert rows("SELECT event_id, status, attempts FROM events") == [("evt_T1030_created", "pending", 0)]
 
 
 def test_duplicate_delivery_over_real_http_prints_the_lessons_lines(lab):

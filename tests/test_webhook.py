@@ -1,15 +1,20 @@
 """webhook 入口:验签、防重放、去重,坏请求回清楚的错误且什么都不存。"""
+import array
 import base64
 import contextlib
+import fcntl
 import hashlib
 import hmac
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
+import termios
 import time
 import types
+import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -145,6 +150,20 @@ def test_malformed_body_is_rejected_with_400_and_nothing_stored(client, body, de
     r = post(client, body, send_webhook.sign(body, SECRET))
     assert (r.status_code, r.json()) == (400, {"detail": detail})
     assert stored() == []
+
+
+def test_valid_json_with_an_integer_over_4300_digits_is_rejected_with_400_naming_the_limit_and_nothing_stored(lab):
+    """合法的 JSON,只是有个整数超过了 Python 肯转换的 4300 位:仍然 400,但说的是整数太长,
+    不是「不是 JSON」(原来这样说)。不处理的事件类型也一样(整个请求体先解析)。真的 HTTP,真的 uvicorn。"""
+    huge = "1" * 5000
+    bodies = [f'{{"id": "e1", "type": "ticket.created", "data": {{"ticket_id": "T1", "amount": {huge}}}}}'.encode(),
+              f'{{"id": "e2", "type": "ticket.closed", "n": -{huge}}}'.encode()]
+    assert all(json.loads(b.decode().replace(huge, "1")) for b in bodies)  # 除了那个数,就是普通的 JSON
+    with webhook_server({**lab, "WEBHOOK_SECRET": SECRET}) as (_, base_url):
+        answers = [deliver(base_url, b) for b in bodies]
+        assert deliver(base_url, body_for("T1012")) == (202, {"accepted": True, "duplicate": False})
+    assert answers == [(400, {"detail": "body has an integer longer than 4300 digits"})] * 2
+    assert stored() == [("evt_T1012_created", "webhook", "ticket.created", "pending", 0)]
 
 
 def test_body_over_one_mebibyte_is_rejected_with_413_and_nothing_stored(client):
@@ -305,18 +324,39 @@ def writer_pids(pid: int) -> list[int]:
     return found
 
 
+def unread_in_pipe(pid: int) -> int:
+    """进程 pid 的标准输入管道里还有多少字节没被读走。"""
+    fd = os.open(f"/proc/{pid}/fd/0", os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        count = array.array("i", [0])
+        fcntl.ioctl(fd, termios.FIONREAD, count, True)
+        return count[0]
+    finally:
+        os.close(fd)
+
+
 def test_writer_process_killed_mid_batch_answers_503_then_a_new_one_takes_the_retry(client):
-    """写库进程在一批写完之前没了:这一批回 503,什么都没存;下一个请求到来时拉起新的写库进程,上游重试就收下。"""
+    """写库进程读走了一批、还没写完就没了:这一批回 503,什么都没存;下一个请求到来时拉起新的写库进程,上游重试就收下。
+    (这一批它可能已经提交了,所以不能悄悄交给新的写库进程再写一遍,见下一个测试。)"""
     old = webhook.committer.proc.pid
-    os.kill(old, signal.SIGSTOP)  # 先让它停住:请求交过去的这一批它来不及读
     body = body_for("T1012")
-    with ThreadPoolExecutor(1) as pool:
-        answer = pool.submit(post, client, body, send_webhook.sign(body, SECRET))
-        deadline = time.time() + 10
-        while webhook.committer.in_flight != 1 and time.time() < deadline:
-            time.sleep(0.01)
-        os.kill(old, signal.SIGKILL)
-        r = answer.result(timeout=30)
+    # 占着事件库的写锁:写库进程读走这一批以后卡在等锁上,提交不了
+    with contextlib.closing(sqlite3.connect(os.environ["EVENTS_DB"], isolation_level=None)) as lock:
+        lock.execute("BEGIN IMMEDIATE")
+        os.kill(old, signal.SIGSTOP)  # 先停住它:看得见这一批交到了它的管道里,再放它去读
+        with ThreadPoolExecutor(1) as pool:
+            answer = pool.submit(post, client, body, send_webhook.sign(body, SECRET))
+            deadline = time.time() + 10
+            while not unread_in_pipe(old) and time.time() < deadline:
+                time.sleep(0.01)
+            assert unread_in_pipe(old) > 0, "这一批应该已经交给写库进程了"
+            os.kill(old, signal.SIGCONT)
+            while unread_in_pipe(old) and time.time() < deadline:  # 它读走了这一批,正在等锁
+                time.sleep(0.01)
+            assert unread_in_pipe(old) == 0, "写库进程应该已经读走了这一批"
+            os.kill(old, signal.SIGKILL)
+            r = answer.result(timeout=30)
+        lock.execute("ROLLBACK")
     assert (r.status_code, r.json()) == (
         503, {"detail": "event store unavailable (writer process exited with code -9), retry later"})
     assert stored() == []
@@ -324,6 +364,43 @@ def test_writer_process_killed_mid_batch_answers_503_then_a_new_one_takes_the_re
     assert (r.status_code, r.json()) == (202, {"accepted": True, "duplicate": False})
     assert stored() == [("evt_T1012_created", "webhook", "ticket.created", "pending", 0)]
     assert webhook.committer.proc.pid != old and store._process_alive(webhook.committer.proc.pid)
+
+
+def deliver(base_url: str, body: bytes) -> tuple[int, dict]:
+    """真的 HTTP:签好名 POST 给 uvicorn 上的 webhook,返回 (状态码, 响应 JSON)。"""
+    request = urllib.request.Request(base_url + URL, data=body, method="POST", headers={
+        "content-type": "application/json", "x-cloudledger-signature": send_webhook.sign(body, SECRET)})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def test_a_writer_that_dies_before_reading_the_batch_hands_it_to_a_new_writer_and_the_delivery_gets_202(lab):
+    """写库进程在两批之间没了(被 kill -9,webhook 还没收到它退出的消息),下一批交过去时它已经读不了了:这一批它
+    一个字节都没读走,不可能提交过,交给新拉起的写库进程,回 202 duplicate: false —— 原来回 503。
+    回答是对的:库里原来没有它(不是 duplicate),之后重发才是 duplicate;库里只有一行。"""
+    with webhook_server({**lab, "WEBHOOK_SECRET": SECRET}) as (proc, base_url):
+        (old,) = writer_pids(proc.pid)
+        os.kill(old, signal.SIGSTOP)  # 停住它,这一批交过去以后它读不了;再 kill -9,它没读就没了
+        body = body_for("T1012")
+        with ThreadPoolExecutor(1) as pool:
+            answer = pool.submit(deliver, base_url, body)
+            deadline = time.time() + 10
+            while not unread_in_pipe(old) and time.time() < deadline:
+                time.sleep(0.01)
+            assert unread_in_pipe(old) == len(json.dumps([["evt_T1012_created", "webhook", "ticket.created",
+                                                           body.decode()]])) + 1
+            os.kill(old, signal.SIGKILL)
+            assert answer.result(timeout=30) == (202, {"accepted": True, "duplicate": False})
+        (new,) = writer_pids(proc.pid)
+        assert new != old and store._process_alive(new)
+        assert stored() == [("evt_T1012_created", "webhook", "ticket.created", "pending", 0)]
+        assert deliver(base_url, body) == (202, {"accepted": True, "duplicate": True})
+        assert writer_pids(proc.pid) == [new]
+    assert stored() == [("evt_T1012_created", "webhook", "ticket.created", "pending", 0)]
+    assert rows("SELECT payload FROM events") == [(body.decode(),)]
 
 
 def test_cut_database_connections_answer_503_with_the_reason_and_the_retry_is_stored(pg_lab, monkeypatch, capfd):
