@@ -24,7 +24,7 @@ def serve(lines, out) -> None:
         try:
             reply = {"new": store.add_events([tuple(event) for event in json.loads(line)])}
         except Exception as e:  # noqa: BLE001 —— 写不进去(磁盘满、库被锁太久、这一行不是一批事件):告诉 webhook,接着干
-            reply = {"error": f"{type(e).__name__}: {e}"}
+            reply = {"error": store.first_line(e)}  # psycopg 的错误常带 LINE 1: … 好几行,503 的 detail 里只要第一行
         out.write(json.dumps(reply).encode() + b"\n")
         out.flush()
 

@@ -224,7 +224,9 @@ def connect(path: Path | str | None = None, *, durable: bool = True):
         return PgConnection(_pg_pool(database_url(), durable))
     key = (str(path or events_db()), durable)
     kept = _kept.__dict__.setdefault("conns", {})
-    if (conn := kept.get(key)) is None:
+    if (conn := kept.get(key)) is not None:
+        unchanged_or_exit(key[0], conn.identity)
+    else:
         # 事件库没有就建(init 建表);给了路径的库(业务库)只打开已有的:sqlite3 默认会顺手建一个空文件,
         # 之后 store.py 以为业务库已经在了,worker 读工单只会得到 no such table
         target = key[0] if path is None else f"{Path(key[0]).absolute().as_uri()}?mode=rw"
@@ -233,8 +235,27 @@ def connect(path: Path | str | None = None, *, durable: bool = True):
         conn.row_factory = sqlite3.Row
         # WAL 模式(init 写进库文件):读写不互相挡
         conn.execute(f"PRAGMA synchronous = {'FULL' if durable else 'NORMAL'}")
+        conn.identity = file_identity(key[0])
         kept[key] = conn
     return conn
+
+
+def file_identity(path: Path | str) -> tuple[int, int] | None:
+    """这个文件是哪一个(设备号、inode);不在了是 None。"""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def unchanged_or_exit(path: Path | str, identity: tuple[int, int] | None) -> None:
+    """一直开着的 SQLite 连接,它的库文件还是打开时那一个吗?有人在程序运行时删掉、换掉了它(「想从头再来」删了
+    ambient.db* 又运行 store.py)时,开着的连接还连着那个删掉的文件:原来 webhook 照样回 202,事件却写进了没人看得见的
+    文件,就这么丢了。这时以 SystemExit 停下(webhook 的写库进程停下后,下一批由新开的写库进程写进新文件)。"""
+    if file_identity(path) != identity:
+        raise SystemExit(f"SQLite 库文件 {path} 在这个程序运行时被删掉或换掉了:这个程序不再用它,重新启动后用新的文件"
+                         "(想从头再来时,先停掉 webhook、worker,再删库)")
 
 
 _kept = threading.local()
@@ -246,7 +267,13 @@ def close_connections() -> None:
         sqlite3.Connection.close(conn)
 
 
-class KeptConnection(sqlite3.Connection):
+class FileConnection(sqlite3.Connection):
+    """记着打开时库文件是哪一个(identity,见 file_identity):一直开着的连接用它发现文件被删掉、换掉了。"""
+
+    identity: tuple[int, int] | None = None
+
+
+class KeptConnection(FileConnection):
     """SQLite 连接每个线程、每个库文件只开一个,一直用下去:close() 只回滚没提交的事务,不真关。
     每次都重新打开的话,打开、解析表结构、关闭(最后一个连接关闭时还要做一次 WAL checkpoint)
     比语句本身还贵:实测领取一个事件从 2 ms 降到 0.4 ms。"""
@@ -269,7 +296,7 @@ def opened(path: Path | str | None = None, *, durable: bool = True):
 @contextmanager
 def transaction(path: Path | str | None = None, *, wait_s: float | None = None):
     """唯一的事务写法:BEGIN IMMEDIATE 一开始就拿写锁,避免两个写者读完再抢锁时死锁。
-    wait_s:这个事务最多等别人的锁几秒(默认等 BUSY_TIMEOUT_S,PostgreSQL 一直等),等不到就抛
+    wait_s:这个事务最多等别人的锁几秒(默认等 BUSY_TIMEOUT_S),等不到就抛
     unavailable_errors() 里的错误、什么都没写。给「记不下也没关系」的写入用,别让人对着终端干等。"""
     sqlite = dialect(path) == "sqlite"
     with opened(path) as conn:
@@ -279,7 +306,7 @@ def transaction(path: Path | str | None = None, *, wait_s: float | None = None):
             conn.execute(DIALECTS[dialect(path)]["begin"])
             try:
                 if wait_s is not None and not sqlite:
-                    conn.execute(f"SET LOCAL lock_timeout = '{int(wait_s * 1000)}ms'")
+                    conn.execute(f"SET LOCAL lock_timeout = '{max(1, int(wait_s * 1000))}ms'")
                 yield conn
             except BaseException:
                 conn.execute("ROLLBACK")
@@ -449,7 +476,7 @@ def open_pg_pool(url: str, durable: bool, **kwargs):
     pool = ConnectionPool(url, min_size=1, max_size=max_size,
                           kwargs={"autocommit": True, "application_name": pg_application_name(),
                                   "connect_timeout": PG_CONNECT_TIMEOUT_S, **kwargs},
-                          configure=None if durable else _no_flush_wait, check=check, open=False)
+                          configure=_configure(durable), check=check, open=False)
     try:
         pool.open(wait=True, timeout=PG_CONNECT_TIMEOUT_S)
     except PoolTimeout:
@@ -535,12 +562,23 @@ class PgConnection:
             self.pool.putconn(self.raw)
 
 
-def _no_flush_wait(conn) -> None:
-    """这个连接的提交不等 WAL 落盘,和 SQLite 的 synchronous=NORMAL 同一个取舍(见 connect()):
-    checkpoint 连接和 worker 记账的连接用它。worker 崩溃(kill -9)一个不丢,只有 PostgreSQL 服务器自己崩溃或断电时
-    可能丢最后几百毫秒的提交,那张工单从更早的节点重跑(节点幂等,outbox 有 UNIQUE)。
-    checkpoint 这样写,实测每个事件省 0.7 ms 左右(bench/worker.py)。"""
-    conn.execute("SET synchronous_commit = off")
+def _configure(durable: bool):
+    """连接池每连上一个新连接时做的设置。
+    lock_timeout = BUSY_TIMEOUT_S:等别人的锁最多这么久,和 SQLite 的 busy_timeout 一样,等不到就是「数据库暂时用不了」
+    (webhook 回 503、常驻 worker 说一行再试)。原来 PostgreSQL 上一直等:有人在 psql 里开着事务占着一行,webhook 的
+    那一批、连同排在后面的请求都一直挂着,没有回答。
+    synchronous_commit:durable 的连接明确设成 on,回了 202 的事件断电也在,不随服务器或库上的默认值(有人
+    ALTER DATABASE … SET synchronous_commit = off);其余的设成 off,提交不等 WAL 落盘,和 SQLite 的
+    synchronous=NORMAL 同一个取舍(见 connect()):checkpoint 连接和 worker 记账的连接用它。worker 崩溃(kill -9)
+    一个不丢,只有 PostgreSQL 服务器自己崩溃或断电时可能丢最后几百毫秒的提交,那张工单从更早的节点重跑(节点幂等,
+    outbox 有 UNIQUE)。checkpoint 这样写,实测每个事件省 0.7 ms 左右(bench/worker.py)。"""
+    settings = (f"SET lock_timeout = '{max(1, int(busy_timeout_s() * 1000))}ms'",  # 0 在 PostgreSQL 是一直等
+                f"SET synchronous_commit = {'on' if durable else 'off'}")
+
+    def configure(conn) -> None:
+        for setting in settings:
+            conn.execute(setting)
+    return configure
 
 
 def open_checkpointer(durable: bool = False):
@@ -568,16 +606,24 @@ def open_checkpointer(durable: bool = False):
     from langgraph.checkpoint.sqlite import SqliteSaver
 
     try:
-        conn = sqlite3.connect(checkpoints_db(), check_same_thread=False, timeout=busy_timeout_s())
+        conn = sqlite3.connect(checkpoints_db(), check_same_thread=False, timeout=busy_timeout_s(),
+                               factory=FileConnection)
         use_wal(conn)  # worker 和收件箱是不同进程,同时写 checkpoint
     except sqlite3.OperationalError as e:
         raise SystemExit(cannot_open("checkpoint 库", "CHECKPOINTS_DB", checkpoints_db(), e)) from None
     # worker 的 checkpoint 用 NORMAL:进程崩溃(kill -9)时一个不丢,只有断电可能丢最后几个 checkpoint,
     # 那张工单就从更早的节点重跑一遍(节点幂等,outbox 有 UNIQUE)。收件箱、事件表和发件箱是 FULL。
     conn.execute(f"PRAGMA synchronous = {'FULL' if durable else 'NORMAL'}")
+    conn.identity = file_identity(checkpoints_db())  # 常驻的 worker 领事件前核对(same_checkpoints_or_exit)
     saver = SqliteSaver(conn)
     saver.setup()
     return saver, conn
+
+
+def same_checkpoints_or_exit(conn) -> None:
+    """open_checkpointer 返回的 SQLite 连接:checkpoint 库文件还是打开时那一个吗(见 unchanged_or_exit)。PostgreSQL 时不用查。"""
+    if isinstance(conn, FileConnection):
+        unchanged_or_exit(checkpoints_db(), conn.identity)
 
 
 # ---------------------------------------------------------------- 事件:入队

@@ -222,6 +222,7 @@ class Worker:
 
     def drain(self, done: list) -> None:
         while not self.stopping:
+            store.same_checkpoints_or_exit(self.conn)  # 事件库在 claim 里查
             self.requeue(unless_recent=True)
             if not (ev := store.claim(self.owner)):
                 return

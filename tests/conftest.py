@@ -158,6 +158,21 @@ def write_locked(path=None):
         conn.close()  # 没提交的事务随之回滚
 
 
+@contextmanager
+def someone_holds_the_events_table():
+    """像有人在 sqlite3 / psql 里开着事务、写了事件表还没提交那样占着它的锁,直到 with 结束(回滚)。"""
+    if store.dialect() == "sqlite":
+        with write_locked():
+            yield
+        return
+    import psycopg
+
+    with psycopg.connect(store.database_url()) as conn:  # 不是 autocommit:with 结束前一直在事务里
+        conn.execute("LOCK TABLE events IN EXCLUSIVE MODE")
+        yield
+        conn.rollback()
+
+
 def die_before_checkpoint(env: dict, step: int, *args: str) -> subprocess.CompletedProcess:
     """在写第 step 步的 checkpoint 之前死掉。"""
     return die_at(env, f"put:{step}", *args)

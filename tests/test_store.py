@@ -1,9 +1,10 @@
 """store.py 自己的几条出错路径:业务库建不了、PostgreSQL 单独连得上但连接池连不上;设了 DATABASE_URL 时业务表建在哪。"""
 import threading
 import time
+from pathlib import Path
 
 import pytest
-from conftest import rows, run, tcp_proxy
+from conftest import rows, run, someone_holds_the_events_table, tcp_proxy
 
 import store
 
@@ -204,3 +205,86 @@ def test_programs_opening_a_new_lab_at_the_same_moment_all_get_it(tmp_path, monk
     modes = {rows("PRAGMA journal_mode", path=tmp_path / f"{name}{i}.db")[0][0]
              for name in ("ambient", "checkpoints") for i in range(200)}
     assert modes == {"wal"}
+
+
+# 在 lab 的环境里:写一个事件,说结果(数据库用不了时说 store.unavailable() 那一行)和用了几秒
+ADD_ONE_EVENT = """
+import time, store
+started = time.monotonic()
+try:
+    print(store.add_event("evt_T1041_created", "webhook", "ticket.created", '{"data": {"ticket_id": "T1041"}}'))
+except store.unavailable_errors() as e:
+    print(store.unavailable(e))
+print(round(time.monotonic() - started))
+"""
+
+
+def test_a_write_blocked_by_someone_elses_transaction_gives_up_after_busy_timeout_on_both_databases(any_lab):
+    """SQLite 上等别人的写锁最多 BUSY_TIMEOUT_S 秒,之后就是「数据库暂时用不了」(webhook 回 503、上游重试)。
+    原来 PostgreSQL 上一直等:有人在 psql 里开着事务没提交,webhook 那一批、连同后面排队的请求都一直挂着没有回答。
+    现在两种库一样,等 BUSY_TIMEOUT_S 秒就放弃,什么都没写;锁放开以后照常写进去。"""
+    env = {**any_lab, "BUSY_TIMEOUT_S": "2"}
+    with someone_holds_the_events_table():
+        r = run(["-c", ADD_ONE_EVENT], env, timeout=60)
+    locked = ("OperationalError: database is locked" if store.dialect() == "sqlite"
+              else "LockNotAvailable: canceling statement due to lock timeout")
+    assert (r.returncode, r.stderr) == (0, "")
+    said, seconds = r.stdout.splitlines()
+    assert said == f"数据库暂时用不了({locked})" and 2 <= int(seconds) <= 4, r.stdout
+    assert rows("SELECT COUNT(*) FROM events") == [(0,)]
+    r = run(["-c", ADD_ONE_EVENT], env)
+    assert (r.returncode, r.stdout, r.stderr) == (0, "True\n0\n", "")
+    assert rows("SELECT event_id, status FROM events") == [("evt_T1041_created", "pending")]
+
+
+SHOW_PG_SETTINGS = """
+import store
+for durable in (True, False):
+    conn = store.connect(durable=durable)
+    print(durable, *(conn.execute(f"SHOW {name}").fetchone()[0] for name in ("synchronous_commit", "lock_timeout")))
+    conn.close()
+"""
+
+
+def test_postgres_connections_set_their_own_commit_durability_and_lock_wait(pg_lab):
+    """回了 202 的事件断电也在,靠的是等 WAL 落盘的提交:不能随服务器、库或用户上的默认值(有人
+    ALTER DATABASE … SET synchronous_commit = off,或者连接参数里这样写)。等锁的时限是 BUSY_TIMEOUT_S。"""
+    # 这里的 DATABASE_URL 已经用 options 指定了 search_path:接着写上两个别的默认值(%20 是空格,%3D 是 =)
+    url = pg_lab["DATABASE_URL"] + "%20-csynchronous_commit%3Doff%20-clock_timeout%3D0"
+    r = run(["-c", SHOW_PG_SETTINGS], {**pg_lab, "BUSY_TIMEOUT_S": "2", "DATABASE_URL": url})
+    assert (r.returncode, r.stdout, r.stderr) == (0, "True on 2s\nFalse off 2s\n", "")
+
+
+def test_a_program_whose_sqlite_files_were_deleted_while_it_ran_stops_instead_of_writing_into_them(lab):
+    """「想从头再来」删了 ambient.db*、checkpoints.db*,又运行了 store.py,可 worker、webhook 还开着:它们开着的连接
+    还连着删掉的文件,原来 webhook 照样回 202,事件却写进了没人看得见的文件;worker 的草稿也一样。现在下一次用到时
+    说清楚、停下(SystemExit),新文件里什么都没被写进去。"""
+    import worker as worker_mod
+
+    def delete(path: str) -> None:
+        for suffix in ("", "-wal", "-shm"):
+            Path(path + suffix).unlink(missing_ok=True)
+
+    def replaced(path: str) -> str:
+        return (f"SQLite 库文件 {path} 在这个程序运行时被删掉或换掉了:这个程序不再用它,重新启动后用新的文件"
+                "(想从头再来时,先停掉 webhook、worker,再删库)")
+
+    w = worker_mod.Worker(1)
+    try:
+        assert w.run_once() == []
+        delete(lab["CHECKPOINTS_DB"])
+        with pytest.raises(SystemExit) as stop:
+            w.run_once()
+        assert str(stop.value) == replaced(lab["CHECKPOINTS_DB"])
+        delete(lab["EVENTS_DB"])
+        assert run(["store.py"], lab).returncode == 0  # 新的一套库
+        with pytest.raises(SystemExit) as stop:
+            store.add_event("evt_T1012_created", "webhook", "ticket.created", '{"data": {"ticket_id": "T1012"}}')
+        assert str(stop.value) == replaced(lab["EVENTS_DB"])
+        with pytest.raises(SystemExit) as stop:
+            w.run_once()
+        assert str(stop.value) == replaced(lab["EVENTS_DB"])
+    finally:
+        w.close()
+        store.close_connections()
+    assert rows("SELECT COUNT(*) FROM events") == [(0,)]

@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from conftest import LAB, cut_connections, refused_startup, rows, run, webhook_server
+from conftest import LAB, cut_connections, refused_startup, rows, run, someone_holds_the_events_table, webhook_server
 from fastapi.testclient import TestClient
 
 import send_webhook
@@ -401,6 +401,49 @@ def test_a_writer_that_dies_before_reading_the_batch_hands_it_to_a_new_writer_an
         assert writer_pids(proc.pid) == [new]
     assert stored() == [("evt_T1012_created", "webhook", "ticket.created", "pending", 0)]
     assert rows("SELECT payload FROM events") == [(body.decode(),)]
+
+
+def test_a_delivery_blocked_by_someone_elses_transaction_answers_503_after_busy_timeout_and_the_retry_is_stored(
+        any_lab):
+    """有人在 sqlite3 / psql 里开着事务、占着事件表没提交:等 BUSY_TIMEOUT_S 秒还等不到就回 503,什么都没存,
+    上游重试时收下。原来 PostgreSQL 上一直等,这一批和排在后面的请求都没有回答(SQLite 上一直是 503)。"""
+    body = body_for("T1041")
+    with webhook_server({**any_lab, "WEBHOOK_SECRET": SECRET, "BUSY_TIMEOUT_S": "1"}) as (proc, base_url):
+        # 先收一个:写库进程建好表、连上了(它启动时建表也要等锁,那时被占着就是另一回事:它起不来,这一批 503)
+        assert deliver(base_url, body_for("T1012")) == (202, {"accepted": True, "duplicate": False})
+        with someone_holds_the_events_table():
+            started = time.monotonic()
+            answer = deliver(base_url, body)
+            waited = time.monotonic() - started
+        locked = ("OperationalError: database is locked" if store.dialect() == "sqlite"
+                  else "LockNotAvailable: canceling statement due to lock timeout")
+        assert answer == (503, {"detail": f"event store unavailable ({locked}), retry later"})
+        assert 1 <= waited < 5
+        assert [e[0] for e in stored()] == ["evt_T1012_created"]
+        assert deliver(base_url, body) == (202, {"accepted": True, "duplicate": False})
+    assert [e[0] for e in stored()] == ["evt_T1012_created", "evt_T1041_created"]
+    assert proc.stderr.read() == b""
+
+
+def test_deleting_the_database_while_the_webhook_runs_loses_no_acknowledged_event(lab):
+    """「想从头再来」删了 ambient.db*、运行了 store.py,webhook 却还开着:原来写库进程开着的连接还连着删掉的文件,
+    照样回 202,事件写进了没人看得见的文件。现在写库进程发现文件换了就停下(说一行),这一批回 503、什么都没存;
+    上游重试时新拉起的写库进程写进新文件。回了 202 的都在新文件里。"""
+    with webhook_server({**lab, "WEBHOOK_SECRET": SECRET}) as (proc, base_url):
+        assert deliver(base_url, body_for("T1012")) == (202, {"accepted": True, "duplicate": False})
+        for suffix in ("", "-wal", "-shm"):
+            Path(lab["EVENTS_DB"] + suffix).unlink(missing_ok=True)
+        assert run(["store.py"], lab).returncode == 0
+        store.close_connections()  # 测试进程自己开着的连接也连着删掉的文件
+        assert deliver(base_url, body_for("T1041")) == (
+            503, {"detail": "event store unavailable (writer process exited with code 1), retry later"})
+        assert stored() == []
+        assert deliver(base_url, body_for("T1041")) == (202, {"accepted": True, "duplicate": False})
+        assert deliver(base_url, body_for("T1012")) == (202, {"accepted": True, "duplicate": False})  # 新库里没有它
+    assert [e[0] for e in stored()] == ["evt_T1041_created", "evt_T1012_created"]
+    assert proc.stderr.read().decode().splitlines() == [
+        f"SQLite 库文件 {lab['EVENTS_DB']} 在这个程序运行时被删掉或换掉了:这个程序不再用它,重新启动后用新的文件"
+        "(想从头再来时,先停掉 webhook、worker,再删库)"]
 
 
 def test_cut_database_connections_answer_503_with_the_reason_and_the_retry_is_stored(pg_lab, monkeypatch, capfd):
