@@ -22,7 +22,8 @@ from typing_extensions import TypedDict
 
 import config as settings
 import store
-from llm import classify, deadline, deadline_s, get_llm, llm_settings, mask_pii, without_control_chars
+from llm import (classify, deadline, deadline_s, get_llm, llm_settings, mask_pii, simplified,
+                 without_control_chars)
 
 MAX_REDRAFTS = 3  # 轮(至少 0);一张工单最多让 Agent 按意见重写几次(每次都要再调一次模型,花钱也耗人的耐心)
 NOTIFY_WORDS = ("律师", "起诉", "投诉到")  # 练习 5:出现这些词不起草,只通知主管
@@ -72,6 +73,7 @@ def load(state: TicketState) -> dict:
 
 
 def needs_supervisor(text: str) -> str | None:
+    text = simplified(text)  # 繁体的「律師」「起訴」也算
     return next((w for w in NOTIFY_WORDS if w in text), None)
 
 
@@ -102,6 +104,12 @@ def structured(llm):
     return _structured[id(llm)][1]
 
 
+def not_a_draft(error: ValidationError) -> ValueError:
+    """「模型没有按 Draft 格式回答:哪一项:哪里不对」,一行;原来的 pydantic 错误有好几行,还带着模型的原话。"""
+    problems = ";".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in error.errors())
+    return ValueError(f"模型没有按 Draft 格式回答:{problems}")
+
+
 def draft(state: TicketState, config: RunnableConfig) -> dict:
     text = state["ticket_text"]
     if word := needs_supervisor(text):
@@ -117,6 +125,8 @@ def draft(state: TicketState, config: RunnableConfig) -> dict:
             args = model.invoke(build_prompt(state), merge_configs(config, {"callbacks": [usage]}))
     except ModelRefusalError as e:  # 模型拒答:回答里是一段 refusal,没有调 Draft 工具;和格式不对一样,退避后再试
         raise ValueError(f"模型拒绝起草:{str(e).splitlines()[0] if str(e) else '(没说原因)'}") from None
+    except ValidationError as e:  # 工具参数是合法 JSON 却不是对象([1, 2]):langchain 建回答消息时就通不过
+        raise not_a_draft(e) from None
     finally:
         # 记账在 interrupt 之前也没关系:它在 draft 节点里,每一行对应一次真实发生的模型调用;
         # 模型回答了但格式不对(下面抛错)也照样花了钱,所以放在 finally 里
@@ -128,8 +138,7 @@ def draft(state: TicketState, config: RunnableConfig) -> dict:
     try:
         d = Draft.model_validate(args).model_dump()
     except ValidationError as e:  # 调了 Draft 工具,但参数不合规则(类别不在列表里、少了字段……)
-        problems = ";".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
-        raise ValueError(f"模型没有按 Draft 格式回答:{problems}") from None
+        raise not_a_draft(e) from None
     return {"draft": d, "first_draft": state.get("first_draft") or d, "redraft_limit": max_redrafts()}
 
 

@@ -129,7 +129,8 @@ def deadline():
     """with deadline(): 里的模型调用(含客户端重试、备用模型)合起来最多 LLM_DEADLINE_S 秒。
     每次真正发请求之前,_within_deadline 把这次请求的等待时间截到时限为止;时限到了就不再发。
     因时限而失败时抛 DeadlineExceeded(原来的错误是笼统的 Request timed out.)。
-    超出时限的只有:截短的请求超时之后、客户端下一次重试之前的那一次等待(默认设置下最多 1 秒;重试次数调大时最多 8 秒)。
+    超出时限的只有:截短的请求超时之后、客户端下一次重试之前的那一次等待(默认设置下最多 1 秒;重试次数调大时最多 8 秒);
+    服务端要求的等待(Retry-After)和一直在发空行的响应都截到时限为止(_response_within_deadline)。
     离线模型不发请求,不受影响。"""
     seconds = deadline_s()
     budget = _Budget(time.monotonic() + seconds)
@@ -163,6 +164,44 @@ def _within_deadline(request) -> None:
         request.extensions["timeout"] = {k: left if v is None else min(v, left) for k, v in timeout.items()}
 
 
+def _response_within_deadline(response) -> None:
+    """HTTP 客户端的响应钩子:收到响应头之后、读响应体之前调用。两件事:
+    1. 服务端让过 N 秒再试(429 / 503 带 Retry-After)、N 超过了剩下的时限:改成只等到时限为止。OpenAI 客户端
+       照服务端说的等(最多 2 分钟),原来 LLM_DEADLINE_S=3 的起草,每次重试前都等了 20 秒。
+    2. 请求钩子截短的 read 超时是「两次收到数据之间」最多等多久,管不住一直有数据来的响应:DeepSeek 忙的时候
+       先回 200,然后每隔几秒发一个空行保持连接,可以这样拖上十几分钟(原来 LLM_DEADLINE_S=3 的起草等了 15 秒;
+       等得比 STALE_MINUTES 还久的话,别的机器上的 worker 会把事件放回队列、再起草一遍)。这里让读响应体时
+       每收到一块都看一眼时限,到了就当作读超时。"""
+    budget = _budget.get()
+    if budget is None:
+        return
+    left = budget.ends_at - time.monotonic()
+    for header, per_second in (("retry-after-ms", 1000), ("retry-after", 1)):
+        try:
+            wait = float(response.headers.get(header, "")) / per_second
+        except ValueError:
+            continue  # 没有这个头,或者写的是日期(少见):照客户端的办法
+        if wait > left:
+            budget.cut = True
+            response.headers["retry-after-ms"] = str(max(left, 0.001) * 1000)  # 客户端先看这个头
+        break
+    chunks = response.stream
+    http = sys.modules[type(response).__module__.partition(".")[0]]  # openai 用的那一份 httpx(现在的包名是 httpx2)
+
+    class WithinDeadline(http.SyncByteStream):
+        def __iter__(self):
+            for chunk in chunks:
+                if time.monotonic() > budget.ends_at:
+                    budget.cut = True
+                    raise http.ReadTimeout("整体时限到了,响应还没收完", request=response.request)
+                yield chunk
+
+        def close(self) -> None:
+            chunks.close()
+
+    response.stream = WithinDeadline()
+
+
 def get_llm(temperature: float = 0):
     """按当前环境变量返回模型;同样的设置只建一次(ChatOpenAI 里有连接池,没必要每张工单新建)。"""
     return _build(temperature, *llm_settings())
@@ -178,8 +217,9 @@ def _build(temperature, api_key, model, base_url, extra_body, fallback_model, fa
     from langchain_openai import ChatOpenAI
 
     def chat(cls, name: str, url: str, key: str):
-        # 自己给 HTTP 客户端(openai 的默认设置),只为挂上 _within_deadline
-        client = openai.DefaultHttpxClient(event_hooks={"request": [_within_deadline]})
+        # 自己给 HTTP 客户端(openai 的默认设置),只为挂上 _within_deadline、_response_within_deadline
+        client = openai.DefaultHttpxClient(event_hooks={"request": [_within_deadline],
+                                                        "response": [_response_within_deadline]})
         return cls(model=name, base_url=url, api_key=key, temperature=temperature,
                    extra_body=extra, timeout=timeout, max_retries=retries, http_client=client)
 
@@ -230,11 +270,12 @@ _EMAIL = re.compile(r"([A-Za-z0-9._%+-])[A-Za-z0-9._%+-]*([@＠][A-Za-z0-9.-]+\.
 _ID_CARD = re.compile(r"(?<!\d)(\d{6})(?:19|20)\d{2}(?:0[1-9]|1[0-2])(?:0[1-9]|[12]\d|3[01])(\d{3}[\dXx])(?![\dXx])")
 _OLD_ID_CARD = re.compile(r"(?<!\d)(\d{6})\d{2}(?:0[1-9]|1[0-2])(?:0[1-9]|[12]\d|3[01])(\d{3})(?!\d)")  # 15 位,年份两位
 # 15–19 位(15 位是美国运通这类信用卡),中间可以有空格或 -;15 位的老身份证在上一步已经打过码
-_BANK_CARD = re.compile(r"(?<!\d)\d(?:[ -]?\d){14,18}(?!\d)")
-# 138 1234 5678、138-1234-5678、138.1234.5678、+86 13812345678 也算;\d 也认全角数字(１３８…),开头两位单独写上全角
-_MOBILE = re.compile(r"(?<![\d+])((?:\+?86[ -]?)?[1１][3-9３-９]\d)[ .-]?\d{4}[ .-]?(\d{4})(?!\d)")
+_BANK_CARD = re.compile(r"(?<!\d)\d(?:[ \-　－]?\d){14,18}(?!\d)")
+# 138 1234 5678、138-1234-5678、138.1234.5678、+86 13812345678 也算;\d 也认全角数字(１３８…),开头两位单独写上全角;
+# 分隔符也认输入法全角模式打出的「－」「　」「．」(银行卡号同样)
+_MOBILE = re.compile(r"(?<![\d+])((?:\+?86[ \-　－]?)?[1１][3-9３-９]\d)[ .\-　－．]?\d{4}[ .\-　－．]?(\d{4})(?!\d)")
 # 4-4-3 分组:1380 0138 000、1380-0138-000;打码后和上面一样是 138****8000
-_MOBILE_443 = re.compile(r"(?<![\d+])((?:\+?86[ -]?)?[1１][3-9３-９]\d)\d[ .-]\d{3}(\d)[ .-](\d{3})(?!\d)")
+_MOBILE_443 = re.compile(r"(?<![\d+])((?:\+?86[ \-　－]?)?[1１][3-9３-９]\d)\d[ .\-　－．]\d{3}(\d)[ .\-　－．](\d{3})(?!\d)")
 
 
 # 控制字符(换行、回车、制表符除外):模型用不上;NUL 还落不了 PostgreSQL(text 和 JSONB 都不收 \u0000),
@@ -278,12 +319,19 @@ _DIRECTIVE = ("别", "不要", "不用", "语气")  # 以这些开头的意见�
 _INSTRUCTION_WORDS = ("语气", "道歉", "抱歉", "简短", "短一点")
 
 
-# 繁体字写的工单(Big5 邮件、港台客户)先把关键词里用到的字换成简体再匹配:不然「發票」认不出是发票
-_SIMPLIFIED = str.maketrans("發開稅費續帳賬單價錯敗異閃錄碼號權驗證綁換", "发开税费续账账单价错败异闪录码号权验证绑换")
+# 繁体字写的工单(Big5 邮件、港台客户)先把关键词里用到的字换成简体再匹配:不然「發票」认不出是发票,
+# 「律師」「起訴」也认不出要通知主管(agent.needs_supervisor)
+_SIMPLIFIED = str.maketrans("發開稅費續帳賬單價錯敗異閃錄碼號權驗證綁換師訴複頭",
+                            "发开税费续账账单价错败异闪录码号权验证绑换师诉复头")
+
+
+def simplified(text: str) -> str:
+    """关键词里用到的繁体字换成简体(只为匹配关键词;给模型、给人看的原文不换)。"""
+    return text.translate(_SIMPLIFIED)
 
 
 def classify(text: str) -> str:
-    text = text.translate(_SIMPLIFIED)
+    text = simplified(text)
     for category, words in CATEGORY_WORDS.items():
         if any(w in text for w in words):
             return category

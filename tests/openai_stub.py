@@ -27,8 +27,12 @@ class OpenAIStub:
         self.fail: dict[str, tuple[int, str]] = {}   # 模型名或 "key:<api key>" → (状态码, 错误类型)
         self.fail_times: dict[str, int] = {}    # 同上的键 → 还要失败几次(不在里面就一直失败)
         self.malformed: dict[str, str] = {}     # 模型名 → "text"(不调工具,只回一段话)、"args"(工具参数不合 Draft)、
-                                                # "json"(工具参数被截断,不是合法 JSON)或 "refusal"(拒答)
+                                                # "json"(工具参数被截断,不是合法 JSON)、"array"(工具参数是 JSON
+                                                # 数组,不是对象)或 "refusal"(拒答)
         self.multiline = False                  # True:回复草稿分成几行(真模型常这样写)
+        self.retry_after: str | None = None     # 失败的回答(fail 里的)带上这个 Retry-After 头(秒)
+        self.keepalive: float | None = None     # 秒:像 DeepSeek 忙时那样,先回 200 的头,等 delay 秒的时候每隔这么久
+                                                # 发一个空行(请求没超时、连接还活着),最后才发回答
         self.requests: list[dict] = []          # 每个请求:{"model", "body", "headers", "at", "abandoned"}
         self.in_flight: Counter = Counter()     # 工单号 → 正在等回答、客户端还活着的请求数
         self.overlaps: list[str] = []           # 同一张工单同时有两个活着的起草请求:工单号
@@ -84,6 +88,8 @@ class OpenAIStub:
                     stub.in_flight[ticket] += 1
                     stub.peak = max(stub.peak, sum(stub.in_flight.values()))
                 try:
+                    if stub.keepalive:
+                        return self._keep_alive_then_answer(request, body, key, prompt)
                     if stub.delay and self._client_left(stub.delay):
                         with stub.lock:
                             stub.abandoned += 1
@@ -108,11 +114,32 @@ class OpenAIStub:
                         time.sleep(min(left, 0.05))  # 有数据但没断开(不该发生):照常等
                 return False
 
-            def _answer(self, body: dict, key: str, prompt: str):
+            def _keep_alive_then_answer(self, request: dict, body: dict, key: str, prompt: str):
+                """先回 200 的头(不带长度,发完就关连接),delay 秒里每 keepalive 秒发一个空行,再发回答的 JSON
+                (JSON 前面的空白不影响解析)。客户端中途断开就记下 abandoned。"""
+                self.send_response(200)
+                self.send_header("content-type", "application/json")
+                self.end_headers()
+                ends_at = time.time() + stub.delay
+                try:
+                    while time.time() < ends_at:
+                        self.wfile.write(b"\n")
+                        self.wfile.flush()
+                        time.sleep(stub.keepalive)
+                except OSError:
+                    with stub.lock:
+                        stub.abandoned += 1
+                        request["abandoned"] = True
+                    return
+                self._answer(body, key, prompt, headers_sent=True)
+
+            def _answer(self, body: dict, key: str, prompt: str, headers_sent: bool = False):
                 failure = stub._failure_for(body.get("model", ""), key)
                 if failure:
                     status, kind = failure
-                    return self._send(status, {"error": {"message": f"stub says {kind}", "type": kind, "code": kind}})
+                    extra = {"retry-after": stub.retry_after} if stub.retry_after else {}
+                    return self._send(status, {"error": {"message": f"stub says {kind}", "type": kind, "code": kind}},
+                                      extra_headers=extra)
                 draft = offline_draft(prompt)
                 if stub.multiline:
                     draft = {**draft, "reply": draft["reply"].replace(",", ",\n", 2)}
@@ -125,6 +152,8 @@ class OpenAIStub:
                 arguments = json.dumps(draft, ensure_ascii=False)
                 if malformed == "json":
                     arguments = arguments[: len(arguments) // 2]
+                elif malformed == "array":  # 合法的 JSON,却不是对象
+                    arguments = "[1, 2]"
                 message = {"role": "assistant", "content": draft["reply"]}
                 if malformed == "refusal":  # OpenAI 的拒答:content 是空的,理由在 refusal 里
                     message, tools = {"role": "assistant", "content": None, "refusal": REFUSAL}, []
@@ -133,7 +162,7 @@ class OpenAIStub:
                         "id": "call_stub", "type": "function",
                         "function": {"name": tools[0]["function"]["name"],
                                      "arguments": arguments}}]}
-                self._send(200, {
+                self._send(200, headers_sent=headers_sent, payload={
                     "id": "chatcmpl-stub", "object": "chat.completion", "created": int(time.time()),
                     "model": body.get("model"),
                     "choices": [{"index": 0, "message": message,
@@ -141,9 +170,14 @@ class OpenAIStub:
                     "usage": {"prompt_tokens": len(prompt), "completion_tokens": 40, "total_tokens": len(prompt) + 40},
                 })
 
-            def _send(self, status: int, payload: dict):
+            def _send(self, status: int, payload: dict, headers_sent: bool = False, extra_headers: dict = {}):
                 data = json.dumps(payload, ensure_ascii=False).encode()
+                if headers_sent:
+                    self.wfile.write(data)
+                    return
                 self.send_response(status)
+                for name, value in extra_headers.items():
+                    self.send_header(name, value)
                 self.send_header("content-type", "application/json")
                 self.send_header("content-length", str(len(data)))
                 self.end_headers()

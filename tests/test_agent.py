@@ -105,6 +105,20 @@ def test_answer_not_in_draft_format_is_retried_later_and_its_tokens_still_counte
     assert rows("SELECT COUNT(*) FROM outbox") == [(0,)]
 
 
+def test_tool_arguments_that_are_json_but_not_an_object_are_one_clear_line_and_retried_later(lab, monkeypatch):
+    """工具参数是 [1, 2] 这样的合法 JSON、却不是对象:原来 last_error 是 pydantic 好几行的原话
+    (ValidationError: 1 validation error for AIMessage …)。现在和别的格式不对一样一行说清楚,退避后再试。
+    (langchain 在建回答消息时就出错了,拿不到这次的 token 数,llm_usage 记不了)"""
+    with OpenAIStub() as stub:
+        real_model(monkeypatch, stub)
+        stub.malformed["stub-model"] = "array"
+        assert queue_and_run("T1012") == [("evt_T1012_created", "pending")]
+        assert len(stub.requests) == 1
+    message = "ValueError: 模型没有按 Draft 格式回答:tool_calls.0.args: Input should be a valid dictionary"
+    assert rows("SELECT status, attempts, last_error FROM events") == [("pending", 1, message)]
+    assert rows("SELECT COUNT(*) FROM outbox") == [(0,)]
+
+
 SIMULTANEOUS_FIRST_DRAFTS = """
 import builtins, threading, time
 import llm
@@ -203,6 +217,30 @@ def test_pii_in_common_written_forms_is_masked(text, masked):
 def test_full_width_at_emails_and_4_4_3_grouped_mobiles_are_masked_but_amounts_and_dates_are_not(text, masked):
     """原来「找不到发件人地址」那一行里,zhang.wei＠example.com 和 1380 0138 000 原样打进了 cron 的日志。"""
     assert llm.mask_pii(text) == masked
+
+
+@pytest.mark.parametrize("text, masked", [
+    ("我的手机是１３８－１２３４－５６７８", "我的手机是１３８****５６７８"),  # 输入法全角模式:全角数字和「－」
+    ("打１３９　８７６５　４３２１找他", "打１３９****４３２１找他"),  # 全角空格
+    ("电话 138－1234－5678", "电话 138****5678"),
+    ("电话 1380－0138－000", "电话 138****8000"),
+    ("卡号６２２２　０２１２　３４５６　７８９０", "卡号**** **** **** ７８９０"),
+    ("卡号 6222－0212－3456－7890", "卡号 **** **** **** 7890"),
+    ("发票金额 ¥1380－200", "发票金额 ¥1380－200"),  # 不是 PII 的不动
+])
+def test_pii_typed_with_full_width_separators_is_masked(text, masked):
+    """输入法全角模式打出来的「－」「　」原来不算分隔符:手机号、银行卡号原样进了模型的提示词。"""
+    assert llm.mask_pii(text) == masked
+
+
+def test_a_threat_of_lawsuit_in_traditional_characters_goes_to_the_supervisor(lab):
+    """练习 5:「律师」「起诉」要通知主管。繁体写的「律師」「起訴」原来认不出,照常起草了一封能直接 accept 的回复。"""
+    from agent import needs_supervisor
+
+    assert needs_supervisor("已經找了律師,再不退款就起訴你們") == "律师"
+    assert needs_supervisor("再不處理就起訴") == "起诉"
+    assert needs_supervisor("我要投訴到消協") == "投诉到"
+    assert needs_supervisor("發票抬頭寫錯了") is None
 
 
 def test_pii_in_a_reviewers_feedback_is_masked_before_the_redraft(lab, monkeypatch):

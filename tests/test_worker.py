@@ -227,6 +227,55 @@ def test_a_draft_gives_up_at_the_overall_deadline_instead_of_waiting_for_a_slow_
     assert rows("SELECT COUNT(*) FROM llm_usage") == [(0,)]  # 没有回答,不记用量
 
 
+def test_the_overall_deadline_holds_while_the_server_keeps_the_connection_alive_with_blank_lines(lab, monkeypatch,
+                                                                                                 capsys):
+    """DeepSeek 忙的时候先回 200,然后每隔几秒发一个空行,可以拖十几分钟。read 超时只管两次收到数据之间,
+    原来整体时限 1 秒的起草照样等到 15 秒后的回答(等过 STALE_MINUTES 的话,别的机器会把事件放回队列、再起草一遍)。"""
+    with OpenAIStub(delay=15.0) as stub:
+        stub.keepalive = 0.1
+        use_stub(monkeypatch, stub)
+        monkeypatch.setenv("LLM_TIMEOUT_S", "10")
+        monkeypatch.setenv("LLM_DEADLINE_S", "1")
+        add("T1012")
+        started = time.monotonic()
+        assert drain() == [("evt_T1012_created", "pending")]
+        assert time.monotonic() - started < 5
+        assert len(stub.requests) == 1
+    message = "DeadlineExceeded: 起草用完了整体时限 LLM_DEADLINE_S=1 秒(含客户端重试),稍后自动再试"
+    assert rows("SELECT status, attempts, last_error FROM events") == [("pending", 1, message)]
+    assert capsys.readouterr().out == f"evt_T1012_created 第 1 次失败 → pending: {message}\n"
+    assert rows("SELECT COUNT(*) FROM llm_usage") == [(0,)]
+
+
+def test_a_retry_after_longer_than_the_time_left_is_cut_to_the_overall_deadline(lab, monkeypatch, capsys):
+    """429 带 Retry-After: 20:OpenAI 客户端照做,每次重试前等 20 秒(最多 2 分钟),原来整体时限 1 秒的起草
+    用了 40 秒。现在只等到时限为止,时限到了就不再发,和别的超时一样稍后再试。"""
+    with OpenAIStub() as stub:
+        use_stub(monkeypatch, stub, retries=2)
+        monkeypatch.setenv("LLM_DEADLINE_S", "1")
+        stub.fail["stub-model"] = (429, "rate_limit_exceeded")
+        stub.retry_after = "20"
+        add("T1012")
+        started = time.monotonic()
+        assert drain() == [("evt_T1012_created", "pending")]
+        assert time.monotonic() - started < 5
+        assert len(stub.requests) == 1  # 等到时限就到了,第二次不再发
+    message = "DeadlineExceeded: 起草用完了整体时限 LLM_DEADLINE_S=1 秒(含客户端重试),稍后自动再试"
+    assert rows("SELECT status, attempts, last_error FROM events") == [("pending", 1, message)]
+    assert capsys.readouterr().out == f"evt_T1012_created 第 1 次失败 → pending: {message}\n"
+
+
+def test_a_model_that_keeps_the_connection_alive_and_then_answers_in_time_is_used(lab, monkeypatch):
+    """空行之后的回答在时限之内到了:照常起草(JSON 前面的空白不影响解析)。"""
+    with OpenAIStub(delay=0.5) as stub:
+        stub.keepalive = 0.1
+        use_stub(monkeypatch, stub)
+        monkeypatch.setenv("LLM_DEADLINE_S", "10")
+        add("T1012")
+        assert drain() == [("evt_T1012_created", "waiting_human")]
+    assert rows("SELECT COUNT(*) FROM llm_usage") == [(1,)]
+
+
 def test_after_the_overall_deadline_neither_a_retry_nor_the_backup_model_is_sent(lab, monkeypatch):
     """主模型一直 500(0.5 秒后才回),客户端重试 2 次,还配了备用模型:没有时限的话,4 个请求之后备用模型会回答。"""
     with OpenAIStub(delay=0.5) as stub:
