@@ -201,8 +201,8 @@ def post_to_slack(url: str, text: str, timeout: float) -> None:
 
 def _host_of(url: str) -> str:
     try:
-        u = httpx.URL(url)
-        return f"{u.scheme}://{u.host}"
+        u = httpx.URL(url)  # 路径里有密钥,不打印;端口要说(原来连不上 127.0.0.1:1 时只说 http://127.0.0.1)
+        return f"{u.scheme}://{u.host}" + (f":{u.port}" if u.port else "")
     except httpx.InvalidURL:
         return "SLACK_WEBHOOK_URL 不是合法的网址"
 

@@ -40,6 +40,7 @@ def event_body(ticket_id: str) -> bytes:
 
 
 USAGE = "用法:uv run python send_webhook.py 工单号 [重复次数,正整数]"
+MAX_TIMES = 100  # 次;模拟上游超时重试,几次就够了。原来多写几个 0 就一直发下去(试过发了两万多次才按住)
 
 
 def port_of(url: str) -> int:
@@ -78,6 +79,9 @@ def main(argv: list[str]) -> int:
         print(f"工单号不能是 {argv[0]!r}\n{USAGE}", file=sys.stderr)
         return 2
     ticket_id, times = argv[0], int(argv[1]) if len(argv) == 2 else 1
+    if times > MAX_TIMES:
+        print(f"重复次数最多 {MAX_TIMES}(模拟上游重试,几次就够了)\n{USAGE}", file=sys.stderr)
+        return 2
     try:
         url = config.url("WEBHOOK_URL", DEFAULT_URL)
     except SystemExit as e:

@@ -1227,12 +1227,15 @@ def copy_to_postgres(moved: dict[str, list], checkpoints: list) -> str:
 
 def unmoved_events() -> int:
     """设了 DATABASE_URL 时:EVENTS_DB 那个 SQLite 库里还没做完(排队、处理中、等人审)、PostgreSQL 里又没有的事件有几个。
-    只是提醒用:SQLite 库不在、打不开就是 0。"""
+    只是提醒用:SQLite 库不在、打不开、已经搬过(--from-sqlite 记下了;之后清空了 PostgreSQL 的话,原来这里照样提醒
+    去搬,搬的时候却被拒绝)就是 0。"""
     path = events_db()
     if not path.exists() or path.stat().st_size == 0:
         return 0
     try:
         with opened(path) as conn:
+            if moved_to(conn):
+                return 0
             ids = [r[0] for r in conn.execute(
                 "SELECT event_id FROM events WHERE status IN ('pending', 'processing', 'waiting_human')")]
     except sqlite3.Error:

@@ -394,7 +394,7 @@ def test_slack_failure_is_reported_after_the_report_exits_non_zero_and_never_han
     assert time.monotonic() - started < 20
     assert r.returncode == 1
     assert r.stdout.splitlines()[1:] == cron_jobs.build_report().splitlines()[1:]  # 日报照样打印了
-    where = "http://127.0.0.1"
+    where = f"http://127.0.0.1:{url.split(':')[2].split('/')[0]}"  # 主机和端口,不带路径(路径就是密钥)
     expected = {
         "http 500": f"日报没有发到 Slack:Slack({where})拒绝了日报:HTTP 500 invalid_payload",
         "refused": f"日报没有发到 Slack:连不上 Slack({where}):[Errno 111] Connection refused(检查 SLACK_WEBHOOK_URL 和网络)",

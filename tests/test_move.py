@@ -194,6 +194,14 @@ def test_moving_twice_is_refused_and_nothing_is_moved_again(sqlite_lab_in_use, p
         assert moved_mark(copy) == ([], [])
         monkeypatch.setenv("DATABASE_URL", url)
         assert snapshot() == before
+        # README 里 PostgreSQL 的「从头再来」:清空事件表再运行 store.py。原来它看 SQLite 里还有没做完的事件,
+        # 提醒去运行 --from-sqlite,可那个库已经搬过,运行了只会被上面那样拒绝
+        with store.opened() as conn:
+            conn.execute("TRUNCATE events, outbox, review_log, llm_usage, inbox_seen")
+        r = run(["store.py"], env)
+        assert (r.returncode, r.stderr) == (0, "")
+        assert r.stdout.splitlines() == [f"事件库 {url}:events 0 行,outbox 0 行,review_log 0 行,llm_usage 0 行",
+                                         f"业务库 {url}:customers 30 行,tickets 41 行"]
 
 
 def nothing_moved(url: str, monkeypatch, before: dict) -> None:

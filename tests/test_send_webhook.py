@@ -23,6 +23,16 @@ def test_bad_arguments_print_usage_and_exit_2_without_sending(lab, args):
     assert rows("SELECT COUNT(*) FROM events") == [(0,)]
 
 
+@pytest.mark.parametrize("times", ["101", "99999999999999999999999"])
+def test_a_repeat_count_over_100_is_refused_and_nothing_is_sent(lab, times):
+    """原来重复次数没有上限:多写几个 0 就一直发下去(走查时发了两万多次才按住)。"""
+    with webhook_server(lab) as (_, url):
+        r = run(["send_webhook.py", "T1012", times], {**lab, "WEBHOOK_URL": url + "/hooks/cloudledger"})
+    assert (r.returncode, r.stdout) == (2, "")
+    assert r.stderr == "重复次数最多 100(模拟上游重试,几次就够了)\n用法:uv run python send_webhook.py 工单号 [重复次数,正整数]\n"
+    assert rows("SELECT COUNT(*) FROM events") == [(0,)]
+
+
 @pytest.mark.parametrize("ticket_id", ["--halp", "-T1012", "", "  "])
 def test_option_like_or_empty_ticket_id_is_refused_and_nothing_is_sent(lab, ticket_id):
     """以前 send_webhook.py --help 把 --help 当工单号签好发出去,事件表里多了一个 evt_--help_created。"""

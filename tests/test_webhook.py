@@ -558,9 +558,15 @@ def test_event_writer_demo_command_copied_from_the_file_works(lab):
     以前 docstring 不是 raw 字符串,源文件里写的是 \\\\",抄下来喂进去只得到 JSONDecodeError。"""
     line = next(l for l in (LAB / "event_writer.py").read_text().splitlines() if l.lstrip().startswith("echo "))
     echo, pipe = line.strip().split(" | ")
-    assert pipe == "EVENTS_DB=/tmp/writer-demo.db uv run python event_writer.py"
+    assert pipe == "DATABASE_URL= EVENTS_DB=/tmp/writer-demo.db uv run python event_writer.py"
     batch = subprocess.run(["bash", "-c", echo], capture_output=True, text=True, check=True).stdout
-    r = run(["event_writer.py"], lab, input=batch + batch)  # 同一批喂两次:文件里说第二次是 false
+    # 学员设着 DATABASE_URL(README 建议写进 .env):命令开头的 DATABASE_URL= 让演示照样写进 SQLite 临时库,不进真的
+    # 事件表(原来的命令没有它,演示事件进了 PostgreSQL,worker 去给 T1012 起草)。照命令设环境变量,临时库换成 lab 的
+    assignments = dict(a.split("=", 1) for a in pipe.split(" uv run ")[0].split())
+    assert assignments == {"DATABASE_URL": "", "EVENTS_DB": "/tmp/writer-demo.db"}
+    env = {**lab, "DATABASE_URL": "postgresql://nobody@127.0.0.1:1/not-this-one", **assignments,
+           "EVENTS_DB": lab["EVENTS_DB"]}
+    r = run(["event_writer.py"], env, input=batch + batch)  # 同一批喂两次:文件里说第二次是 false
     assert (r.returncode, r.stdout, r.stderr) == (0, '{"new": [true]}\n{"new": [false]}\n', "")
     assert rows("SELECT event_id, ticket_id, status FROM events") == [("evt_demo", "T1012", "pending")]
 
