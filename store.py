@@ -1205,6 +1205,8 @@ def copy_to_postgres(moved: dict[str, list], checkpoints: list) -> str:
                 columns = MOVED_COLUMNS[table]
                 target.executemany(f"INSERT INTO {table} ({', '.join(columns)}) "
                                    f"VALUES ({', '.join('?' * len(columns))})", rows)
+            tickets = copy_missing_tickets(target, {r[MOVED_COLUMNS["events"].index("ticket_id")]
+                                                    for r in moved["events"]} - {None})
             copy = type(saver)(conn)  # 同一个连接、同一个事务
             for t in checkpoints:
                 parent = t.parent_config or {"configurable": {
@@ -1222,7 +1224,31 @@ def copy_to_postgres(moved: dict[str, list], checkpoints: list) -> str:
     finally:
         pool.close()
     counted = ",".join(f"{t} {len(rows)} 行" for t, rows in moved.items())
-    return f"{counted};checkpoint {len(threads)} 个 thread({len(checkpoints)} 个 checkpoint)"
+    counted += f";checkpoint {len(threads)} 个 thread({len(checkpoints)} 个 checkpoint)"
+    return counted + (f";从 {biz_db()} 补上 PostgreSQL 业务表里还没有的工单 {tickets} 张" if tickets else "")
+
+
+def copy_missing_tickets(target, ticket_ids: set[str]) -> int:
+    """搬过去的事件要用的工单,PostgreSQL 的业务表里却没有的,从 BIZ_DB 拷过去(连同它们的客户,已有的不动);返回拷了几张。
+    第一次设着 DATABASE_URL 运行 store.py 时业务表就建好了(拷的是那时的 BIZ_DB),之后到搬家之前用 SQLite 的邮件轮询
+    收进来的信,工单只在 BIZ_DB 里:原来这些事件搬过去以后,worker 说「工单不存在」直接进死信,邮件早已标了已读。
+    BIZ_DB 里也没有的(比如 T9999)不管,和在 SQLite 上一样由 worker 判死信。"""
+    there = {r["id"] for r in target.execute("SELECT id FROM tickets WHERE id = ANY(?)", (sorted(ticket_ids),))}
+    path = biz_db()
+    if not (missing := ticket_ids - there) or not path.exists() or path.stat().st_size == 0:
+        return 0
+    try:
+        customers, tickets = sqlite_biz_rows(path)
+    except sqlite3.Error as e:
+        raise MoveRefused(2, f"业务库 {path} 读不了({first_line(e)}),搬过去的事件要用的工单"
+                             f"({'、'.join(sorted(missing)[:5])})拷不过去。什么都没搬") from None
+    tickets = [t for t in tickets if t[0] in missing]
+    customers = [c for c in customers if c[0] in {t[1] for t in tickets}]
+    for table, rows in (("customers", customers), ("tickets", tickets)):
+        columns = BIZ_COLUMNS[table]
+        target.executemany(f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))}) "
+                           "ON CONFLICT (id) DO NOTHING", rows)
+    return len(tickets)
 
 
 def unmoved_events() -> int:

@@ -361,6 +361,31 @@ def test_events_that_no_worker_has_touched_yet_move_without_a_checkpoint_file_an
     assert not store.checkpoints_db().exists() and snapshot() == before
 
 
+def test_mail_that_arrived_after_postgres_got_its_business_tables_moves_with_its_ticket(lab, pg_url, monkeypatch):
+    """照 README:先设着 DATABASE_URL 运行 store.py(业务表建好,拷的是那时的 BIZ_DB),再停掉 SQLite 那边、搬家。
+    中间用 SQLite 的邮件轮询(crontab 每分钟一次)又收了一封信:它的工单只在 BIZ_DB 里。原来事件搬过去以后 worker 说
+    「工单不存在」直接进死信,邮件早已标了已读。现在搬家时把这样的工单(和它的客户)一起拷过去。"""
+    mail = str(LAB / "samples" / "02_gbk_base64.eml")
+    assert run(["email_poller.py", "--eml", str(LAB / "samples" / "01_utf8_plain.eml")], lab).returncode == 0
+    with pg_schema() as url:
+        env = {**lab, "DATABASE_URL": url}
+        assert run(["store.py"], env).returncode == 0  # 业务表建好了,里面有第一封信的工单
+        late = run(["email_poller.py", "--eml", mail], lab)  # 还用 SQLite 的邮件轮询收的第二封
+        assert late.returncode == 0
+        ticket = late.stdout.split()[0]
+        r = from_sqlite(env)
+        assert (r.returncode, r.stderr) == (0, "")
+        assert r.stdout.splitlines()[0] == (
+            f"已从 {lab['EVENTS_DB']}、{lab['CHECKPOINTS_DB']} 搬进 {url}:events 2 行,outbox 0 行,review_log 0 行,"
+            "inbox_seen 0 行,llm_usage 0 行;checkpoint 0 个 thread(0 个 checkpoint);"
+            f"从 {lab['BIZ_DB']} 补上 PostgreSQL 业务表里还没有的工单 1 张")
+        with on_postgres(monkeypatch, url):
+            assert rows("SELECT id, customer_id, subject FROM tickets WHERE id = ?", (ticket,)) == [
+                (ticket, "C002", "关闭自动续费后又被扣款")]
+            assert [status for _, status in drain()] == ["waiting_human", "waiting_human"]
+            assert rows("SELECT COUNT(*) FROM tickets") == [(43,)]  # 种子的 41 张、第一封信的(建业务表时拷的)、这一张
+
+
 def test_after_the_move_every_program_without_database_url_refuses_the_sqlite_files_even_ones_already_running(
         sqlite_lab_in_use, pg_url, monkeypatch):
     """搬完以后 SQLite 那边一样都不接:搬之前就开着、没停的 worker 领事件时停下,开着的 webhook 回 503;
