@@ -297,6 +297,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.requeue_dead is not None:
             return requeue_dead(args.requeue_dead)
+        # start() 在数据库用不了时一直等着再试:这期间 SIGTERM 也要能停下它(原来是信号的默认处理,退出码 143、一句话没有)
+        signal.signal(signal.SIGTERM, stop_before_start)
         worker = start(args)
         signal.signal(signal.SIGTERM, worker.stop)
         signal.signal(signal.SIGINT, worker.stop)
@@ -308,8 +310,10 @@ def main(argv: list[str] | None = None) -> int:
                 worker.hand_back()
         return 1
     except KeyboardInterrupt:
-        if worker:
-            worker.hand_back()
+        if worker is None:  # 还在等数据库(或者正在建 Worker):手上没有事件,没什么要交回的
+            print("收到停止信号:还没开始领事件,退出", file=sys.stderr, flush=True)
+            return 0
+        worker.hand_back()
         # 立即退出:别等还卡在模型调用里的线程(它们的事件已经交回队列了)
         sys.stdout.flush(), sys.stderr.flush()
         os._exit(0)
@@ -317,6 +321,11 @@ def main(argv: list[str] | None = None) -> int:
         if worker:
             worker.close()
     return 0
+
+
+def stop_before_start(_signum, _frame) -> None:
+    """Worker 建好之前收到 SIGTERM:和 Ctrl-C 一样从正在等的地方跳出来(main() 说一行、退出码 0)。"""
+    raise KeyboardInterrupt
 
 
 def start(args) -> Worker:

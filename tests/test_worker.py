@@ -1099,6 +1099,29 @@ def test_a_running_worker_started_before_the_database_waits_for_it_and_then_work
     assert last == STOPPING
 
 
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_worker_still_waiting_for_the_database_stops_on_a_signal_with_exit_0_and_touches_nothing(pg_lab, sig):
+    """systemd 停服务时 worker 可能还在等数据库(开机时比 PostgreSQL 先起来)。原来这时的 SIGTERM 走信号的默认处理:
+    退出码 143,一句话都没有;Ctrl-C 悄悄退出。现在两样都说一行、退出码 0,事件原样留在队列里。"""
+    add("T1012")
+    params = conninfo_to_dict(pg_lab["DATABASE_URL"])
+    with tcp_proxy(params.get("host") or "127.0.0.1", int(params.get("port") or 5432), lambda _: False) \
+            as (port, seen):
+        proc = start_worker({**pg_lab, "DATABASE_URL": make_conninfo("", **{**params, "host": "127.0.0.1",
+                                                                             "port": str(port)})})
+        try:
+            wait_until(lambda: seen["refused"] >= 3, "worker 没有隔一会儿再试")
+        finally:
+            proc.send_signal(sig)
+            out, err = proc.communicate(timeout=60)
+    closed = (f'数据库暂时用不了(OperationalError: connection failed: connection to server at "127.0.0.1", port {port} '
+              "failed: server closed the connection unexpectedly),0.2 秒后再试")
+    *waiting, last = err.splitlines()
+    assert (proc.returncode, out, last) == (0, "", "收到停止信号:还没开始领事件,退出")
+    assert waiting and set(waiting) == {closed}, err
+    assert events() == [("evt_T1012_created", "pending", 0)]
+
+
 def test_worker_once_with_cut_connections_says_so_in_one_line_exits_1_and_the_next_run_works(pg_lab, monkeypatch,
                                                                                             capsys):
     """--once(crontab 每分钟跑一次)遇上断了的连接:一行说明、退出码 1,事件原样留在队列里;下一次运行照常处理。"""
