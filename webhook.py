@@ -46,6 +46,9 @@ import store
 DEFAULT_SECRET = "dev-secret-change-me"
 DEFAULT_SECRET_WARNING = (f"没有设置 WEBHOOK_SECRET,用的是课文里公开的默认密钥 {DEFAULT_SECRET}:"
                           "谁都能照着它伪造签名,上线前一定要设置(见 .env.example)")
+# cp .env.example .env 之后 WEBHOOK_SECRET 设了,值却还是这个公开的密钥:照样要提醒(原来只在没设时提醒)
+DEFAULT_SECRET_SET_WARNING = (f"WEBHOOK_SECRET 还是课文里公开的默认密钥 {DEFAULT_SECRET}(多半是从 .env.example 抄来的):"
+                              "谁都能照着它伪造签名,上线前一定要换掉")
 TOLERANCE_S = 300             # 秒;时间戳离现在超过这么多就当重放拒掉
 MAX_BODY_BYTES = 1024 * 1024  # 字节;正常的工单通知不到 1 KB,超过 1 MiB 的不读完就拒
 MAX_BATCH = 500               # 个;一次组提交最多写多少个事件
@@ -207,8 +210,9 @@ async def lifespan(_: FastAPI):
     except store.unavailable_errors() as e:  # PostgreSQL 还没起来、在重启:也只说一行;收不下事件,不如不启动(上游会重试)
         raise SystemExit(f"{store.unavailable(e)},webhook 没有启动:数据库能连上以后再启动") from None
     await committer.start()
-    if not config.get("WEBHOOK_SECRET"):  # 课文和这份 README 里公开的默认密钥:照着走一遍没问题,上线就是谁都能伪造签名
-        logging.getLogger("uvicorn.error").warning(DEFAULT_SECRET_WARNING)
+    # 课文和这份 README 里公开的默认密钥:照着走一遍没问题,上线就是谁都能伪造签名
+    if (secret := config.get("WEBHOOK_SECRET")) in ("", DEFAULT_SECRET):
+        logging.getLogger("uvicorn.error").warning(DEFAULT_SECRET_SET_WARNING if secret else DEFAULT_SECRET_WARNING)
     yield
     await committer.stop()
 

@@ -291,6 +291,10 @@ NOWHERE = "postgresql://postgres@127.0.0.1:1/nowhere"
 
 def test_the_webhook_warns_at_startup_when_it_runs_on_the_lessons_public_default_secret(lab):
     for env, expected in ((lab, f"WARNING:  {webhook.DEFAULT_SECRET_WARNING}\n"),
+                          # cp .env.example .env:设了,值还是公开的默认密钥。原来这时不提醒
+                          ({**lab, "WEBHOOK_SECRET": "dev-secret-change-me"},
+                           "WARNING:  WEBHOOK_SECRET 还是课文里公开的默认密钥 dev-secret-change-me(多半是从 .env.example 抄来的):"
+                           "谁都能照着它伪造签名,上线前一定要换掉\n"),
                           ({**lab, "WEBHOOK_SECRET": "not-the-default"}, "")):
         with webhook_server(env) as (proc, _):
             pass
