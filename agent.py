@@ -213,8 +213,11 @@ def after_review(state: TicketState) -> Literal["send", "draft", "ignore"]:
 
 def review_row(state: TicketState) -> dict:
     first = state.get("first_draft") or state["draft"]
+    # 通知类待办只能 ignore(看过即可),记成 notify:日报的「原样批准率」只算有草稿可批的待办(原来记成 ignore,
+    # 每一条通知都把它那一类的批准率往下拉)
+    notify = state["draft"].get("action") == "notify_supervisor"
     return {"category": state["draft"]["category"], "draft": first["reply"], "final": state["draft"]["reply"],
-            "action": state.get("decision", "ignore"), "feedback": state.get("feedback", [])}
+            "action": state.get("decision") or ("notify" if notify else "ignore"), "feedback": state.get("feedback", [])}
 
 
 def send(state: TicketState) -> dict:

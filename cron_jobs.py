@@ -153,6 +153,9 @@ def outcome_lines(outcomes: list[dict]) -> list[str]:
         return ["处理结果:还没有审核记录(review_log 是空的)"]
     lines = ["处理结果(按类别):"]
     for o in outcomes:
+        if o["category"] == store.NOTIFIED:  # 只能看过即可,没有草稿可批:不算批准率
+            lines.append(f"  通知类待办:{o['tickets']} 条看过了(没有草稿,不算批准率)")
+            continue
         counts = ",".join(f"{k} {o[k]}" for k in OUTCOME_KINDS)
         lines.append(f"  {o['category']}:{o['tickets']} 张,{counts},原样批准率 {o['accept'] / o['tickets']:.0%}"
                      + recent_note(o))

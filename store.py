@@ -76,7 +76,7 @@ CREATE TABLE IF NOT EXISTS review_log (      -- 练习 4:人改了什么,反馈�
     category    TEXT NOT NULL,
     draft       TEXT NOT NULL,              -- 模型第一版草稿
     final       TEXT,                       -- 最终发出的文本(ignore 时为空)
-    action      TEXT NOT NULL,              -- accept / edit / ignore
+    action      TEXT NOT NULL,              -- accept / edit / ignore;notify:通知类待办,看过了
     feedback    TEXT NOT NULL,              -- JSON 数组:每一轮 respond 的意见
     created_at  {time} NOT NULL
 );
@@ -948,8 +948,9 @@ def record_review(conn: sqlite3.Connection, ticket_id: str, review: dict) -> Non
 
 
 def record_ignore(ticket_id: str, review: dict) -> None:
+    """review["action"] 是 ignore,或者 notify(通知类待办看过了)。"""
     with transaction() as conn:
-        record_review(conn, ticket_id, {**review, "action": "ignore", "final": None})
+        record_review(conn, ticket_id, {**review, "final": None})
 
 
 # 收件箱记下某人看到了某张工单的哪一版草稿(见 SCHEMA 里的 inbox_seen);同一个人再看,换成新的那一版
@@ -1351,7 +1352,7 @@ def followup_blockers() -> dict[str, set]:
         replied = conn.execute("SELECT ticket_id FROM outbox").fetchall()
         ignored = conn.execute(
             "SELECT ticket_id FROM events WHERE status = 'ignored' AND ticket_id IS NOT NULL "
-            "UNION SELECT ticket_id FROM review_log WHERE action = 'ignore'"
+            "UNION SELECT ticket_id FROM review_log WHERE action IN ('ignore', 'notify')"
         ).fetchall()
         queued = conn.execute(
             "SELECT ticket_id, event_id FROM events "
@@ -1387,12 +1388,18 @@ def report_numbers(recent_since: datetime | None = None) -> dict:
             "usage": {k: int(usage[k]) for k in ("calls", "input_tokens", "output_tokens", "events")}}
 
 
+NOTIFIED = "(通知)"  # _outcomes_by_category 里通知类待办那一行的类别名;排在各个类别后面
+
+
 def _outcomes_by_category(reviews, recent_since: datetime | None) -> list[dict]:
     """review_log 按类别数:accept / edit / ignore 各几张,response 是 feedback 里意见的总条数(重写了几轮);
-    recent_tickets / recent_edit 是 recent_since 以来的张数和 edit 数。
+    recent_tickets / recent_edit 是 recent_since 以来的张数和 edit 数。通知类待办(notify)没有草稿可批,
+    不算进任何一类,只数总共几条(类别名 NOTIFIED)。
     在 Python 里数而不是用 SQL 的 JSON 函数:SQLite 和 PostgreSQL 的写法不一样。"""
     out: dict[str, dict] = {}
     for category, action, feedback, created_at in reviews:
+        if action == "notify":
+            category = NOTIFIED
         o = out.setdefault(category, {"category": category, "tickets": 0, "accept": 0, "edit": 0, "response": 0,
                                       "ignore": 0, "recent_tickets": 0, "recent_edit": 0})
         o["tickets"] += 1
@@ -1405,7 +1412,7 @@ def _outcomes_by_category(reviews, recent_since: datetime | None) -> list[dict]:
             o["response"] += len(json.loads(feedback or "[]"))
         except (ValueError, TypeError):
             pass  # feedback 不是合法 JSON:这一行的意见不算
-    return list(out.values())
+    return sorted(out.values(), key=lambda o: o["category"] == NOTIFIED)
 
 
 USAGE = ("用法:uv run python store.py               建好缺的库,打印各表行数\n"

@@ -263,6 +263,21 @@ WATCH_LIST = [
 ]
 
 
+def test_report_counts_notify_items_apart_from_the_approval_rate_of_their_category(any_lab):
+    """通知类待办只能 ignore(看过即可)。原来记成 ignore,每一条都把它那一类的「原样批准率」往下拉;
+    现在单独一行,类别里只算有草稿可批的待办。"""
+    for ticket, category, action in (("T1002", "refund", "accept"), ("T1010", "refund", "notify"),
+                                     ("M51677e", "bug", "notify")):
+        execute("INSERT INTO review_log (ticket_id, category, draft, final, action, feedback, created_at) "
+                "VALUES (?, ?, '', NULL, ?, '[]', ?)", (ticket, category, action, store.now()))
+    moment = datetime.now(timezone.utc)
+    assert cron_jobs.build_report(moment=moment).splitlines()[5:8] == [
+        "处理结果(按类别):",
+        "  refund:1 张,accept 1,edit 0,response 0,ignore 0,原样批准率 100%;近 7 天 1 张,edit 率 0%",
+        "  通知类待办:2 条看过了(没有草稿,不算批准率)",
+    ]
+
+
 def test_report_shows_queue_depth_inbox_wait_dead_letters_outcomes_per_category_and_cost(any_lab, monkeypatch):
     fill_watch_list_data()
     moment = datetime(2026, 11, 30, 1, 5, tzinfo=timezone.utc)

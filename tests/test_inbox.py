@@ -193,6 +193,9 @@ def test_notify_item_only_allows_ignore(lab):
     assert rows("SELECT COUNT(*) FROM llm_usage") == [(0,)]
     assert inbox(lab, "ignore", "T1010").stdout == "T1010 → ignored\n"
     assert rows("SELECT COUNT(*) FROM outbox") == [(0,)]
+    # 记成 notify,不是 ignore:日报的批准率只算有草稿可批的待办
+    assert rows("SELECT ticket_id, category, draft, final, action, feedback FROM review_log") == [
+        ("T1010", "refund", "", None, "notify", "[]")]
 
 
 @pytest.mark.parametrize("args, message", [
