@@ -176,11 +176,12 @@ def main(argv: list[str]) -> int:
         problems.append(f"事件表应该是 {EXPECTED_EVENTS}")
     if [t for t, _ in outbox] != ["T1012", "T1041"] or outbox[0][1] != shown_draft or outbox[1][1] != EDITED:
         problems.append("发件箱应该恰好两行:T1012 是模型原稿,T1041 是人改过的版本")
-    if problems:
-        print("\n和课文对不上:\n" + "\n".join(problems))
+    kept = f"\n数据留在 {data}" if keep else ""
+    if problems:  # --keep 时对不上更要知道库在哪,好用 sqlite3 查原因(原来只在对得上时说)
+        print("\n和课文对不上:\n" + "\n".join(problems) + kept)
         return 1
     print("\n和课文一致:T1012、T1041 done,T1003 ignored,T9999 进了死信(只试 1 次:工单不存在是永久错误);"
-          "发件箱两行。" + (f"\n数据留在 {data}" if keep else ""))
+          "发件箱两行。" + kept)
     return 0
 
 

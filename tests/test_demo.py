@@ -1,10 +1,15 @@
 """uv run python demo.py:课文的全流程,用真的 webhook 服务、真 HTTP、真进程跑一遍,结果和课文一致。"""
 import os
 import sqlite3
+import subprocess
+import sys
+import time
 from contextlib import closing
 
-from conftest import free_port, run
+from conftest import LAB, free_port, run
 from openai_stub import OpenAIStub
+
+import demo
 
 
 def test_demo_replays_the_lesson_and_checks_its_result(tmp_path):
@@ -57,6 +62,33 @@ def test_demo_with_a_model_that_writes_multi_line_drafts_checks_the_whole_draft(
     assert {"ambient.db", "checkpoints.db", "cloudledger.db"} <= {p.name for p in data.iterdir()}
     with closing(sqlite3.connect(data / "ambient.db")) as conn:
         assert conn.execute("select ticket_id from outbox").fetchall() == [("T1012",), ("T1041",)]
+
+
+def test_demo_that_does_not_match_the_lesson_says_so_and_with_keep_where_the_data_is(tmp_path):
+    """演示途中事件表里多了一个别人发来的事件(另一个终端的 send_webhook.py 正好打到演示的端口上):结果和课文对不上,
+    退出码 1。--keep 时最后一行说数据留在哪,好用 sqlite3 查原因(原来只在对得上时说)。"""
+    env = {k: v for k, v in os.environ.items() if k not in ("LLM_API_KEY", "EVENTS_DB", "CHECKPOINTS_DB", "BIZ_DB")}
+    proc = subprocess.Popen([sys.executable, "demo.py", "--keep"], cwd=LAB, env={**env, "TMPDIR": str(tmp_path)},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 120
+        while True:  # store.py 那一步建好事件表,就塞进一个演示之外的事件
+            assert time.time() < deadline and proc.poll() is None, "演示没有建出事件库"
+            try:
+                [data] = tmp_path.iterdir()
+                with closing(sqlite3.connect(f"file:{data / 'ambient.db'}?mode=rw", uri=True, timeout=30)) as conn, conn:
+                    conn.execute("INSERT INTO events (event_id, source, kind, payload, received_at, updated_at) "
+                                 "VALUES ('evt_stray', 'webhook', 'ticket.created', '{}', '2026-12-03', '2026-12-03')")
+                break
+            except (ValueError, sqlite3.OperationalError):  # 目录、库或者表还没有
+                time.sleep(0.05)
+        out, err = proc.communicate(timeout=300)
+    finally:
+        proc.kill()
+    assert proc.returncode == 1, out + err
+    assert "\nevt_stray|" in out  # 结果那一段照样把整张事件表打出来
+    assert out.endswith(f"\n和课文对不上:\n事件表应该是 {demo.EXPECTED_EVENTS}\n数据留在 {data}\n")
+    assert (data / "ambient.db").exists()
 
 
 def test_demo_with_a_bad_setting_says_which_one_before_running_any_step(tmp_path):
