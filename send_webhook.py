@@ -70,10 +70,12 @@ def main(argv: list[str]) -> int:
     if argv in (["-h"], ["--help"]):
         print(USAGE)
         return 0
+    if not 1 <= len(argv) <= 2:
+        print(f"{'缺少工单号' if not argv else '参数太多了'}\n{USAGE}", file=sys.stderr)
+        return 2
     # isascii:「²」「٣」之类也算 isdigit(),int() 却不认
-    if not 1 <= len(argv) <= 2 or (len(argv) == 2 and not (argv[1].isascii() and argv[1].isdigit()
-                                                           and int(argv[1]) >= 1)):
-        print(USAGE, file=sys.stderr)
+    if len(argv) == 2 and not (argv[1].isascii() and argv[1].isdigit() and int(argv[1]) >= 1):
+        print(f"重复次数要是正整数,现在是 {argv[1]!r}\n{USAGE}", file=sys.stderr)
         return 2
     if argv[0].startswith("-") or not argv[0].strip():  # 写错的选项(--halp)、空工单号:不能当工单号发出去
         print(f"工单号不能是 {argv[0]!r}\n{USAGE}", file=sys.stderr)

@@ -14,12 +14,18 @@ from test_webhook import unread_in_pipe, writer_pids
 import store
 
 
-@pytest.mark.parametrize("args", [[], ["T1012", "0"], ["T1012", "two"], ["T1012", "2", "extra"], ["T1012", "²"]])
-def test_bad_arguments_print_usage_and_exit_2_without_sending(lab, args):
+@pytest.mark.parametrize("args, problem", [
+    ([], "缺少工单号"),
+    (["T1012", "0"], "重复次数要是正整数,现在是 '0'"),  # 原来这几种只打印用法,不说哪里不对
+    (["T1012", "two"], "重复次数要是正整数,现在是 'two'"),
+    (["T1012", "2", "extra"], "参数太多了"),
+    (["T1012", "²"], "重复次数要是正整数,现在是 '²'"),
+])
+def test_bad_arguments_say_what_is_wrong_print_usage_and_exit_2_without_sending(lab, args, problem):
     with webhook_server(lab) as (_, url):  # 服务开着:参数不对时一个请求也不该发出去
         r = run(["send_webhook.py", *args], {**lab, "WEBHOOK_URL": url + "/hooks/cloudledger"})
     assert (r.returncode, r.stdout) == (2, "")
-    assert r.stderr == "用法:uv run python send_webhook.py 工单号 [重复次数,正整数]\n"
+    assert r.stderr == f"{problem}\n用法:uv run python send_webhook.py 工单号 [重复次数,正整数]\n"
     assert rows("SELECT COUNT(*) FROM events") == [(0,)]
 
 
