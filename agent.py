@@ -17,7 +17,7 @@ from langchain_core.runnables.config import merge_configs
 from langchain_core.utils.function_calling import convert_to_openai_tool
 from langgraph.graph import END, START, StateGraph
 from langgraph.types import interrupt
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field, ValidationError, field_validator
 from typing_extensions import TypedDict
 
 import config as settings
@@ -50,6 +50,15 @@ class Draft(BaseModel):
     category: Literal["refund", "billing", "invoice", "bug", "account", "other"]
     summary: str = Field(description="一句话概括客户的问题")
     reply: str = Field(description="给客户的回复草稿,中文,不超过 150 字,不承诺具体退款金额")
+
+    @field_validator("summary", "reply")
+    @classmethod
+    def not_blank(cls, value: str) -> str:
+        # 模型偶尔交回空的 reply:原来照样进收件箱,「草稿:」后面什么都没有,accept 就给客户发一封空信。
+        # 和格式不对一样退避后再试。用校验器而不是 min_length:发给模型的工具定义不变
+        if not value.strip():
+            raise ValueError("不能是空的")
+        return value
 
 
 class TicketState(TypedDict, total=False):

@@ -28,7 +28,7 @@ class OpenAIStub:
         self.fail_times: dict[str, int] = {}    # 同上的键 → 还要失败几次(不在里面就一直失败)
         self.malformed: dict[str, str] = {}     # 模型名 → "text"(不调工具,只回一段话)、"args"(工具参数不合 Draft)、
                                                 # "json"(工具参数被截断,不是合法 JSON)、"array"(工具参数是 JSON
-                                                # 数组,不是对象)或 "refusal"(拒答)
+                                                # 数组,不是对象)、"refusal"(拒答)或 "empty"(reply 是空白)
         self.multiline = False                  # True:回复草稿分成几行(真模型常这样写)
         self.retry_after: str | None = None     # 失败的回答(fail 里的)带上这个 Retry-After 头(秒)
         self.keepalive: float | None = None     # 秒:像 DeepSeek 忙时那样,先回 200 的头,等 delay 秒的时候每隔这么久
@@ -149,6 +149,8 @@ class OpenAIStub:
                     tools = []
                 elif malformed == "args":
                     draft = {**draft, "category": "not-a-category"}
+                elif malformed == "empty":
+                    draft = {**draft, "reply": " \n"}
                 arguments = json.dumps(draft, ensure_ascii=False)
                 if malformed == "json":
                     arguments = arguments[: len(arguments) // 2]

@@ -92,6 +92,8 @@ def test_real_chatopenai_path_end_to_end_with_extra_body(lab, monkeypatch):
              "'account' or 'other'"),
     ("json", "ValueError: 模型没有按 Draft 格式回答:回答里没有能用的 Draft 工具调用(只回了一段话,或者工具参数不是完整的 JSON)"),  # 工具参数被截断
     ("refusal", "ValueError: 模型拒绝起草:I'm sorry, I can't help with that."),  # 拒答
+    # reply 是空白:原来照样进收件箱,accept 就给客户发一封空信
+    ("empty", "ValueError: 模型没有按 Draft 格式回答:reply: Value error, 不能是空的"),
 ])
 def test_answer_not_in_draft_format_is_retried_later_and_its_tokens_still_counted(lab, monkeypatch, malformed, message):
     with OpenAIStub() as stub:
