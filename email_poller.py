@@ -20,7 +20,9 @@ IMAP_MAILBOX(默认 INBOX)、IMAP_TIMEOUT_S(默认 30 秒)。
 不丢邮件:取信用 BODY.PEEK(不会顺手标成已读),工单和事件都提交了(或者确定跳过、重复)之后才标 \Seen。
 存储失败的邮件保持未读,下次运行再收;两个库之间崩了也没关系:工单是 INSERT OR IGNORE、事件 id 就是
 Message-ID(见 mail_event_id()),重跑时补上缺的那一半。解析不了的邮件在 stderr 上说明原因,在邮箱里标已读并加星标(\Flagged)
-留给人看,其他邮件照常处理。服务器拒绝交出某一封信(FETCH 回 NO)时,那封保持未读,下次再收,其他邮件照常处理;
+留给人看,其他邮件照常处理。看得出被截断的邮件(邮件头没有以空行结束、multipart 没有结束边界)也算解析不了、不入库:
+它和完整的那封 Message-ID 一样,存了它,完整的那封再来时只会是 duplicate(见 cut_short())。
+服务器拒绝交出某一封信(FETCH 回 NO)时,那封保持未读,下次再收,其他邮件照常处理;
 离线模式读不了某个 .eml 文件(没有权限、磁盘 I/O 错误)也一样:说是哪个文件,其余照常,修好后重跑这条命令。
 解析不了的原因里带着邮件原文的(比如找不到发件人地址时的 From 头),先打码(手机号、身份证号、银行卡号、邮箱地址)
 再打印,stderr 和日志里不留客户的个人信息。
@@ -40,7 +42,8 @@ import ssl
 import sys
 import unicodedata
 from dataclasses import dataclass
-from email.errors import HeaderParseError
+from email.errors import (CloseBoundaryNotFoundDefect, HeaderParseError, MissingHeaderBodySeparatorDefect,
+                          StartBoundaryNotFoundDefect)
 from email.header import decode_header
 from email.message import Message
 from email.utils import parseaddr
@@ -220,6 +223,8 @@ def parse(raw: bytes) -> dict:
         msg = email.message_from_bytes(raw)
         if not msg.keys():
             raise BrokenMail("没有邮件头,不像一封邮件(文件被截断或损坏?)")
+        if reason := cut_short(msg, raw):
+            raise BrokenMail(reason)
         address = parseaddr(str(msg.get("From") or ""))[1].strip().lower()
         if "@" not in address:
             raise BrokenMail(masked(f"找不到发件人地址(From: {header_text(msg.get('From'))!r})"))
@@ -236,6 +241,41 @@ def parse(raw: bytes) -> dict:
         raise
     except Exception as e:  # noqa: BLE001 —— email 库在怪邮件上抛什么都有可能;一封坏信不能拖垮其余的
         raise BrokenMail(masked(f"{type(e).__name__}: {e}")) from e
+
+
+def cut_short(msg: Message, raw: bytes) -> str:
+    """看得出这封信被截断了(传输中断、磁盘写满、只存下了前几百字节):返回原因,否则返回空串。
+    截断的信不能入库:它和完整的那封 Message-ID 一样,先存了截断的(原来正文就是「Content-T」这样的半行邮件头),
+    完整的那封再来时只会说 duplicate,客户真正写的内容就丢了。当坏信报出来、不入库,完整的那封来时照常建工单。
+
+    - 邮件头没有以空行结束:邮件头里出现了不是「名字: 值」的一行(email 库记下 MissingHeaderBodySeparatorDefect,
+      截在「Content-T」这样的半行上就是这样),或者整封信只有邮件头、没有空行也没有正文(截在某个头的值中间、
+      或者正好截在一行末尾)。规矩上只有邮件头的信可以不要空行,可常用的邮件程序都会写;拒收是报出来、加星标给人看,
+      当成好信存下却是悄悄丢掉之后完整的那封,所以宁可拒收。
+    - multipart 的正文截在中间:没有结束边界(CloseBoundaryNotFoundDefect),或者连第一段的边界都没有
+      (StartBoundaryNotFoundDefect)。不规范的发信程序偶尔也会漏写结束边界,拒收它也是报出来给人看;
+      而存下它,完整的那封就成了 duplicate、悄悄丢了。后来的完整副本替换已存的截断版也不行:工单可能已经
+      被 worker 处理、起草了回复,替换既不简单也不安全。所以一律拒收。
+      只查这封信自己的各部分,不进附件里的整封邮件(message/rfc822):转发、退信里附的原信本来就常被截断,信本身是完整的。
+    单段(不是 multipart)的正文截在中间看不出来(一封短信和一封被截短的信长得一样),这种照常入库。"""
+    # 没有这个缺陷时,邮件头一直连到第一个空行或者信的末尾:整封信里一个空行都没有,就是没有分隔行(只有邮件头)
+    if (any(isinstance(d, MissingHeaderBodySeparatorDefect) for d in msg.defects)
+            or b"\n\n" not in raw.replace(b"\r\n", b"\n").replace(b"\r", b"\n")):
+        return "邮件头没有以空行结束(邮件被截断或损坏?)"
+    for part in own_parts(msg):
+        if any(isinstance(d, CloseBoundaryNotFoundDefect) for d in part.defects):
+            return "multipart 邮件没有结束边界(邮件被截断或损坏?)"
+        if any(isinstance(d, StartBoundaryNotFoundDefect) for d in part.defects):
+            return "multipart 邮件里找不到分段的边界(邮件被截断或损坏?)"
+    return ""
+
+
+def own_parts(msg: Message):
+    """这封信自己的各部分:multipart 一层层往下,附件里的整封邮件(message/rfc822 等)只算它自己这一段,不往里走。"""
+    yield msg
+    if msg.is_multipart() and msg.get_content_maintype() != "message":
+        for part in msg.get_payload():
+            yield from own_parts(part)
 
 
 def masked(reason: str) -> str:

@@ -218,6 +218,34 @@ def test_a_mail_without_a_sender_address_is_reported_with_the_phone_number_in_it
     assert [t[0] for t in biz_rows(MAIL_TICKETS)] == [ticket_of("<t1@example.com>")]
 
 
+def test_a_mail_cut_inside_its_headers_is_flagged_not_stored_and_its_full_copy_later_becomes_the_ticket(imap_env,
+                                                                                                       imap_server):
+    """邮箱里的一封信只有前 300 个字节(投递中断),截在半行邮件头「Content-T」上:原来它成了一张正文是「Content-T」的工单,
+    退出码 0;完整的那封后来到了,Message-ID 一样,只说 duplicate,客户写的内容就丢了。现在它和别的坏信一样:
+    一行原因、标已读加星标留给人看、不入库,其他邮件照常;完整的那封到了照常建工单,正文是客户写的。"""
+    full = sample("01_utf8_plain.eml")
+    imap_server.append(full[:300], LI)
+    r = run(["email_poller.py"], imap_env)
+    t3 = ticket_of("<t3@example.com>")
+    assert (r.returncode, r.stdout, r.stderr) == (
+        1, f"{t3}  UID 102\n本次收取 2 封:新工单 1,重复 0,跳过 0,无法解析 1,存储失败 0\n",
+        "无法解析:邮件头没有以空行结束(邮件被截断或损坏?)  UID 101\n")
+    assert imap_server.flags() == {101: {"\\Seen", "\\Flagged"}, 102: {"\\Seen"}}
+    assert biz_rows(MAIL_TICKETS) == [(t3, "C002", "扣款", "又被扣了一次款。", "open")]
+    assert [e[0] for e in rows(EVENTS)] == ["<t3@example.com>"]
+
+    imap_server.append(full)  # 完整的那封(上游重投)
+    again = run(["email_poller.py"], imap_env)
+    t1 = ticket_of(sample_id("01_utf8_plain.eml"))
+    assert (again.returncode, again.stdout, again.stderr) == (
+        0, f"{t1}  UID 103\n本次收取 1 封:新工单 1,重复 0,跳过 0,无法解析 0,存储失败 0\n", "")
+    _, customer, subject, body = EXPECTED_SAMPLES["01_utf8_plain.eml"]
+    assert biz_rows(MAIL_TICKETS) == sorted([(t1, customer, subject, body, "open"),
+                                             (t3, "C002", "扣款", "又被扣了一次款。", "open")])
+    assert sorted(e[0] for e in rows(EVENTS)) == sorted([sample_id("01_utf8_plain.eml"), "<t3@example.com>"])
+    assert imap_server.flags() == {101: {"\\Seen", "\\Flagged"}, 102: {"\\Seen"}, 103: {"\\Seen"}}
+
+
 def test_mails_whose_message_ids_differ_only_in_chinese_characters_are_two_tickets_not_duplicates(imap_env,
                                                                                                   imap_server):
     """Message-ID 里直接写着 UTF-8 字节(<工单三@…>):原来非 ASCII 的字节一律变成 U+FFFD,字节数一样的两封信得到
@@ -760,6 +788,43 @@ def test_a_folder_named_like_a_mail_is_not_read_as_one(lab, tmp_path):
     assert len(rows(EVENTS)) == 1
 
 
+@pytest.mark.parametrize("name, cut_at, reason", [
+    # 截在半行邮件头「Content-T」上(审计时复现的那一封:head -c 300)
+    ("01_utf8_plain.eml", 300, "邮件头没有以空行结束(邮件被截断或损坏?)"),
+    # 截在某个邮件头的值中间:每一行都像邮件头,只是没有空行、没有正文
+    ("02_gbk_base64.eml", sample("02_gbk_base64.eml").index(b"charset=") + 4, "邮件头没有以空行结束(邮件被截断或损坏?)"),
+    # multipart 截在 HTML 那一段中间:纯文本那段是完整的,可后面的都没了
+    ("06_multipart_alternative.eml", sample("06_multipart_alternative.eml").index(b"PGh0bWw+") + 8,
+     "multipart 邮件没有结束边界(邮件被截断或损坏?)"),
+    # multipart 截在第一段的边界之前(只剩 This is a multi-part message…)
+    ("06_multipart_alternative.eml", sample("06_multipart_alternative.eml").index(b"------=_Part_6_alt\n"),
+     "multipart 邮件里找不到分段的边界(邮件被截断或损坏?)"),
+])
+def test_a_cut_eml_file_is_reported_and_not_stored_so_the_full_file_later_becomes_the_ticket(lab, tmp_path, name,
+                                                                                             cut_at, reason):
+    """文件只存下了前半截(复制中断、磁盘写满):原来截在邮件头里的存成一张正文是半行邮件头的工单,multipart 截在中间的
+    存成正文不全的工单,退出码 0;完整的文件后来再收,Message-ID 一样,只说 duplicate,客户写的内容就丢了。
+    现在一行原因、不入库,其他文件照常,退出码 1;再收完整的文件时照常建工单,正文是客户写的。"""
+    (tmp_path / "a.eml").write_bytes(sample(name)[:cut_at])
+    (tmp_path / "b.eml").write_bytes(LI)
+    r = run(["email_poller.py", "--eml", str(tmp_path)], lab)
+    t3 = ticket_of("<t3@example.com>")
+    assert (r.returncode, r.stdout, r.stderr) == (
+        1, f"{t3}  {tmp_path}/b.eml\n本次收取 2 封:新工单 1,重复 0,跳过 0,无法解析 1,存储失败 0\n",
+        f"无法解析:{reason}  {tmp_path}/a.eml\n")
+    assert biz_rows(MAIL_TICKETS) == [(t3, "C002", "扣款", "又被扣了一次款。", "open")]
+    assert [e[0] for e in rows(EVENTS)] == ["<t3@example.com>"]
+
+    full = run(["email_poller.py", "--eml", f"samples/{name}"], lab)
+    ticket = ticket_of(sample_id(name))
+    assert (full.returncode, full.stdout, full.stderr) == (
+        0, f"{ticket}  samples/{name}\n本次收取 1 封:新工单 1,重复 0,跳过 0,无法解析 0,存储失败 0\n", "")
+    _, customer, subject, body = EXPECTED_SAMPLES[name]
+    assert biz_rows(MAIL_TICKETS) == sorted([(ticket, customer, subject, body, "open"),
+                                             (t3, "C002", "扣款", "又被扣了一次款。", "open")])
+    assert sorted(e[0] for e in rows(EVENTS)) == sorted([sample_id(name), "<t3@example.com>"])
+
+
 def test_missing_business_database_is_rejected_without_creating_an_empty_one(lab, tmp_path):
     missing = tmp_path / "nowhere" / "cloudledger.db"
     r = run(["email_poller.py", "--eml", "samples"], {**lab, "BIZ_DB": str(missing)})
@@ -936,6 +1001,44 @@ def test_body_is_cut_at_2000_characters():
     assert parsed["body"] == "很" * 2000
 
 
+@pytest.mark.parametrize("name", sorted(EXPECTED_SAMPLES))
+@pytest.mark.parametrize("newline", [b"\n", b"\r\n"])  # .eml 文件常是 LF,IMAP 收到的是 CRLF
+def test_every_cut_inside_a_samples_header_block_is_broken_mail_and_headers_with_the_blank_line_are_not(name,
+                                                                                                       newline):
+    """样例邮件截在邮件头里的任何一个字节上都是坏信:还没有一个「名字:」时是「没有邮件头」,之后是「邮件头没有以空行结束」
+    (截在半行上、截在值中间、正好截在一行末尾都算)。完整的样例照常解析;单段的邮件头加上空行、没有正文的也照常解析
+    (正文是空的,也可能就是一封只写了主题的信,这种不拒收)。"""
+    raw = sample(name).replace(b"\n", newline)
+    blank_line = raw.index(newline * 2) + len(newline)  # 空行从这里开始
+    for n in range(1, blank_line + 1):
+        reason = "邮件头没有以空行结束(邮件被截断或损坏?)" if b":" in raw[:n] else "没有邮件头,不像一封邮件(文件被截断或损坏?)"
+        with pytest.raises(email_poller.BrokenMail) as e:
+            email_poller.parse(raw[:n])
+        assert str(e.value) == reason, n
+    head_only = raw[:blank_line + len(newline)]
+    if name == "06_multipart_alternative.eml":  # multipart 却一段也没有:也是截断的
+        with pytest.raises(email_poller.BrokenMail, match="^multipart 邮件里找不到分段的边界"):
+            email_poller.parse(head_only)
+    else:
+        assert email_poller.parse(head_only)["body"] == ""
+    _, _, subject, body = EXPECTED_SAMPLES[name]
+    parsed = email_poller.parse(raw)
+    assert (parsed["message_id"], parsed["subject"], parsed["body"]) == (sample_id(name), subject, body)
+
+
+def test_a_forwarded_mail_whose_attached_original_is_cut_is_not_broken_mail():
+    """转发、退信里附的原信(message/rfc822)本来就常被截断,信本身是完整的:只查这封信自己的 multipart,不往附件里走。"""
+    original = sample("06_multipart_alternative.eml")
+    raw = (b"Message-ID: <fwd@example.com>\nFrom: li.na@example.com\nSubject: fwd\nMIME-Version: 1.0\n"
+           b"Content-Type: multipart/mixed; boundary=OUT\n\n--OUT\nContent-Type: text/plain; charset=utf-8\n\n"
+           + "退信里附着原信。".encode() + b"\n--OUT\nContent-Type: message/rfc822\n\n"
+           + original[:original.index(b"PGh0bWw+") + 8] + b"\n--OUT--\n")
+    assert email_poller.parse(raw) == {"message_id": "<fwd@example.com>", "from": "li.na@example.com",
+                                       "subject": "fwd", "body": "退信里附着原信。"}
+    with pytest.raises(email_poller.BrokenMail, match="^multipart 邮件没有结束边界"):  # 截断的是这封信自己:坏信
+        email_poller.parse(raw[:raw.index(b"\n--OUT--")])
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.binary(max_size=2000) | st.text(max_size=500).map(lambda t: ("From: a@b.cn\nSubject: " + t).encode()))
 def test_any_bytes_either_parse_or_raise_broken_mail_never_anything_else(raw):
@@ -947,6 +1050,22 @@ def test_any_bytes_either_parse_or_raise_broken_mail_never_anything_else(raw):
     assert set(parsed) == {"message_id", "from", "subject", "body"}
     assert parsed["message_id"] and "@" in parsed["from"] and parsed["subject"] and len(parsed["body"]) <= 2000
     # 存得进两种库:事件 id 不超过 200 个字,哪一项都没有落单的代理项,地址里没有控制字符
+    assert len(parsed["message_id"]) <= 200 and not any(email_poller.SURROGATES.search(v) for v in parsed.values())
+    assert not any(unicodedata.category(c) == "Cc" for c in parsed["from"])
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(max_size=300), st.text(max_size=500))
+def test_any_subject_and_body_text_either_parse_or_raise_broken_mail_never_anything_else(subject, body):
+    """上一个测试的邮件头后面大多没有空行,现在那样的信都当截断的坏信;这里带上空行和正文,解析成功的那一支也照样查。"""
+    raw = ("From: a@b.cn\nSubject: " + subject + "\n\n" + body).encode()
+    try:
+        parsed = email_poller.parse(raw)
+    except email_poller.BrokenMail as e:
+        assert str(e)
+        return
+    assert set(parsed) == {"message_id", "from", "subject", "body"}
+    assert parsed["message_id"] and "@" in parsed["from"] and parsed["subject"] and len(parsed["body"]) <= 2000
     assert len(parsed["message_id"]) <= 200 and not any(email_poller.SURROGATES.search(v) for v in parsed.values())
     assert not any(unicodedata.category(c) == "Cc" for c in parsed["from"])
 
