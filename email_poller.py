@@ -2,7 +2,8 @@ r"""收一次客服邮箱:已知客户的新邮件变成业务库里的一张工
 
 运行:
     uv run python email_poller.py                          # 收一遍 IMAP 邮箱里的未读邮件(crontab 每分钟跑这个)
-    uv run python email_poller.py --eml samples/           # 离线:把 .eml 文件(或目录里所有 .eml)走同一条解析、入库的路
+    uv run python email_poller.py --eml samples/           # 离线:把 .eml 文件(或目录里所有 .eml,扩展名不分大小写)
+                                                           # 走同一条解析、入库的路
     uv run python email_poller.py --eml samples/11_complaint.eml
 
 邮箱设置(环境变量或 .env):IMAP_HOST、IMAP_USER、IMAP_PASSWORD(邮箱的授权码,不是登录密码),
@@ -339,7 +340,8 @@ def eml_files(paths: list[str]) -> list[Path]:
     for given in paths:
         p = Path(given)
         if p.is_dir():
-            found = sorted(f for f in p.glob("*.eml") if f.is_file())  # 名字像 x.eml 的子目录不算
+            # 扩展名不分大小写(x.EML、x.Eml 也算,和直接给文件时一样);名字像 x.eml 的子目录不算
+            found = sorted(f for f in p.iterdir() if f.name.lower().endswith(".eml") and f.is_file())
             if not found:
                 raise SetupError(f"目录里没有 .eml 文件:{given}")
             files += found

@@ -788,6 +788,23 @@ def test_a_folder_named_like_a_mail_is_not_read_as_one(lab, tmp_path):
     assert len(rows(EVENTS)) == 1
 
 
+def test_a_folder_scan_finds_mail_files_whatever_the_case_of_their_extension(lab, tmp_path):
+    """a.EML、b.Eml(Windows、Outlook 导出的文件常是大写扩展名):直接给文件时照收,给目录时原来却说
+    「目录里没有 .eml 文件」、退出码 2。现在目录里的扩展名也不分大小写;别的文件、名字像 x.EML 的子目录照样不算。"""
+    (tmp_path / "a.EML").write_bytes(ZHANG)
+    (tmp_path / "b.Eml").write_bytes(LI)
+    (tmp_path / "notes.txt").write_text("不是邮件")
+    (tmp_path / "archive.EML").mkdir()
+    r = run(["email_poller.py", "--eml", str(tmp_path)], lab)
+    t1, t3 = ticket_of("<t1@example.com>"), ticket_of("<t3@example.com>")
+    assert (r.returncode, r.stdout, r.stderr) == (
+        0, f"{t1}  {tmp_path}/a.EML\n{t3}  {tmp_path}/b.Eml\n本次收取 2 封:新工单 2,重复 0,跳过 0,无法解析 0,存储失败 0\n",
+        "")
+    assert biz_rows(MAIL_TICKETS) == sorted([(t1, "C001", "发票开错了", "发票抬头写错了,麻烦重开。", "open"),
+                                             (t3, "C002", "扣款", "又被扣了一次款。", "open")])
+    assert [e[0] for e in rows(EVENTS)] == ["<t1@example.com>", "<t3@example.com>"]
+
+
 @pytest.mark.parametrize("name, cut_at, reason", [
     # 截在半行邮件头「Content-T」上(审计时复现的那一封:head -c 300)
     ("01_utf8_plain.eml", 300, "邮件头没有以空行结束(邮件被截断或损坏?)"),
