@@ -816,7 +816,7 @@ def test_a_folder_scan_finds_mail_files_whatever_the_case_of_their_extension(lab
     # multipart 截在第一段的边界之前(只剩 This is a multi-part message…)
     ("06_multipart_alternative.eml", sample("06_multipart_alternative.eml").index(b"------=_Part_6_alt\n"),
      "multipart 邮件里找不到分段的边界(邮件被截断或损坏?)"),
-])
+], ids=["cut-mid-header-line", "cut-mid-header-value", "multipart-no-close-boundary", "multipart-no-first-boundary"])
 def test_a_cut_eml_file_is_reported_and_not_stored_so_the_full_file_later_becomes_the_ticket(lab, tmp_path, name,
                                                                                              cut_at, reason):
     """文件只存下了前半截(复制中断、磁盘写满):原来截在邮件头里的存成一张正文是半行邮件头的工单,multipart 截在中间的
