@@ -3,7 +3,10 @@
 这个文件不单独运行。每个设置项都列在 .env.example 里,带说明。
 读取发生在调用时而不是 import 时,所以测试可以在子进程或 monkeypatch 里随时换设置。
 设置 AMBIENT_NO_DOTENV=1 可以完全不读 .env(测试里就是这么做的,免得你本机的 .env 混进来)。
+.env 要存成 UTF-8(带不带 BOM 都行)。不是 UTF-8、或者有一行 python-dotenv 读不懂(比如引号没配对)时,第一次读设置就以
+SystemExit("配置错误:…") 退出,说是哪一行:不会有哪一项悄悄变回默认值。
 """
+import io
 import math
 import os
 from functools import lru_cache
@@ -12,18 +15,64 @@ from urllib.parse import urlsplit
 
 HERE = Path(__file__).resolve().parent
 _dotenv_loaded = False
+_dotenv_problem = ""  # .env 读不懂时的那句说明(见 _load_dotenv_once)
 
 
 def _load_dotenv_once() -> None:
-    global _dotenv_loaded
+    """第一次读设置时读一次 .env。.env 读不懂(不是 UTF-8、有一行写错了)时以 SystemExit("配置错误:…") 退出,
+    之后每次读设置都再退出一次:哪个程序都不会接着拿默认值跑(原来写错的那一项悄悄变回默认值,WEBHOOK_SECRET
+    就成了公开的默认密钥)。"""
+    global _dotenv_loaded, _dotenv_problem
+    if _dotenv_problem:
+        raise SystemExit(_dotenv_problem)
     if _dotenv_loaded:
         return
     _dotenv_loaded = True
     if os.environ.get("AMBIENT_NO_DOTENV") == "1":
         return
+    try:
+        data = (Path.cwd() / ".env").read_bytes()
+    except (FileNotFoundError, IsADirectoryError):  # 没有 .env 也行
+        return
+    try:
+        text = data.decode("utf-8")  # 开头的 BOM(记事本存的「UTF-8 带 BOM」)python-dotenv 会去掉
+    except UnicodeDecodeError as e:
+        _dotenv_problem = f"配置错误:.env 不是 UTF-8 编码({_not_utf8(data, e)}):用编辑器把它另存为 UTF-8"
+        raise SystemExit(_dotenv_problem) from None
     from dotenv import load_dotenv
+    from dotenv.parser import parse_stream
 
-    load_dotenv(Path.cwd() / ".env", override=False)  # 已经设置的环境变量不会被 .env 覆盖
+    # python-dotenv 读不懂的行只用英文 WARNING 说一句,那一项就当没写(少了右引号时,后面几行也一起吞掉)
+    if bad := next((b.original for b in parse_stream(io.StringIO(text)) if b.error), None):
+        blank = bad.string[:len(bad.string) - len(bad.string.lstrip())]  # 它从前面的空行算起;说写错的那一行
+        line = bad.line + blank.count("\n")
+        _dotenv_problem = f"配置错误:.env 第 {line} 行读不懂:{_unparsable(bad.string)}"
+        raise SystemExit(_dotenv_problem)
+    load_dotenv(stream=io.StringIO(text), override=False)  # 已经设置的环境变量不会被 .env 覆盖
+
+
+def _not_utf8(data: bytes, error: UnicodeDecodeError) -> str:
+    """.env 不是 UTF-8 时,括号里说看着像什么。"""
+    if data.startswith((b"\xff\xfe", b"\xfe\xff")):
+        return "开头是 UTF-16 的标记:Windows 记事本存成「Unicode」就是这样"
+    line = data[:error.start].count(b"\n") + 1
+    try:
+        data.decode("gbk")
+        guess = ",多半是 GBK(中文 Windows 的默认编码)存的"
+    except UnicodeDecodeError:
+        guess = ""
+    return f"第 {line} 行有 UTF-8 里不会出现的字节 0x{data[error.start]:02x}{guess}"
+
+
+def _unparsable(statement: str) -> str:
+    """python-dotenv 读不懂的那一句错在哪。不引出原文:值常常是密钥,不能跟着进终端和 cron.log。"""
+    first = statement.strip().splitlines()[0] if statement.strip() else ""
+    name, eq, value = first.partition("=")
+    name = name.strip().removeprefix("export ").strip()
+    quote = value.strip()[:1]
+    if eq and quote in ("'", '"') and quote not in value.strip()[1:]:
+        return f"{name} 的值以 {quote} 开头,却没有配对的 {quote} 结尾(补上它,或者两个都去掉)"
+    return "要写成「名字=值」,注释以 # 开头:名字里不能有空格,值用引号括起来时引号后面只能跟 # 注释"
 
 
 def get(name: str, default: str = "") -> str:

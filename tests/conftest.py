@@ -48,10 +48,11 @@ def new_lab(folder: Path, setenv) -> dict:
     return env
 
 
-def run(args: list[str], env: dict, timeout: float = 120, input: str | None = None) -> subprocess.CompletedProcess:
-    """像学员一样在实验目录里跑一个脚本(真的新进程)。
+def run(args: list[str], env: dict, timeout: float = 120, input: str | None = None,
+        cwd: Path = LAB) -> subprocess.CompletedProcess:
+    """像学员一样在实验目录里跑一个脚本(真的新进程);cwd 换一个目录时,脚本要写绝对路径(.env 从 cwd 读)。
     timeout 秒还没结束就判失败;失败信息里是它那时各线程的栈(-X faulthandler,先发 SIGABRT),卡在哪里一看便知。"""
-    proc = subprocess.Popen([sys.executable, "-X", "faulthandler", *args], cwd=LAB, env=env, text=True,
+    proc = subprocess.Popen([sys.executable, "-X", "faulthandler", *args], cwd=cwd, env=env, text=True,
                             stdin=None if input is None else subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:

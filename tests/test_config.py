@@ -1,10 +1,11 @@
 """配置:每个设置都在 .env.example 里有说明;.env 有就读、环境变量优先、没有也行。"""
 import re
+import shutil
 import subprocess
 import sys
 
 import pytest
-from conftest import LAB, refused_startup, rows, run
+from conftest import LAB, free_port, refused_startup, rows, run
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 import store
@@ -19,15 +20,98 @@ def test_every_setting_the_code_reads_is_documented_in_env_example():
     assert documented <= read | {"IMAP_HOST", "IMAP_USER", "IMAP_PASSWORD", "IMAP_PORT"}, sorted(documented - read)
 
 
-def test_dotenv_is_read_if_present_and_environment_wins(tmp_path):
-    (tmp_path / ".env").write_text("MAX_ATTEMPTS=7\nLLM_MODEL=from-dotenv\n", encoding="utf-8")
+@pytest.mark.parametrize("encoding", ["utf-8", "utf-8-sig"])
+def test_dotenv_is_read_if_present_and_environment_wins(tmp_path, encoding):
+    """utf-8-sig:记事本存的「UTF-8 带 BOM」也一样读,第一行的设置名前面不会多出一个 BOM。"""
+    (tmp_path / ".env").write_text("MAX_ATTEMPTS=7\n# 模型名\nLLM_MODEL=from-dotenv\n", encoding=encoding)
     code = f"import sys; sys.path.insert(0, {str(LAB)!r}); import config; print(config.integer('MAX_ATTEMPTS', 3), config.get('LLM_MODEL'))"
     env = {"PATH": "/usr/bin:/bin", "LLM_MODEL": "from-env"}
     r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True)
-    assert (r.returncode, r.stdout) == (0, "7 from-env\n")
+    assert (r.returncode, r.stdout, r.stderr) == (0, "7 from-env\n", "")
     (tmp_path / ".env").unlink()
     r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True)
     assert (r.returncode, r.stdout) == (0, "3 from-env\n")
+
+
+NOT_UTF8 = "配置错误:.env 不是 UTF-8 编码({}):用编辑器把它另存为 UTF-8"
+UNCLOSED = "配置错误:.env 第 {} 行读不懂:{} 的值以 {} 开头,却没有配对的 {} 结尾(补上它,或者两个都去掉)"
+NOT_NAME_VALUE = "配置错误:.env 第 {} 行读不懂:要写成「名字=值」,注释以 # 开头:名字里不能有空格,值用引号括起来时引号后面只能跟 # 注释"
+# (退出码, 命令):cwd 不是实验目录(.env 从 cwd 读),所以脚本、样例都写绝对路径
+DOTENV_READERS = ((1, ["worker.py", "--once"]), (1, ["store.py"]), (2, ["cron_jobs.py", "report"]),
+                  (1, ["inbox.py", "list"]), (2, ["email_poller.py", "--eml", str(LAB / "samples/01_utf8_plain.eml")]),
+                  (2, ["send_webhook.py", "T1012"]))
+
+
+@pytest.mark.parametrize("content, message", [
+    pytest.param("MAX_ATTEMPTS=3\n# 最多重试三次\n".encode("gbk"),
+                 NOT_UTF8.format("第 2 行有 UTF-8 里不会出现的字节 0xd7,多半是 GBK(中文 Windows 的默认编码)存的"), id="gbk"),
+    pytest.param("# 最多重试三次\r\nMAX_ATTEMPTS=3\r\n".encode("utf-16"),
+                 NOT_UTF8.format("开头是 UTF-16 的标记:Windows 记事本存成「Unicode」就是这样"), id="utf-16"),
+    pytest.param(b'WEBHOOK_SECRET="my-real-secret\nMAX_ATTEMPTS=3\n', UNCLOSED.format(1, "WEBHOOK_SECRET", '"', '"'),
+                 id="unclosed-quote"),
+])
+def test_a_dotenv_that_cannot_be_read_stops_every_program_with_the_reason_and_changes_nothing(lab, tmp_path, content,
+                                                                                             message):
+    """原来不是 UTF-8 的 .env(中文 Windows 存成 GBK、记事本存成 UTF-16)让每个程序都以 UnicodeDecodeError 的 traceback
+    结束;读不懂的一行(少了右引号)只有一句英文 WARNING,那一项悄悄用了默认值:send_webhook.py 拿公开的默认密钥签名发出去。
+    现在和别的配置错误一样:各个程序按自己的退出码说一行,什么都没做。"""
+    here = tmp_path / "here"
+    here.mkdir()
+    (here / ".env").write_bytes(content)
+    env = {k: v for k, v in lab.items() if k != "AMBIENT_NO_DOTENV"}
+    # 真发出去了(或者拿默认值去连了)就不是这一行,而是「发不出去:… 连不上」、退出码 1
+    env["WEBHOOK_URL"] = f"http://127.0.0.1:{free_port()}/hooks/cloudledger"
+    store.add_event("evt_T1012_created", "webhook", "ticket.created",
+                    '{"id": "evt_T1012_created", "type": "ticket.created", "data": {"ticket_id": "T1012"}}')
+    tickets = rows("SELECT COUNT(*) FROM tickets", path=lab["BIZ_DB"])
+    for code, (script, *args) in DOTENV_READERS:
+        r = run([str(LAB / script), *args], env, cwd=here)
+        assert (r.returncode, r.stdout, r.stderr) == (code, "", message + "\n"), script
+    r = run(["-m", "uvicorn", "--app-dir", str(LAB), "webhook:app", "--port", "0"], env, timeout=60, cwd=here)
+    assert (r.returncode, r.stdout, r.stderr) == refused_startup(r, message)
+    # demo.py 读的是实验目录里的 .env:在一份拷贝里跑
+    copy = tmp_path / "lab"
+    copy.mkdir()
+    for file in (*LAB.glob("*.py"), LAB / "cloudledger_seed.json"):
+        shutil.copy(file, copy)
+    (copy / ".env").write_bytes(content)
+    (demo_tmp := tmp_path / "demo-tmp").mkdir()
+    r = run([str(copy / "demo.py")], {**env, "TMPDIR": str(demo_tmp)}, cwd=copy)
+    assert (r.returncode, r.stdout, r.stderr) == (1, "", f"演示没有开始:{message}(改好环境变量或 .env 里的这一项再跑)\n")
+    assert list(demo_tmp.iterdir()) == []  # 连临时数据目录都没建
+    assert rows("SELECT status, attempts FROM events") == [("pending", 0)]
+    assert rows("SELECT COUNT(*) FROM tickets", path=lab["BIZ_DB"]) == tickets  # 邮件没有建工单
+    assert [p.name for p in here.iterdir()] == [".env"] and (here / ".env").read_bytes() == content
+
+
+@pytest.mark.parametrize("content, message", [
+    ("A=1\nLLM_API_KEY='sk-live-123\nB=2\n", UNCLOSED.format(2, "LLM_API_KEY", "'", "'")),
+    # 合法的多行值之后:行号从那一句的第一行算
+    ('LLM_EXTRA_BODY="{\n  \\"a\\": 1}"\nexport WEBHOOK_SECRET = "sk-live-123\n',
+     UNCLOSED.format(3, "WEBHOOK_SECRET", '"', '"')),
+    ("A=1\nMY KEY=sk-live-123\n", NOT_NAME_VALUE.format(2)),
+    ("A=1\n\n最多重试 三次\n", NOT_NAME_VALUE.format(3)),  # 注释忘了写 #
+    ("LLM_API_KEY='sk-live' 123\n", NOT_NAME_VALUE.format(1)),
+])
+def test_a_dotenv_line_that_cannot_be_read_is_named_by_number_without_printing_its_value(tmp_path, content, message):
+    """值常常是密钥:说第几行、哪一项、错在哪,不引出原文(它会进终端和 cron.log)。"""
+    (tmp_path / ".env").write_text(content, encoding="utf-8")
+    code = f"import sys; sys.path.insert(0, {str(LAB)!r}); import config; print(config.get('A'))"
+    r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
+                       env={"PATH": "/usr/bin:/bin"})
+    assert (r.returncode, r.stdout, r.stderr) == (1, "", message + "\n")
+
+
+def test_a_dotenv_that_cannot_be_read_is_refused_on_every_read_not_only_the_first(tmp_path):
+    """一个程序接住了第一次的 SystemExit 接着读别的设置,也拿不到默认值。"""
+    (tmp_path / ".env").write_bytes("# 最多重试三次\nMAX_ATTEMPTS=7\n".encode("gbk"))
+    code = (f"import sys; sys.path.insert(0, {str(LAB)!r}); import config\n"
+            "try:\n    config.get('LLM_MODEL')\nexcept SystemExit:\n    print('第一次')\n"
+            "print(config.integer('MAX_ATTEMPTS', 3))")
+    r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
+                       env={"PATH": "/usr/bin:/bin"})
+    assert (r.returncode, r.stdout, r.stderr) == (
+        1, "第一次\n", NOT_UTF8.format("第 1 行有 UTF-8 里不会出现的字节 0xd7,多半是 GBK(中文 Windows 的默认编码)存的") + "\n")
 
 
 @pytest.mark.parametrize("raw, message", [
