@@ -443,7 +443,8 @@ def _pg_pool(url: str, durable: bool = True):
 
 def open_pg_pool(url: str, durable: bool, **kwargs):
     """开一个连 url 的连接池(事件表的、checkpoint 的都用它),等第一个连接连上。
-    没装依赖、URL 不是 PostgreSQL 的、PG_CONNECT_TIMEOUT_S 秒内连不上:以 SystemExit 退出,一行说明原因。"""
+    没装依赖、URL 不是 PostgreSQL 的或写错了(见 url_problem)、PG_CONNECT_TIMEOUT_S 秒内连不上:以 SystemExit 退出,
+    一行说明原因。"""
     scheme = url.split("://", 1)[0] if "://" in url else ""  # 不带 :// 的是 libpq 的 key=value 写法,也认
     if scheme and scheme not in ("postgresql", "postgres"):
         raise SystemExit(f"配置错误:DATABASE_URL 要以 postgresql:// 开头,现在是 {scheme}://…")
@@ -451,6 +452,8 @@ def open_pg_pool(url: str, durable: bool, **kwargs):
     import psycopg
     from psycopg_pool import ConnectionPool, PoolTimeout
 
+    if problem := url_problem(url):
+        raise SystemExit(problem)
     max_size, idle_limit = pool_size(), idle_check_s()  # 设置写错了先说它,用不着去连服务器
     # psycopg 和连接池在数据库断开后会用英文 WARNING 说它扔掉了哪个连接、重连失败了几次(没配日志时直接打到 stderr,
     # 服务器不在时每秒好几行)。这些程序自己会说一行「数据库暂时用不了(…)」,所以只留 ERROR 及以上
@@ -484,6 +487,59 @@ def open_pg_pool(url: str, durable: bool, **kwargs):
         raise SystemExit(f"连不上 DATABASE_URL 指的 PostgreSQL:连接池 {PG_CONNECT_TIMEOUT_S} 秒内没有连上"
                          "(单独连一次是通的:服务器太忙,或者连接数满了)") from None
     return pool
+
+
+# 主机名里能有的字符(下划线不合规矩,但 docker compose 的服务名里常见,也解析得了);IP 地址另外认
+HOSTNAME = re.compile(r"[A-Za-z0-9._-]+")
+EXAMPLE_URL = "postgresql://用户@主机:5432/库名"
+
+
+def url_problem(url: str) -> str | None:
+    """DATABASE_URL(URL 或 libpq 的 key=value 写法)写得不对时,给人看的那一行「配置错误:…」;看不出毛病时是 None。
+    这些错 libpq 要到连接时才说,psycopg 报的是 OperationalError,和服务器没开分不出来:原来都算「数据库暂时用不了」,
+    常驻的 worker 一直重试、cron 按退出码 3 退出。域名解析不了的合法主机名还算暂时的(DNS 也会出故障)。"""
+    import psycopg
+    from psycopg.conninfo import conninfo_to_dict
+
+    try:
+        params = conninfo_to_dict(url)
+    except psycopg.Error as e:  # 少了 :// 里的冒号、不是 URL 也不是 key=value、主机名里有空格
+        reason = ";".join(line.strip() for line in _safe_url(str(e)).splitlines() if line.strip()) or type(e).__name__
+        return f"配置错误:DATABASE_URL 读不懂({reason}):要写成 {EXAMPLE_URL}"
+    hosts = (params.get("host") or "").split(",")
+    for host in hosts:
+        # 空的:默认的 Unix socket;/ 开头:Unix socket 所在的目录;@ 开头:Linux 的抽象 socket
+        if host and not host.startswith(("/", "@")) and not HOSTNAME.fullmatch(host) and not _is_ip(host):
+            return (f"配置错误:DATABASE_URL 里的主机 {host!r} 不是合法的主机名(只能有英文字母、数字、点和减号):"
+                    "换成数据库所在机器的名字或 IP 地址")
+    for address in (params.get("hostaddr") or "").split(","):
+        if address.strip() and not _is_ip(address.strip()):
+            return f"配置错误:DATABASE_URL 里的 hostaddr={address!r} 不是 IP 地址"
+    ports = (params.get("port") or "").split(",")
+    for port in ports:
+        number = port.strip()  # libpq 容许前后有空格
+        if number and not (number.isascii() and number.isdigit() and 1 <= int(number) <= 65535):
+            return f"配置错误:DATABASE_URL 里的端口 {port!r} 不对:要是 1–65535 之间的整数(PostgreSQL 默认是 5432)"
+    if len(ports) > 1 and len(ports) != len(hosts):
+        return (f"配置错误:DATABASE_URL 里有 {len(hosts)} 个主机、{len(ports)} 个端口:端口要么只写一个,"
+                "要么每个主机一个")
+    # 没写库名时 libpq 用和用户同名的库(常常就是系统库 postgres),实验的表就建到了那里。PGDATABASE、
+    # pg_service.conf 里的服务也能给出库名,这时不管
+    if not params.get("dbname") and not params.get("service") and not os.environ.get("PGDATABASE") \
+            and not os.environ.get("PGSERVICE"):
+        return (f"配置错误:DATABASE_URL 里没有库名:在最后写上,例如 {EXAMPLE_URL}(不写的话 PostgreSQL 用和用户"
+                "同名的库,常常是系统库 postgres,实验的表会建到那里)")
+    return None
+
+
+def _is_ip(text: str) -> bool:
+    import ipaddress
+
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
 
 
 # 服务器回了 FATAL 却不是设置的问题:等一会儿再连就好

@@ -177,16 +177,82 @@ def refused_everywhere(lab: dict, url: str, expected: list[tuple[int, str]]) -> 
     assert rows("SELECT status, attempts FROM events") == [("pending", 0)]
 
 
+UNREADABLE_URL = "配置错误:DATABASE_URL 读不懂({}):要写成 postgresql://用户@主机:5432/库名"
+NO_DATABASE_NAME = ("配置错误:DATABASE_URL 里没有库名:在最后写上,例如 postgresql://用户@主机:5432/库名(不写的话 PostgreSQL "
+                    "用和用户同名的库,常常是系统库 postgres,实验的表会建到那里)")
+BAD_PORT = "配置错误:DATABASE_URL 里的端口 {!r} 不对:要是 1–65535 之间的整数(PostgreSQL 默认是 5432)"
+BAD_HOST = ("配置错误:DATABASE_URL 里的主机 {!r} 不是合法的主机名(只能有英文字母、数字、点和减号):"
+            "换成数据库所在机器的名字或 IP 地址")
+# 写错了的 URL:一个都不去连。改坏了检查,它们也连不上任何库(端口 1 没人听、主机名解析不了),不会在哪个库里建表
+MALFORMED_URLS = [
+    ("postgresql://postgres@127.0.0.1:1/", NO_DATABASE_NAME),
+    ("host=127.0.0.1 port=1 user=postgres", NO_DATABASE_NAME),
+    ("postgresql://postgres@127.0.0.1:543x/walk2", BAD_PORT.format("543x")),
+    ("postgresql://postgres@127.0.0.1:99999/walk2", BAD_PORT.format("99999")),
+    ("postgresql://postgres@127.0.0.1/walk2?port=0", BAD_PORT.format("0")),
+    ("postgresql://用户:密码@数据库主机:5432/库名", BAD_HOST.format("数据库主机")),  # README 里的占位写法原样贴进来
+    ("host='db host' port=1 dbname=walk2", BAD_HOST.format("db host")),
+    ("postgresql://postgres@127.0.0.1:1/walk2?hostaddr=db", "配置错误:DATABASE_URL 里的 hostaddr='db' 不是 IP 地址"),
+    ("host=127.0.0.1,127.0.0.2,127.0.0.3 port=1,2 dbname=walk2",
+     "配置错误:DATABASE_URL 里有 3 个主机、2 个端口:端口要么只写一个,要么每个主机一个"),
+]
+
+
 @pytest.mark.parametrize("url, message", [
     ("mysql://app@db/ledger", "配置错误:DATABASE_URL 要以 postgresql:// 开头,现在是 mysql://…"),
-    ("notaurl", '连不上 DATABASE_URL 指的 PostgreSQL:missing "=" after "notaurl" in connection info string'),
+    ("notaurl", UNREADABLE_URL.format('missing "=" after "notaurl" in connection info string')),
     # 少了 :// 里的冒号:libpq 把整串原样引出来,密码不能跟着进终端和 cron.log(原来原样打印了 S3cretPw)
     ("postgresql//app:S3cretPw@db/ledger",
-     '连不上 DATABASE_URL 指的 PostgreSQL:missing "=" after "postgresql//app:***@db/ledger" in connection info string'),
+     UNREADABLE_URL.format('missing "=" after "postgresql//app:***@db/ledger" in connection info string')),
+    ("postgresql://postgres@db host/walk2",
+     UNREADABLE_URL.format('unexpected spaces found in "db host", use percent-encoded spaces (%20) instead')),
+    *MALFORMED_URLS,
 ])
 def test_a_database_url_that_cannot_be_used_stops_at_once_with_the_reason_and_claims_nothing(lab, url, message):
-    """原来每种都是等 10 秒、日志刷屏,最后一个 PoolTimeout 的 traceback,不说是哪一项、为什么。"""
+    """原来每种都是等 10 秒、日志刷屏,最后一个 PoolTimeout 的 traceback,不说是哪一项、为什么。
+    端口、主机名写错了原来算「数据库暂时用不了」(常驻的 worker 一直重试,cron 退出码 3);没写库名时 libpq 连上和用户
+    同名的库,store.py 把实验的表建进了系统库 postgres。"""
     refused_everywhere(lab, url, [(1, message), (1, message), (2, message), (1, message), (2, message)])
+
+
+@pytest.mark.parametrize("url, message", MALFORMED_URLS[:1] + MALFORMED_URLS[2:3] + MALFORMED_URLS[5:6])
+def test_a_malformed_database_url_stops_the_resident_worker_and_the_webhook_at_once(lab, url, message):
+    """常驻的 worker 遇上「数据库暂时用不了」会一直等着再试:写错了的 URL 不能落到那里。"""
+    store.add_event("evt_T1012_created", "webhook", "ticket.created",
+                    '{"id": "evt_T1012_created", "type": "ticket.created", "data": {"ticket_id": "T1012"}}')
+    env = {**lab, "DATABASE_URL": url, "POLL_SECONDS": "0.2"}
+    r = run(["worker.py"], env, timeout=60)
+    assert (r.returncode, r.stdout, r.stderr) == (1, "", message + "\n")
+    r = run(["-m", "uvicorn", "webhook:app", "--port", "0"], env, timeout=60)
+    assert (r.returncode, r.stdout, r.stderr) == refused_startup(r, message)
+    assert rows("SELECT status, attempts FROM events") == [("pending", 0)]
+
+
+@pytest.mark.parametrize("url", [
+    "postgresql://postgres@127.0.0.1:5432/walk2",
+    "postgres://app:pw@db.example.com/walk2",
+    "postgresql://postgres@127.0.0.1:5432/?dbname=walk2",  # libpq 的 dbname= 参数也是库名
+    "postgresql://postgres@127.0.0.1:/walk2",  # 空端口:默认的 5432
+    "postgresql://postgres@[::1]:5432/walk2",
+    "postgresql://postgres@[fe80::1%25eth0]:5432/walk2",
+    "postgresql://postgres@db_1:5432/walk2",  # docker compose 的服务名
+    "postgresql:///walk2?host=/var/run/postgresql",  # Unix socket
+    "postgresql://app@h1:5432,h2:5433/walk2?target_session_attrs=read-write",
+    "postgresql://app@h1,h2/walk2",
+    "postgresql://app@no-such-host.invalid:5432/walk2",  # 解析不了:DNS 也会出故障,连的时候算「暂时用不了」
+    "postgresql://app@127.0.0.1/walk2?hostaddr=127.0.0.1",
+    "host=127.0.0.1 port=5432 dbname=walk2",
+    "postgresql://app@127.0.0.1/?service=lab",  # 库名在 pg_service.conf 里
+])
+def test_a_well_formed_database_url_is_not_taken_for_a_setting_error(url):
+    assert store.url_problem(url) is None
+
+
+def test_a_database_url_without_a_name_is_fine_when_pgdatabase_names_it(monkeypatch):
+    monkeypatch.setenv("PGDATABASE", "walk2")
+    assert store.url_problem("postgresql://postgres@127.0.0.1:5432/") is None
+    monkeypatch.delenv("PGDATABASE")
+    assert store.url_problem("postgresql://postgres@127.0.0.1:5432/") == NO_DATABASE_NAME
 
 
 def test_a_database_the_server_refuses_to_open_is_a_setting_error_with_the_servers_reason(lab, pg_url):
