@@ -10,16 +10,21 @@
 你会看到:list 每条待办两行(工单号 + [类别] 概括,下一行是草稿;草稿有几行就缩进着接几行);重写到上限的多一行
 说明只能做什么;通知类待办下一行是工单原文,再一行「只能 ignore(看过即可)」;没有待办时一行「收件箱是空的」。
 处理后一行结果,例如 T1012 → sent;respond 之后是「已按意见重写,新草稿: …」,待办留在收件箱里。
---help 打印用法。出错时:工单不在收件箱里、这条待办不允许这种处理、数据库暂时用不了、要 accept 的草稿在你上次
-看过之后被别人 respond 改写了 → 说明原因,退出码 1;命令写错 → 用法,退出码 2。
+-h / --help 打印用法(写在哪个位置都算)。出错时:工单不在收件箱里、这条待办不允许这种处理、
+数据库暂时用不了、要 accept 的草稿在你上次看过之后被别人 respond 改写了 → 说明原因,退出码 1;命令写错 → 用法,
+退出码 2,什么都不动。命令写错也包括:
+--force 这样的选项(只有 -h / --help)、只有空白 / 零宽字符 / 控制字符的文字、文字里夹着制表符和换行以外的控制字符、
+不是 UTF-8 的参数(终端的编码是 GBK 之类)。以「-」开头、后面还有别的字的回复(「- 第一步:…」)照常是文字。
 
 几个人共用收件箱时(INBOX_USER 区分是谁,见 .env.example):list 和 respond 记下你看到的是哪一版草稿,accept 只发
 你看到的那一版;没 list 过就 accept(课文的用法)照常发。
 """
 import getpass
 import hashlib
+import re
 import socket
 import sys
+import unicodedata
 
 from langgraph.types import Command
 
@@ -36,6 +41,8 @@ ALIASES = {"approve": "accept", "reject": "ignore"}  # LangChain 1.x HumanInTheL
 ANSWER_TYPE = {"accept": "accept", "edit": "edit", "respond": "response", "ignore": "ignore"}
 COMMAND_OF = {v: k for k, v in ANSWER_TYPE.items()}
 NEEDS_TEXT = ("edit", "respond")
+OPTION = re.compile(r"--?[A-Za-z0-9][A-Za-z0-9-]*")  # -f、--force、--dry-run:像选项的一个词(带空格的就是文字)
+CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")  # 除了 \t \n \r 之外的控制字符
 
 
 class Refused(Exception):
@@ -212,25 +219,53 @@ def act(graph, command: str, ticket_id: str, text: str) -> None:
     print(ticket_id, "→", result["outcome"])
 
 
+def utf8(arg: str) -> bool:
+    """命令行里的字节不是 UTF-8 时(GBK 终端里打的字),Python 把它们解码成代理字符 \\udcxx:存不进库,发出去是乱码。"""
+    try:
+        arg.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def blank(text: str) -> bool:
+    """没有一个看得见的字:只有空白(含全角空格)、控制字符、零宽字符(\\u200b、\\ufeff 这类格式字符)。"""
+    return all(c.isspace() or unicodedata.category(c) in ("Cc", "Cf", "Zs", "Zl", "Zp") for c in text)
+
+
+def bad_argument(command: str, args: list[str]) -> str | None:
+    """命令行参数哪里不对(说给人听的一句);都对就返回 None。在碰数据库之前做完。"""
+    for arg in args[1:]:
+        if OPTION.fullmatch(arg):
+            return f"不认识的选项:{arg}(inbox.py 只有 -h / --help 一个选项)"
+    if command == "list":
+        return "list 不带参数" if len(args) > 1 else None
+    if len(args) < 2 or blank(args[1]):
+        return f"{args[0]} 需要工单号"
+    if command in NEEDS_TEXT and (len(args) < 3 or blank(args[2])):
+        return f"{args[0]} 需要第三个参数:{'改好的回复全文' if command == 'edit' else '给 Agent 的意见'}(不能为空)"
+    if len(args) > (3 if command in NEEDS_TEXT else 2):
+        return f"{args[0]} 的参数太多了;文字里有空格时请用引号括起来"
+    if command in NEEDS_TEXT and (bad := next((c for c in args[2] if CONTROL.fullmatch(c)), None)):
+        return (f"{args[0]} 的文字里有控制字符 \\x{ord(bad):02x}(多半是复制粘贴或按错键带进来的),"
+                "客户那边看到的会是乱码;删掉再试")
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if not args:
         return usage("缺少子命令")
-    if args in (["-h"], ["--help"]):
+    if "-h" in args or "--help" in args:  # 在哪个位置都算:不会把 --help 当成工单号或回复发出去
         print(f"用法:{USAGE}")
         return 0
+    if not all(utf8(arg) for arg in args):
+        return usage("参数里有不是 UTF-8 的字节:终端的编码多半不是 UTF-8(比如 GBK),什么都没有改;把终端改成 UTF-8 再试")
     command = ALIASES.get(args[0], args[0])
     if command != "list" and command not in ANSWER_TYPE:
         return usage(f"不认识的子命令:{args[0]}")
-    if command == "list":
-        if len(args) > 1:
-            return usage("list 不带参数")
-    elif len(args) < 2 or not args[1].strip():
-        return usage(f"{args[0]} 需要工单号")
-    elif command in NEEDS_TEXT and (len(args) < 3 or not args[2].strip()):
-        return usage(f"{args[0]} 需要第三个参数:{'改好的回复全文' if command == 'edit' else '给 Agent 的意见'}(不能为空)")
-    elif len(args) > (3 if command in NEEDS_TEXT else 2):
-        return usage(f"{args[0]} 的参数太多了;文字里有空格时请用引号括起来")
+    if problem := bad_argument(command, args):
+        return usage(problem)
 
     check_settings()  # 配置错了现在就退出:待办还没被拿走,不会卡在 processing
     conn = None

@@ -227,6 +227,127 @@ def test_help_prints_usage_and_touches_nothing(lab, flag):
     assert rows("SELECT status, claimed_by FROM events") == [("waiting_human", None)]
 
 
+def everything(ticket_id: str) -> tuple:
+    """收件箱命令可能动到的一切:事件表、发件箱、审核记录、「谁看过哪一版」、模型用量(都是整张表)和这张工单的图。"""
+    tables = ("events", "outbox", "review_log", "inbox_seen", "llm_usage")
+    return tuple(rows(f"SELECT * FROM {t} ORDER BY 1") for t in tables) + (state(ticket_id),)
+
+
+def refused_as_usage(r: subprocess.CompletedProcess, message: str) -> None:
+    assert (r.returncode, r.stdout, r.stderr) == (2, "", f"{message}\n用法:{inbox_mod.USAGE}\n")
+
+
+NOT_UTF8 = "参数里有不是 UTF-8 的字节:终端的编码多半不是 UTF-8(比如 GBK),什么都没有改;把终端改成 UTF-8 再试"
+
+
+@pytest.mark.parametrize("args", [
+    [b"edit", b"T1008", "您好,已经退款".encode("gbk")],  # GBK 终端里敲的字
+    [b"edit", b"T1008", b"\xff\xfe"],
+    [b"respond", b"T1008", b"\xff"],
+    [b"respond", b"T1008", "语气软一点".encode() + b"\xa1"],  # 前面都对,只坏了最后一个字节
+    [b"accept", b"T1008\xa3"],
+    [b"\xb7\xa2\xcb\xcd", b"T1008"],  # 子命令「发送」的 GBK
+])
+def test_arguments_that_are_not_utf8_are_refused_before_the_database_and_the_worker_sends_nothing(any_lab, args):
+    """原来 edit 报 UnicodeEncodeError、把事件交回 worker,下一次 worker 给客户发出一串「????」;respond 先把草稿
+    重写了才崩出 traceback。现在碰数据库之前就拒绝,说清多半是终端编码不对;之后 worker 跑一遍也什么都不发。"""
+    queue("T1008")
+    before = everything("T1008")
+    refused_as_usage(inbox(any_lab, *args), NOT_UTF8)
+    assert everything("T1008") == before
+    worker = run(["worker.py", "--once"], any_lab)
+    assert (worker.returncode, worker.stdout) == (0, "")
+    assert everything("T1008") == before
+    assert rows("SELECT status FROM events") == [("waiting_human",)]
+    assert rows("SELECT COUNT(*) FROM outbox") == [(0,)]
+
+
+@pytest.mark.parametrize("command, text", [
+    ("edit", "\x01\x02"),
+    ("edit", "\u200b"),
+    ("edit", " \ufeff\u3000\u200b\n"),  # BOM、全角空格、零宽空格、换行
+    ("respond", "\u3000\u200d\t"),
+    ("respond", "\x01 \u3000\u2060"),
+])
+def test_text_with_only_invisible_characters_is_refused_as_empty_and_nothing_is_sent(lab, command, text):
+    queue("T1012")
+    before = everything("T1012")
+    what = "改好的回复全文" if command == "edit" else "给 Agent 的意见"
+    refused_as_usage(inbox(lab, command, "T1012", text), f"{command} 需要第三个参数:{what}(不能为空)")
+    assert everything("T1012") == before
+    assert drain() == []
+    assert rows("SELECT COUNT(*) FROM outbox") == [(0,)]
+
+
+@pytest.mark.parametrize("command, text, shown", [
+    ("edit", "您好,已经\x01退款", "\\x01"),
+    ("edit", "您好,已经退款\x7f", "\\x7f"),
+    ("respond", "语气软一点\x1b[0m", "\\x1b"),
+])
+def test_text_with_a_control_character_is_refused_naming_it_and_nothing_is_sent(lab, command, text, shown):
+    queue("T1012")
+    before = everything("T1012")
+    refused_as_usage(inbox(lab, command, "T1012", text),
+                     f"{command} 的文字里有控制字符 {shown}(多半是复制粘贴或按错键带进来的),客户那边看到的会是乱码;删掉再试")
+    assert everything("T1012") == before
+    assert drain() == []
+
+
+@pytest.mark.parametrize("args, option", [
+    (["edit", "T1012", "--force"], "--force"),  # 原来把「--force」当回复发给了客户
+    (["respond", "T1012", "-v"], "-v"),
+    (["accept", "-f"], "-f"),
+    (["ignore", "--dry-run"], "--dry-run"),
+    (["accept", "T1012", "--force"], "--force"),
+    (["edit", "--force", "您好,已经退款"], "--force"),
+    (["list", "--all"], "--all"),
+])
+def test_an_option_in_the_ticket_or_text_position_is_refused_and_nothing_is_sent(lab, args, option):
+    queue("T1012")
+    before = everything("T1012")
+    refused_as_usage(inbox(lab, *args), f"不认识的选项:{option}(inbox.py 只有 -h / --help 一个选项)")
+    assert everything("T1012") == before
+    assert drain() == []
+
+
+@pytest.mark.parametrize("reply", [
+    "- 第一步:在「设置—订阅管理」里关掉自动续费\n- 第二步:把扣款截图发给我们",
+    "-5 元已退回,请查收",
+    "-5元已退回,请查收",
+    "--\t客服小周",
+])
+def test_a_reply_that_merely_starts_with_a_dash_is_sent_as_written(lab, reply):
+    queue("T1012")
+    r = inbox(lab, "edit", "T1012", reply)
+    assert (r.returncode, r.stdout, r.stderr) == (0, "T1012 → sent\n", "")
+    assert rows("SELECT ticket_id, body FROM outbox") == [("T1012", reply)]
+    assert rows("SELECT status FROM events") == [("done",)]
+
+
+def test_feedback_that_merely_starts_with_a_dash_is_taken_as_feedback(lab):
+    queue("T1041")
+    r = inbox(lab, "respond", "T1041", "- 先道歉")
+    assert (r.returncode, r.stdout.startswith(f"已按意见重写,新草稿: {SORRY}")) == (0, True)
+    assert state("T1041")["feedback"] == ["- 先道歉"]
+    assert rows("SELECT status FROM events") == [("waiting_human",)]
+
+
+@pytest.mark.parametrize("args", [
+    ["accept", "--help"],  # 原来说「--help 不在收件箱里」
+    ["edit", "T1012", "-h"],
+    ["respond", "T1012", "--help"],
+    ["edit", "--help", "您好,已经退款"],
+    ["list", "-h"],
+    ["send", "--help"],
+])
+def test_help_anywhere_on_the_command_line_prints_usage_and_touches_nothing(lab, args):
+    queue("T1012")
+    before = everything("T1012")
+    r = inbox(lab, *args)
+    assert (r.returncode, r.stdout, r.stderr) == (0, f"用法:{inbox_mod.USAGE}\n", "")
+    assert everything("T1012") == before
+
+
 @pytest.mark.parametrize("setting, value, message", [
     ("MAX_REDRAFTS", "-1", "配置错误:MAX_REDRAFTS='-1' 不能小于 0"),
     ("LLM_EXTRA_BODY", "{oops", "配置错误:LLM_EXTRA_BODY 不是合法 JSON:{oops"),
