@@ -10,9 +10,9 @@
 你会看到:list 每条待办两行(工单号 + [类别] 概括,下一行是草稿;草稿有几行就缩进着接几行);重写到上限的多一行
 说明只能做什么;通知类待办下一行是工单原文,再一行「只能 ignore(看过即可)」;没有待办时一行「收件箱是空的」。
 处理后一行结果,例如 T1012 → sent;respond 之后是「已按意见重写,新草稿: …」,待办留在收件箱里。
--h / --help 打印用法(写在哪个位置都算)。出错时:工单不在收件箱里、这条待办不允许这种处理、
-数据库暂时用不了、要 accept 的草稿在你上次看过之后被别人 respond 改写了 → 说明原因,退出码 1;命令写错 → 用法,
-退出码 2,什么都不动。命令写错也包括:
+-h / --help 打印用法(写在哪个位置都算)。出错时:工单不在收件箱里(事件进了死信队列的,说出原因和放回队列的命令;
+工单号大小写不对的,问「是不是 T1012?」)、这条待办不允许这种处理、数据库暂时用不了、要 accept 的草稿在你上次
+看过之后被别人 respond 改写了 → 说明原因,退出码 1;命令写错 → 用法,退出码 2,什么都不动。命令写错也包括:
 --force 这样的选项(只有 -h / --help)、只有空白 / 零宽字符 / 控制字符的文字、文字里夹着制表符和换行以外的控制字符、
 不是 UTF-8 的参数(终端的编码是 GBK 之类)。以「-」开头、后面还有别的字的回复(「- 第一步:…」)照常是文字。
 
@@ -148,12 +148,20 @@ def answer_for(command: str, ticket_id: str, text: str) -> dict:
 
 
 def act(graph, command: str, ticket_id: str, text: str) -> None:
-    ev = next((e for e in store.events_by_status("waiting_human") if e["ticket_id"] == ticket_id), None)
+    waiting = store.events_by_status("waiting_human")
+    ev = next((e for e in waiting if e["ticket_id"] == ticket_id), None)
     busy = Refused(f"{ticket_id} 正在被处理(另一个收件箱命令或 worker),稍后再 list 看看")
     if ev is None:
         if any(e["ticket_id"] == ticket_id for e in store.events_by_status("processing")):
             raise busy
-        raise Refused(f"{ticket_id} 不在收件箱里(已经处理过,或者还没轮到 worker)")
+        if dead := [e for e in store.events_by_status("dead") if e["ticket_id"] == ticket_id]:
+            ids = " ".join(e["event_id"] for e in dead)
+            why = (dead[-1]["last_error"] or "没有记下原因").splitlines()[0]
+            raise Refused(f"{ticket_id} 的事件 {ids} 在死信队列里({why}),没有进收件箱;"
+                          f"查清原因后运行 uv run python worker.py --requeue-dead {ids} 放回队列")
+        hint = next((f";是不是 {e['ticket_id']}?" for e in waiting
+                     if e["ticket_id"].casefold() == ticket_id.casefold()), "")
+        raise Refused(f"{ticket_id} 不在收件箱里(已经处理过,或者还没轮到 worker){hint}")
     cfg = thread_of(ticket_id, ev["event_id"])
     snap = graph.get_state(cfg)
     item = snap.interrupts[0].value

@@ -961,7 +961,7 @@ def requeue_dead(event_ids: list[str] | None = None) -> int:
 def events_by_status(status: str) -> list[dict]:
     with opened() as conn:
         rows = conn.execute(
-            "SELECT event_id, kind, payload, ticket_id, attempts, claimed_by, updated_at FROM events "
+            "SELECT event_id, kind, payload, ticket_id, attempts, claimed_by, updated_at, last_error FROM events "
             "WHERE status = ? ORDER BY received_at, event_id",
             (status,),
         ).fetchall()

@@ -444,6 +444,36 @@ def test_unknown_or_finished_ticket_is_not_in_the_inbox(lab):
     assert rows("SELECT COUNT(*) FROM review_log") == [(1,)]
 
 
+def test_a_ticket_whose_event_is_dead_is_refused_with_the_reason_and_the_requeue_command(any_lab):
+    """T9999 的事件进了死信:原来说「不在收件箱里(已经处理过,或者还没轮到 worker)」,人以为再等等就好。
+    现在说在死信队列里、为什么(last_error 的第一行)、怎么放回队列;退出码 1,什么都不动。"""
+    queue("T9999", "T1012")
+    before = everything("T9999")
+    r = inbox(any_lab, "accept", "T9999")
+    assert (r.returncode, r.stdout, r.stderr) == (
+        1, "", "T9999 的事件 evt_T9999_created 在死信队列里(PermanentError: 工单不存在:T9999),没有进收件箱;"
+               "查清原因后运行 uv run python worker.py --requeue-dead evt_T9999_created 放回队列\n")
+    assert everything("T9999") == before
+    rows("UPDATE events SET last_error = ? WHERE event_id = 'evt_T9999_created' RETURNING event_id",
+         ("OperationalError: 连不上业务库\nDETAIL:  第二行不用给人看",))
+    before = everything("T9999")
+    r = inbox(any_lab, "edit", "T9999", "您好")
+    assert (r.returncode, r.stdout, r.stderr) == (
+        1, "", "T9999 的事件 evt_T9999_created 在死信队列里(OperationalError: 连不上业务库),没有进收件箱;"
+               "查清原因后运行 uv run python worker.py --requeue-dead evt_T9999_created 放回队列\n")
+    assert everything("T9999") == before
+    assert rows("SELECT COUNT(*) FROM outbox") == [(0,)]
+
+
+def test_a_ticket_id_in_the_wrong_case_is_refused_with_the_right_one_suggested(lab):
+    queue("T1012")
+    before = everything("T1012")
+    r = inbox(lab, "accept", "t1012")
+    assert (r.returncode, r.stdout, r.stderr) == (
+        1, "", "t1012 不在收件箱里(已经处理过,或者还没轮到 worker);是不是 T1012?\n")
+    assert everything("T1012") == before
+
+
 def test_send_run_twice_leaves_one_outbox_row(any_lab):
     queue("T1012")
     assert inbox(any_lab, "accept", "T1012").returncode == 0
