@@ -15,12 +15,14 @@
 看过之后被别人 respond 改写了 → 说明原因,退出码 1;命令写错 → 用法,退出码 2,什么都不动。命令写错也包括:
 --force 这样的选项(只有 -h / --help)、只有空白 / 零宽字符 / 控制字符的文字、文字里夹着制表符和换行以外的控制字符、
 不是 UTF-8 的参数(终端的编码是 GBK 之类)。以「-」开头、后面还有别的字的回复(「- 第一步:…」)照常是文字。
+输出被提前关掉(list | head)时不打 traceback,退出码 141(和被 SIGPIPE 结束的命令一样),这次不记你看到了哪一版。
 
 几个人共用收件箱时(INBOX_USER 区分是谁,见 .env.example):list 和 respond 记下你看到的是哪一版草稿,accept 只发
 你看到的那一版;没 list 过就 accept(课文的用法)照常发。
 """
 import getpass
 import hashlib
+import os
 import re
 import socket
 import sys
@@ -134,7 +136,9 @@ def show_list(graph) -> None:
         if not item["config"]["allow_respond"]:
             rounds = len(snap.values.get("feedback", []))
             print(f"        已按意见重写 {rounds} 次,到上限了:只能 {' / '.join(COMMAND_OF[k] for k in allowed(item))}")
-    sys.stdout.flush()  # 先让人看到;记下看到了哪一版可能要等一会儿锁
+    # 先让人看到;记下看到了哪一版可能要等一会儿锁。输出被提前关掉(list | head)时这里抛 BrokenPipeError,
+    # 就不记了:没送到人眼前的草稿不能算看过(见文件末尾)
+    sys.stdout.flush()
     remember(shown)
 
 
@@ -221,6 +225,7 @@ def act(graph, command: str, ticket_id: str, text: str) -> None:
             # 上面核对过了,按说不会到这里:图没有接受这个回答(review 又问了一次),待办原样留着,可以再处理
             raise Refused(f"{ticket_id} 这次没有处理成:{item['description']};仍在收件箱里")
         print("已按意见重写,新草稿:", item["action_request"]["args"]["reply"])
+        sys.stdout.flush()  # 真的写出去了才算看过(见 show_list)
         remember({ticket_id: item["action_request"]["args"]["reply"]})
         return
     store.set_status(ev["event_id"], "ignored" if result["outcome"] == "ignored" else "done", owner=store.inbox_owner())
@@ -299,4 +304,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        code = main()
+        sys.stdout.flush()  # 写不出去的话在这里发现,而不是退出时打一段英文的「Exception ignored」
+    except BrokenPipeError:
+        # 看输出的一方提前走了(list | head -2):照 Python 文档 signal 一节的做法安静退出,退出码 141 和被 SIGPIPE
+        # 结束的 cat、grep 一样。stdout 指向 /dev/null:Python 退出时还要再冲一次缓冲区,不然又是一段报错
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        code = 141
+    sys.exit(code)

@@ -1,5 +1,6 @@
 """命令行收件箱:四种处理、多轮 respond、通知类待办、重写上限、拒绝坏输入、崩溃后对账、并发。"""
 import json
+import os
 import signal
 import sqlite3
 import subprocess
@@ -346,6 +347,29 @@ def test_help_anywhere_on_the_command_line_prints_usage_and_touches_nothing(lab,
     r = inbox(lab, *args)
     assert (r.returncode, r.stdout, r.stderr) == (0, f"用法:{inbox_mod.USAGE}\n", "")
     assert everything("T1012") == before
+
+
+def test_list_into_a_pipe_that_is_already_closed_exits_141_quietly_and_records_no_draft_as_seen(lab):
+    """inbox.py list | head -2,收件箱里有 30 条:原来 head 走了之后是一段英文的 BrokenPipeError traceback。
+    这里让看输出的一方一开始就走掉(管道的读端先关了),每次都一样:退出码 141,stderr 什么都没有;
+    没送到人眼前的草稿不记成「看过了」,别的什么都不动。"""
+    queue(*(f"T{n}" for n in range(1001, 1031)))
+    assert rows("SELECT COUNT(*) FROM events WHERE status = 'waiting_human'") == [(30,)]
+    before = everything("T1012")
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        proc = subprocess.Popen([sys.executable, "inbox.py", "list"], cwd=LAB, env=lab, stdout=write_end,
+                                stderr=subprocess.PIPE, text=True)
+    finally:
+        os.close(write_end)
+    _, err = proc.communicate(timeout=120)
+    assert (proc.returncode, err) == (141, "")
+    assert everything("T1012") == before
+    assert rows("SELECT COUNT(*) FROM inbox_seen") == [(0,)]
+    shown = inbox(lab, "list")  # 管道好好的时候照常:每一版草稿都记下
+    assert (shown.returncode, shown.stdout.count("\n"), shown.stderr) == (0, 30 * 2 + 1, "")  # 通知类 T1010 多一行
+    assert rows("SELECT COUNT(*) FROM inbox_seen") == [(shown.stdout.count("        草稿:"),)] == [(29,)]
 
 
 @pytest.mark.parametrize("setting, value, message", [
