@@ -17,7 +17,6 @@
 退出码:0 成功;1 日报发 Slack 失败(日报已经打印出来了);2 参数或设置不对,什么都没做;
 3 数据库暂时用不了(PostgreSQL 重启、连接被掐断、SQLite 被锁太久),一行说明,下次照常跑(scan 重跑不会重复入队)。
 """
-import argparse
 import json
 import sys
 from datetime import date, datetime, timedelta, timezone
@@ -228,7 +227,7 @@ def report() -> int:
 
 # ---------------------------------------------------------------- 命令行
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="定时任务:scan 把久未回复的工单入队,report 出日报")
+    parser = config.ArgumentParser(description="定时任务:scan 把久未回复的工单入队,report 出日报")
     sub = parser.add_subparsers(dest="command", required=True, metavar="{scan,report}")
     p_scan = sub.add_parser("scan", help=f"把超过 STALE_DAYS(默认 {STALE_DAYS})天没回复的工单入队")
     p_scan.add_argument("--limit", type=int, default=SCAN_LIMIT, help=f"一次最多入队几个(默认 {SCAN_LIMIT})")

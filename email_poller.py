@@ -31,7 +31,6 @@ Message-ID(见 mail_event_id()),重跑时补上缺的那一半。解析不了的
 退出码:0 全部处理好;1 有邮件无法解析、存储失败或读取失败(其余照常处理了),或者数据库暂时用不了(这时后面的邮件这一轮
 不收,保持未读);2 设置或参数不对;3 连不上邮箱、登录失败或收信中途断线(已经处理好的邮件照常算数,没处理的保持未读)。
 """
-import argparse
 import base64
 import email
 import hashlib
@@ -563,7 +562,7 @@ def summary(outcomes: list[Outcome]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="收一次客服邮箱(或离线读 .eml),新邮件变成工单 + 事件")
+    parser = config.ArgumentParser(description="收一次客服邮箱(或离线读 .eml),新邮件变成工单 + 事件")
     parser.add_argument("--eml", nargs="+", metavar="FILE|DIR", help="离线模式:读这些 .eml 文件或目录,不连邮箱")
     args = parser.parse_args(argv)
     try:

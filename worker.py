@@ -12,7 +12,6 @@
 数据库暂时用不了(PostgreSQL 重启、连接被掐断、启动时服务器还没起来)时,常驻模式在标准错误上说一行、隔 POLL_SECONDS 秒再试,不退出;
 --once 说一行、退出码 1,手上的事件交回队列。
 """
-import argparse
 import contextlib
 import json
 import itertools
@@ -284,7 +283,7 @@ class Worker:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="后台 worker:领事件、跑 Agent")
+    parser = config.ArgumentParser(description="后台 worker:领事件、跑 Agent")
     parser.add_argument("--once", action="store_true", help="把现在能领的事件处理完就退出")
     parser.add_argument("--concurrency", type=int, default=None, help=f"同时处理几个事件(默认 {CONCURRENCY})")
     parser.add_argument("--requeue-dead", nargs="*", metavar="EVENT_ID", help="把死信放回队列,不给 id 就是全部")

@@ -320,3 +320,26 @@ def test_a_business_database_that_is_not_sqlite_is_refused_by_every_command_and_
         assert (r.returncode, r.stdout, r.stderr) == (code, "", stderr), command
     assert notes.read_text(encoding="utf-8") == "我的笔记,别动\n"
     assert rows("SELECT event_id, status, attempts FROM events") == [("evt_T1012_created", "pending", 0)]
+
+
+@pytest.mark.parametrize("program", ["worker.py", "cron_jobs.py", "email_poller.py"])
+def test_help_of_every_argparse_program_is_chinese_and_does_nothing(lab, tmp_path, program):
+    fresh = tmp_path / "fresh-events.db"
+    r = run([program, "--help"], {**lab, "EVENTS_DB": str(fresh)})
+    assert (r.returncode, r.stderr) == (0, "")
+    assert r.stdout.startswith(f"用法:{program} [-h]")
+    assert "\n选项:\n  -h, --help " in r.stdout and "显示这段说明并退出" in r.stdout
+    assert not re.search(r"usage|options|show this help", r.stdout)
+    assert not fresh.exists()
+
+
+def test_an_argparse_message_without_a_translation_is_kept_whole(capsys):
+    import config
+    parser = config.ArgumentParser(prog="x.py")
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--a", action="store_true")
+    group.add_argument("--b", action="store_true")
+    with pytest.raises(SystemExit) as e:
+        parser.parse_args(["--a", "--b"])
+    assert e.value.code == 2
+    assert capsys.readouterr().err == "用法:x.py [-h] [--a | --b]\nx.py:错误:argument --b: not allowed with argument --a\n"

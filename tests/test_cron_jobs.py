@@ -160,11 +160,11 @@ def test_worker_drafts_an_apologising_follow_up_for_stale_tickets(lab):
 
 
 @pytest.mark.parametrize("args, env, code, message", [
-    (["scan", "--limit", "0"], {}, 2, "error: --limit 至少是 1"),
-    (["scan", "--limit", "many"], {}, 2, "error: argument --limit: invalid int value: 'many'"),
-    ([], {}, 2, "error: the following arguments are required: {scan,report}"),
-    (["bogus"], {}, 2, "error: argument {scan,report}: invalid choice: 'bogus' (choose from 'scan', 'report')"),
-    (["scan", "--bogus"], {}, 2, "error: unrecognized arguments: --bogus"),
+    (["scan", "--limit", "0"], {}, 2, "cron_jobs.py scan:错误:--limit 至少是 1"),
+    (["scan", "--limit", "many"], {}, 2, "cron_jobs.py scan:错误:--limit 要的是整数,不是 'many'"),
+    ([], {}, 2, "cron_jobs.py:错误:缺少参数:{scan,report}"),
+    (["bogus"], {}, 2, "cron_jobs.py:错误:{scan,report} 没有 'bogus' 这一项(可选:'scan', 'report')"),
+    (["scan", "--bogus"], {}, 2, "cron_jobs.py:错误:不认识的参数:--bogus"),
     (["scan"], {"STALE_DAYS": "abc"}, 2, "配置错误:STALE_DAYS='abc' 不是数字"),
     (["scan"], {"STALE_DAYS": "-3"}, 2, "配置错误:STALE_DAYS='-3' 不能小于 0"),
     (["scan"], {"STALE_DAYS": "nan"}, 2, "配置错误:STALE_DAYS='nan' 不是数字"),
@@ -190,8 +190,8 @@ def test_bad_arguments_and_settings_exit_2_before_anything_is_printed_or_enqueue
     assert not fresh.exists()
     if message.startswith("配置错误"):
         assert r.stderr == message + "\n"
-    else:  # argparse:用法在前,错误在最后一行
-        assert r.stderr.startswith("usage: cron_jobs.py") and r.stderr.endswith(message + "\n")
+    else:  # 命令行写错:中文的用法在前,错误在最后一行
+        assert r.stderr.startswith("用法:cron_jobs.py") and r.stderr.endswith("\n" + message + "\n")
     assert rows(EVENTS) == []
 
 
@@ -465,4 +465,4 @@ def test_crontab_example_has_the_four_jobs_with_valid_schedules_and_runnable_com
         command = command.replace("/ABSOLUTE/PATH/TO/uv run python", f"{uv} run python" if uv else sys.executable)
         r = subprocess.run(["sh", "-c", command], cwd="/", env=lab, capture_output=True, text=True, timeout=120)
         assert r.returncode == 0, (command, r.stderr)
-        assert r.stdout.startswith("usage: "), command
+        assert r.stdout.startswith("用法:"), command

@@ -1127,14 +1127,14 @@ def test_when_every_candidate_ticket_id_belongs_to_other_mails_nothing_is_stored
 
 # ---------------------------------------------------------------- 命令行写错、服务器拒绝命令
 @pytest.mark.parametrize("args, message", [
-    (["--eml"], "error: argument --eml: expected at least one argument"),
-    (["--bogus"], "error: unrecognized arguments: --bogus"),
+    (["--eml"], "email_poller.py:错误:--eml 后面至少要跟一个值"),
+    (["--bogus"], "email_poller.py:错误:不认识的参数:--bogus"),
 ])
 def test_bad_command_line_exits_2_with_usage_and_nothing_is_stored(imap_env, imap_server, args, message):
     imap_server.append(ZHANG)  # 邮箱设置齐全、有一封未读:参数写错时也不该去收
     r = run(["email_poller.py", *args], imap_env)
     assert (r.returncode, r.stdout) == (2, "")
-    assert r.stderr.startswith("usage: email_poller.py") and r.stderr.endswith(message + "\n")
+    assert r.stderr.startswith("用法:email_poller.py") and r.stderr.endswith("\n" + message + "\n")
     nothing_stored(imap_server, [101])
 
 

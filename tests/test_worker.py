@@ -354,16 +354,17 @@ def test_requeue_dead_on_a_write_locked_database_says_so_in_one_line_and_leaves_
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--concurrency", "0"], "error: --concurrency 至少是 1"),
-    (["--concurrency", "257"], "error: --concurrency 最多是 256"),
-    (["--concurrency", "many"], "error: argument --concurrency: invalid int value: 'many'"),
-    (["--bogus"], "error: unrecognized arguments: --bogus"),
+    (["--concurrency", "0"], "worker.py:错误:--concurrency 至少是 1"),
+    (["--concurrency", "257"], "worker.py:错误:--concurrency 最多是 256"),
+    (["--concurrency", "many"], "worker.py:错误:--concurrency 要的是整数,不是 'many'"),
+    (["--once=yes"], "worker.py:错误:--once 不带值,多出了 'yes'"),
+    (["--bogus"], "worker.py:错误:不认识的参数:--bogus"),
 ])
 def test_bad_worker_arguments_exit_2_with_usage_and_claim_nothing(lab, args, message):
     add("T1012")
     r = run(["worker.py", *args], lab)
     assert (r.returncode, r.stdout) == (2, "")
-    assert r.stderr.startswith("usage: worker.py") and r.stderr.endswith(message + "\n")
+    assert r.stderr.startswith("用法:worker.py") and r.stderr.endswith("\n" + message + "\n")
     assert events() == [("evt_T1012_created", "pending", 0)]
 
 
