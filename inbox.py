@@ -14,6 +14,7 @@
 工单号大小写不对的,问「是不是 T1012?」)、这条待办不允许这种处理、数据库暂时用不了、要 accept 的草稿在你上次
 看过之后被别人 respond 改写了 → 说明原因,退出码 1;命令写错 → 用法,退出码 2,什么都不动。命令写错也包括:
 --force 这样的选项(只有 -h / --help)、只有空白 / 零宽字符 / 控制字符的文字、文字里夹着制表符和换行以外的控制字符、
+超过 INBOX_MAX_TEXT_CHARS(默认 2000)个字的文字、
 不是 UTF-8 的参数(终端的编码是 GBK 之类)。以「-」开头、后面还有别的字的回复(「- 第一步:…」)照常是文字。
 输出被提前关掉(list | head)时不打 traceback,退出码 141(和被 SIGPIPE 结束的命令一样),这次不记你看到了哪一版。
 
@@ -37,6 +38,8 @@ from llm import describe
 
 INBOX_USER = ""  # 谁在用收件箱(几个人共用时区分);空 = 「登录名@主机名」
 SEEN_WAIT_S = 0.5  # 秒;list 记「你看到的是哪一版」时最多等别人的写锁这么久,等不到就不记(accept 时会请你再 list),list 照常显示
+MAX_TEXT_CHARS = 2000  # 字(1 起);edit 的回复、respond 的意见最多这么长。草稿本来不到 150 字:再长多半是多粘贴了一段
+                       # (整封邮件往来),edit 会原样发给客户,respond 会在之后每次重写时都进提示词、按 token 花钱
 
 USAGE = __doc__.split("运行:")[1].split("你会看到")[0].rstrip()
 ALIASES = {"approve": "accept", "reject": "ignore"}  # LangChain 1.x HumanInTheLoopMiddleware 的叫法
@@ -246,6 +249,10 @@ def blank(text: str) -> bool:
     return all(c.isspace() or unicodedata.category(c) in ("Cc", "Cf", "Zs", "Zl", "Zp") for c in text)
 
 
+def max_text_chars() -> int:
+    return config.integer("INBOX_MAX_TEXT_CHARS", MAX_TEXT_CHARS, minimum=1)
+
+
 def bad_argument(command: str, args: list[str]) -> str | None:
     """命令行参数哪里不对(说给人听的一句);都对就返回 None。在碰数据库之前做完。"""
     for arg in args[1:]:
@@ -259,6 +266,9 @@ def bad_argument(command: str, args: list[str]) -> str | None:
         return f"{args[0]} 需要第三个参数:{'改好的回复全文' if command == 'edit' else '给 Agent 的意见'}(不能为空)"
     if len(args) > (3 if command in NEEDS_TEXT else 2):
         return f"{args[0]} 的参数太多了;文字里有空格时请用引号括起来"
+    if command in NEEDS_TEXT and len(args[2].strip()) > (limit := max_text_chars()):
+        return (f"{args[0]} 的文字有 {len(args[2].strip())} 个字,最多 {limit} 个(INBOX_MAX_TEXT_CHARS):"
+                "多半是多粘贴了一段;什么都没有改")
     if command in NEEDS_TEXT and (bad := next((c for c in args[2] if CONTROL.fullmatch(c)), None)):
         return (f"{args[0]} 的文字里有控制字符 \\x{ord(bad):02x}(多半是复制粘贴或按错键带进来的),"
                 "客户那边看到的会是乱码;删掉再试")

@@ -294,6 +294,29 @@ def test_text_with_a_control_character_is_refused_naming_it_and_nothing_is_sent(
     assert drain() == []
 
 
+@pytest.mark.parametrize("command", ["edit", "respond"])
+def test_text_longer_than_the_limit_is_refused_with_its_length_and_nothing_is_sent(lab, command):
+    """整封邮件往来粘贴进来:edit 会原样发给客户,respond 会在之后每次重写时都进提示词。"""
+    queue("T1012")
+    before = everything("T1012")
+    text = "  " + "您" * 2001 + "\n"  # 首尾的空白不算
+    refused_as_usage(inbox(lab, command, "T1012", text),
+                     f"{command} 的文字有 2001 个字,最多 2000 个(INBOX_MAX_TEXT_CHARS):多半是多粘贴了一段;什么都没有改")
+    assert everything("T1012") == before
+    assert drain() == []
+    short = inbox({**lab, "INBOX_MAX_TEXT_CHARS": "5"}, command, "T1012", text)
+    refused_as_usage(short, f"{command} 的文字有 2001 个字,最多 5 个(INBOX_MAX_TEXT_CHARS):多半是多粘贴了一段;什么都没有改")
+    assert everything("T1012") == before
+
+
+def test_text_exactly_at_the_limit_is_sent_whole(lab):
+    queue("T1012")
+    text = "您" * 2000
+    r = inbox(lab, "edit", "T1012", f" {text} ")
+    assert (r.returncode, r.stdout, r.stderr) == (0, "T1012 → sent\n", "")
+    assert rows("SELECT ticket_id, body FROM outbox") == [("T1012", text)]
+
+
 @pytest.mark.parametrize("args, option", [
     (["edit", "T1012", "--force"], "--force"),  # 原来把「--force」当回复发给了客户
     (["respond", "T1012", "-v"], "-v"),
