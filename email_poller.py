@@ -32,6 +32,7 @@ Message-ID(见 mail_event_id()),重跑时补上缺的那一半。解析不了的
 不收,保持未读);2 设置或参数不对;3 连不上邮箱、登录失败或收信中途断线(已经处理好的邮件照常算数,没处理的保持未读)。
 """
 import base64
+import codecs
 import email
 import hashlib
 import imaplib
@@ -42,8 +43,8 @@ import ssl
 import sys
 import unicodedata
 from dataclasses import dataclass
-from email.errors import (CloseBoundaryNotFoundDefect, HeaderParseError, MissingHeaderBodySeparatorDefect,
-                          StartBoundaryNotFoundDefect)
+from email.errors import (CloseBoundaryNotFoundDefect, HeaderParseError, InvalidBase64LengthDefect,
+                          InvalidBase64PaddingDefect, MissingHeaderBodySeparatorDefect, StartBoundaryNotFoundDefect)
 from email.header import decode_header
 from email.message import Message
 from email.utils import parseaddr
@@ -66,6 +67,8 @@ CHARSET_SUPERSETS = {"gb2312": "gb18030", "gbk": "gb18030", "x-gbk": "gb18030", 
 # 字;事件 id 最长这么多(和 webhook 收的 id 一样)。Message-ID 再长就用它的 sha1:PostgreSQL 主键索引的一行
 # 最多 2704 字节,原来几 KB 的 Message-ID 每次都存不进去,还被当成「数据库用不了」,整个邮箱就卡在这封信上
 MAX_EVENT_ID_CHARS = 200
+HALF_ESCAPE = re.compile(r"=[0-9A-Fa-f]\s*\Z")  # quoted-printable 截在「=C4」的中间
+UNCLOSED_TAG = re.compile(r"(<([!/?A-Za-z][^<>]*)?|&#?[A-Za-z0-9]*)\Z")  # HTML 截在「<div cla」「&nbs」上
 SURROGATES = re.compile("[\ud800-\udfff]")  # 落单的代理项:utf-8 编不出来,两种库都存不进去
 EXIT_OK, EXIT_SOME_FAILED, EXIT_CONFIG, EXIT_MAILBOX = 0, 1, 2, 3
 
@@ -257,7 +260,11 @@ def cut_short(msg: Message, raw: bytes) -> str:
       而存下它,完整的那封就成了 duplicate、悄悄丢了。后来的完整副本替换已存的截断版也不行:工单可能已经
       被 worker 处理、起草了回复,替换既不简单也不安全。所以一律拒收。
       只查这封信自己的各部分,不进附件里的整封邮件(message/rfc822):转发、退信里附的原信本来就常被截断,信本身是完整的。
-    单段(不是 multipart)的正文截在中间看不出来(一封短信和一封被截短的信长得一样),这种照常入库。"""
+    - 正文(不是附件的 text/* 段)截在中间,留下了看得出的痕迹(发信程序都不会写出这样的正文):base64 的长度不是 4 的
+      倍数;quoted-printable 最后是只有一位十六进制数的「=C」(原来解出一串乱码存进工单);解码后的最后一个字只剩
+      前一两个字节(按声明的字符集,没声明按 UTF-8;中文正文随便截在哪个字节上,大约三回里有两回是这样);HTML 正文
+      停在没写完的标签「<di」或实体「&nbs」上(原来「<di」当成正文存下)。
+    截在一行末尾、截在两个字之间的单段正文看不出来(一封短信和一封被截短的信长得一样),这种照常入库。"""
     # 没有这个缺陷时,邮件头一直连到第一个空行或者信的末尾:整封信里一个空行都没有,就是没有分隔行(只有邮件头)
     if (any(isinstance(d, MissingHeaderBodySeparatorDefect) for d in msg.defects)
             or b"\n\n" not in raw.replace(b"\r\n", b"\n").replace(b"\r", b"\n")):
@@ -267,7 +274,37 @@ def cut_short(msg: Message, raw: bytes) -> str:
             return "multipart 邮件没有结束边界(邮件被截断或损坏?)"
         if any(isinstance(d, StartBoundaryNotFoundDefect) for d in part.defects):
             return "multipart 邮件里找不到分段的边界(邮件被截断或损坏?)"
+        if part.is_multipart() or part.get_content_maintype() != "text" or part.get_content_disposition() == "attachment":
+            continue
+        data = part.get_payload(decode=True) or b""  # base64 的缺陷在解码时才记到 part.defects 上
+        if any(isinstance(d, (InvalidBase64PaddingDefect, InvalidBase64LengthDefect)) for d in part.defects):
+            return "正文的 base64 长度不对,后面缺了一截(邮件被截断或损坏?)"
+        if part.get("Content-Transfer-Encoding", "").strip().lower() == "quoted-printable" and \
+                HALF_ESCAPE.search(str(part.get_payload())):
+            return "正文的 quoted-printable 转义只剩半个,后面缺了一截(邮件被截断或损坏?)"
+        if ends_mid_character(data, part.get_content_charset()):
+            return "正文的最后一个字不完整,后面缺了一截(邮件被截断或损坏?)"
+        if part.get_content_subtype() == "html" and UNCLOSED_TAG.search(decode_bytes(data, part.get_content_charset())):
+            return "HTML 正文截在一个标签或 & 实体的中间,后面缺了一截(邮件被截断或损坏?)"
     return ""
+
+
+def ends_mid_character(data: bytes, charset: str | None) -> bool:
+    """按这个字符集解码,前面都解得通、最后却剩下半个字。字符集不认识、中间就有解不通的字节时不算
+    (那是别的毛病,decode_bytes 会换着字符集试):只认截断的样子。"""
+    name = CHARSET_SUPERSETS.get((charset or "").lower(), charset or "utf-8")
+    try:
+        b"a".decode(name)  # 不认识的名字、rot13 / base64 这类不是文字编码的:LookupError,和 decode_bytes 一样不用它
+    except LookupError:
+        return False
+    except ValueError:  # utf-16 这类一个字节解不出字的:名字是好的
+        pass
+    try:
+        decoder = codecs.getincrementaldecoder(name)()
+        decoder.decode(data, final=False)
+    except ValueError:  # UnicodeDecodeError、utf-16 没有 BOM 的 UnicodeError
+        return False
+    return bool(decoder.getstate()[0])
 
 
 def own_parts(msg: Message):

@@ -828,7 +828,17 @@ def broken_beside_a_good_one(env: dict, folder, raw: bytes, reason: str) -> str:
     # multipart 截在第一段的边界之前(只剩 This is a multi-part message…)
     ("06_multipart_alternative.eml", sample("06_multipart_alternative.eml").index(b"------=_Part_6_alt\n"),
      "multipart 邮件里找不到分段的边界(邮件被截断或损坏?)"),
-], ids=["cut-mid-header-line", "cut-mid-header-value", "multipart-no-close-boundary", "multipart-no-first-boundary"])
+    # 单段的正文截在中间、留下了痕迹的(原来都存成正文缺一截的工单;后两种存下的是乱码和「<di」)
+    ("02_gbk_base64.eml", sample("02_gbk_base64.eml").index(b"6rXEt9HT") + 3,
+     "正文的 base64 长度不对,后面缺了一截(邮件被截断或损坏?)"),
+    ("01_utf8_plain.eml", sample("01_utf8_plain.eml").index("凭证".encode()) + 1,
+     "正文的最后一个字不完整,后面缺了一截(邮件被截断或损坏?)"),
+    ("03_gb2312_qp.eml", sample("03_gb2312_qp.eml").index(b"=C4=FA=BA=C3") + 11,
+     "正文的 quoted-printable 转义只剩半个,后面缺了一截(邮件被截断或损坏?)"),
+    ("07_html_only.eml", sample("07_html_only.eml").index(b"<div>") + 3,
+     "HTML 正文截在一个标签或 & 实体的中间,后面缺了一截(邮件被截断或损坏?)"),
+], ids=["cut-mid-header-line", "cut-mid-header-value", "multipart-no-close-boundary", "multipart-no-first-boundary",
+        "base64-length", "utf8-half-character", "qp-half-escape", "html-half-tag"])
 def test_a_cut_eml_file_is_reported_and_not_stored_so_the_full_file_later_becomes_the_ticket(lab, tmp_path, name,
                                                                                              cut_at, reason):
     """文件只存下了前半截(复制中断、磁盘写满):原来截在邮件头里的存成一张正文是半行邮件头的工单,multipart 截在中间的
@@ -1043,6 +1053,25 @@ def test_every_cut_inside_a_samples_header_block_is_broken_mail_and_headers_with
     _, _, subject, body = EXPECTED_SAMPLES[name]
     parsed = email_poller.parse(raw)
     assert (parsed["message_id"], parsed["subject"], parsed["body"]) == (sample_id(name), subject, body)
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED_SAMPLES))
+def test_every_cut_inside_a_samples_body_is_refused_or_keeps_a_clean_beginning_of_the_body(name):
+    """正文截在任何一个字节上:要么说是截断的坏信,要么存下的正文是完整正文的开头 —— 截在一行末尾、两个字之间的
+    单段正文看不出来,但存下的不会是乱码、半个转义、半个标签。原来 quoted-printable 截在「=C」上解出一串乱码,
+    HTML 截在「<di」上把「<di」当成正文。"""
+    raw = sample(name)
+    body = EXPECTED_SAMPLES[name][3]
+    refused = 0
+    for n in range(raw.index(b"\n\n") + 2, len(raw)):
+        try:
+            parsed = email_poller.parse(raw[:n])
+        except email_poller.BrokenMail as e:
+            assert str(e).endswith("(邮件被截断或损坏?)"), (n, str(e))
+            refused += 1
+            continue
+        assert body.startswith(parsed["body"]), (n, parsed["body"][-20:])
+    assert refused > 0
 
 
 def test_a_forwarded_mail_whose_attached_original_is_cut_is_not_broken_mail():
