@@ -1308,26 +1308,35 @@ def copy_missing_tickets(target, ticket_ids: set[str]) -> int:
     return len(tickets)
 
 
-def unmoved_events() -> int:
-    """设了 DATABASE_URL 时:EVENTS_DB 那个 SQLite 库里还没做完(排队、处理中、等人审)、PostgreSQL 里又没有的事件有几个。
-    只是提醒用:SQLite 库不在、打不开、已经搬过(--from-sqlite 记下了;之后清空了 PostgreSQL 的话,原来这里照样提醒
-    去搬,搬的时候却被拒绝)就是 0。"""
+def sqlite_note() -> str:
+    """设了 DATABASE_URL 时,store.py 最后关于 EVENTS_DB 那个 SQLite 库的一句提醒;没什么可说的是空串。
+    - 它里面还有没做完(排队、处理中、等人审)、PostgreSQL 里又没有的事件:说有几个、怎么搬。
+    - 它已经搬进了另一个 PostgreSQL 库(--from-sqlite 记下的地址和现在的 DATABASE_URL 不一样):说搬去了哪里。
+      原来什么都不说:DATABASE_URL 换了个库,store.py 在新库里建出空表,看着像搬过去的事件和待办都没了。
+    SQLite 库不在、打不开、搬进的就是这个库(之后清空了 PostgreSQL 的话,原来这里照样提醒去搬,搬的时候却被拒绝):空串。"""
     path = events_db()
     if not path.exists() or path.stat().st_size == 0:
-        return 0
+        return ""
     try:
         with opened(path) as conn:
-            if moved_to(conn):
-                return 0
+            if moved := moved_to(conn):
+                url, moved_at = moved
+                if url == _safe_url(database_url()):
+                    return ""
+                return (f"{path} 里的事件在 {moved_at} 搬进的是 {url},不是现在 DATABASE_URL 的这个库:"
+                        "要接着处理搬过去的事件和待办,把 DATABASE_URL 改回那个库")
             ids = [r[0] for r in conn.execute(
                 "SELECT event_id FROM events WHERE status IN ('pending', 'processing', 'waiting_human')")]
     except sqlite3.Error:
-        return 0
+        return ""
     if not ids:
-        return 0
+        return ""
     with opened() as conn:
         there = conn.execute("SELECT COUNT(*) FROM events WHERE event_id = ANY(?)", (ids,)).fetchone()[0]
-    return len(ids) - there
+    if not (left := len(ids) - there):
+        return ""
+    return (f"{path} 里还有 {left} 个没做完的事件(排队、等人审)不在 PostgreSQL 里:要在这边接着处理,"
+            "停掉用 SQLite 的 worker、webhook、邮件轮询和收件箱,运行 uv run python store.py --from-sqlite")
 
 
 def _safe_url(text: str) -> str:
@@ -1534,9 +1543,8 @@ def build_and_count(from_sqlite: bool = False) -> int:
     tables = {"事件库": ("events", "outbox", "review_log", "llm_usage"), "业务库": tuple(BIZ_COLUMNS)}
     for label, (shown, path) in where.items():
         print(f"{label} {shown}:" + ",".join(f"{t} {n} 行" for t, n in counts(path, tables[label]).items()))
-    if dialect() == "postgres" and not from_sqlite and (left := unmoved_events()):
-        print(f"{events_db()} 里还有 {left} 个没做完的事件(排队、等人审)不在 PostgreSQL 里:要在这边接着处理,"
-              "停掉用 SQLite 的 worker、webhook、邮件轮询和收件箱,运行 uv run python store.py --from-sqlite")
+    if dialect() == "postgres" and not from_sqlite and (note := sqlite_note()):
+        print(note)
     return 0
 
 

@@ -204,6 +204,31 @@ def test_moving_twice_is_refused_and_nothing_is_moved_again(sqlite_lab_in_use, p
                                          f"业务库 {url}:customers 30 行,tickets 41 行"]
 
 
+def test_store_py_on_another_postgres_database_says_where_the_sqlite_lab_was_moved(sqlite_lab_in_use, pg_url,
+                                                                                    monkeypatch):
+    """搬过以后 DATABASE_URL 换成了另一个库(写错了库名、换了 schema):原来 store.py 只在新库里建出空表、打印 0 行,
+    看着像搬过去的事件和待办都没了。现在最后一行说 SQLite 里的东西搬去了哪里;两个库、SQLite 都不少一行。"""
+    lab, before = sqlite_lab_in_use
+    with pg_schema() as moved_here, pg_schema() as other:
+        assert from_sqlite({**lab, "DATABASE_URL": moved_here}).returncode == 0
+        (_, moved_at), = moved_mark(lab["EVENTS_DB"])[0]
+        r = run(["store.py"], {**lab, "DATABASE_URL": other})
+        assert (r.returncode, r.stderr) == (0, "")
+        assert r.stdout.splitlines() == [
+            f"已在 {other} 新建业务表 customers、tickets(从 {lab['BIZ_DB']} 拷过来)",
+            f"事件库 {other}:events 0 行,outbox 0 行,review_log 0 行,llm_usage 0 行",
+            f"业务库 {other}:customers 30 行,tickets 41 行",
+            f"{lab['EVENTS_DB']} 里的事件在 {moved_at:%Y-%m-%d %H:%M:%S} UTC 搬进的是 {moved_here},"
+            "不是现在 DATABASE_URL 的这个库:要接着处理搬过去的事件和待办,把 DATABASE_URL 改回那个库"]
+        back = run(["store.py"], {**lab, "DATABASE_URL": moved_here})  # 改回去:不再提醒
+        assert (back.returncode, back.stderr, back.stdout.splitlines()) == (0, "", [
+            f"事件库 {moved_here}:events 5 行,outbox 1 行,review_log 1 行,llm_usage 3 行",
+            f"业务库 {moved_here}:customers 30 行,tickets 41 行"])
+        with on_postgres(monkeypatch, moved_here):
+            assert snapshot() == before
+    assert snapshot() == before
+
+
 def nothing_moved(url: str, monkeypatch, before: dict) -> None:
     """PostgreSQL 里事件表和 checkpoint 都是空的(表可能已经建好),SQLite 里的和搬之前一模一样。"""
     with on_postgres(monkeypatch, url):
