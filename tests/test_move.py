@@ -104,6 +104,13 @@ def sqlite_lab_in_use(lab, monkeypatch):
     return lab, snapshot()
 
 
+def built_empty(url: str, lab: dict) -> list[str]:
+    """store.py 第一次在一个空的 PostgreSQL 库里运行时打印的前三行:建业务表(拷 BIZ_DB),事件库是空的。"""
+    return [f"已在 {url} 新建业务表 customers、tickets(从 {lab['BIZ_DB']} 拷过来)",
+            f"事件库 {url}:events 0 行,outbox 0 行,review_log 0 行,llm_usage 0 行",
+            f"业务库 {url}:customers 30 行,tickets 41 行"]
+
+
 def from_sqlite(env: dict):
     return run(["store.py", "--from-sqlite"], env)
 
@@ -119,10 +126,7 @@ def test_a_sqlite_lab_moved_to_postgres_carries_on_there_and_sends_each_reply_on
         started = store.parse_time(store.now())
         first = run(["store.py"], env)  # 照 README 换到 PostgreSQL:先建库,它提醒 SQLite 里还有没做完的
         assert (first.returncode, first.stderr) == (0, "")
-        assert first.stdout.splitlines() == [
-            f"已在 {url} 新建业务表 customers、tickets(从 {lab['BIZ_DB']} 拷过来)",
-            f"事件库 {url}:events 0 行,outbox 0 行,review_log 0 行,llm_usage 0 行",
-            f"业务库 {url}:customers 30 行,tickets 41 行",
+        assert first.stdout.splitlines() == built_empty(url, lab) + [
             f"{lab['EVENTS_DB']} 里还有 4 个没做完的事件(排队、等人审)不在 PostgreSQL 里:要在这边接着处理,"
             "停掉用 SQLite 的 worker、webhook、邮件轮询和收件箱,运行 uv run python store.py --from-sqlite"]
         r = from_sqlite(env)
@@ -214,10 +218,7 @@ def test_store_py_on_another_postgres_database_says_where_the_sqlite_lab_was_mov
         (_, moved_at), = moved_mark(lab["EVENTS_DB"])[0]
         r = run(["store.py"], {**lab, "DATABASE_URL": other})
         assert (r.returncode, r.stderr) == (0, "")
-        assert r.stdout.splitlines() == [
-            f"已在 {other} 新建业务表 customers、tickets(从 {lab['BIZ_DB']} 拷过来)",
-            f"事件库 {other}:events 0 行,outbox 0 行,review_log 0 行,llm_usage 0 行",
-            f"业务库 {other}:customers 30 行,tickets 41 行",
+        assert r.stdout.splitlines() == built_empty(other, lab) + [
             f"{lab['EVENTS_DB']} 里的事件在 {moved_at:%Y-%m-%d %H:%M:%S} UTC 搬进的是 {moved_here},"
             "不是现在 DATABASE_URL 的这个库:要接着处理搬过去的事件和待办,把 DATABASE_URL 改回那个库"]
         back = run(["store.py"], {**lab, "DATABASE_URL": moved_here})  # 改回去:不再提醒
