@@ -65,6 +65,7 @@ def scan(limit: int = SCAN_LIMIT) -> dict:
     old = store.open_tickets_created_by(cutoff)
     blockers = store.followup_blockers()
     # 已经有事件在排队或等人的工单不再提醒 —— 今天这次扫描自己入队的除外,所以同一天重跑挑出的还是同一批
+    todays = {t for t, event_id in blockers["queued"] if event_id == stale_event_id(t, today)}
     queued = {t for t, event_id in blockers["queued"] if event_id != stale_event_id(t, today)}
     unreplied = [t for t in old if t not in blockers["replied"]]
     busy = [t for t in unreplied if t in queued]
@@ -78,14 +79,17 @@ def scan(limit: int = SCAN_LIMIT) -> dict:
         if store.add_event(event_id, "cron", "ticket.stale", json.dumps(payload)):
             enqueued.append(ticket_id)
     print(f"超过 {stale_days} 天还开着的工单 {len(old)} 张,其中没回复过的 {len(unreplied)} 张,本次入队 {len(enqueued)} 个")
-    already = [t for t in todo[:limit] if t not in enqueued]  # 同一天重跑:事件 id 带日期,今天这批已经入过队了
+    # 同一天重跑:事件 id 带日期,今天入过队的不会再入。--limit 之外的也可能今天入过队(早些时候用更大的 --limit
+    # 跑过):原来一律说成「超出 --limit」,像是漏掉了
+    already = [t for t in todo if t not in enqueued and (t in todays or t in todo[:limit])]
+    over_limit = [t for t in todo[limit:] if t not in already]
     held = [(len(already), "今天已经入过队", ""), (len(busy), "已在队列或收件箱里", ""), (len(ignored), "客服选了不回", ""),
             (len(dead), "在死信里", "(查清原因后 uv run python worker.py --requeue-dead)"),
-            (len(todo[limit:]), f"超出 --limit {limit}", "")]
+            (len(over_limit), f"超出 --limit {limit}", "")]
     if any(n for n, *_ in held):
         print("没有入队的:" + ",".join(f"{why} {n} 张{note}" for n, why, note in held if n))
     return {"old": len(old), "unreplied": len(unreplied), "enqueued": enqueued, "already": already, "busy": busy,
-            "ignored": ignored, "dead": dead, "over_limit": todo[limit:]}
+            "ignored": ignored, "dead": dead, "over_limit": over_limit}
 
 
 # ---------------------------------------------------------------- report

@@ -70,6 +70,23 @@ def test_scan_enqueues_the_oldest_unreplied_tickets_up_to_the_limit_and_a_same_d
     assert rows(EVENTS) == [stale_event(t) for t in stale[:5]]
 
 
+def test_tickets_enqueued_today_by_a_larger_limit_are_counted_as_enqueued_today_not_over_the_limit(lab):
+    """同一天先用小的、再用大的、再用默认的 --limit:每次说明里的几项加起来都是没回复过的 9 张,今天入过队的
+    不会被说成「超出 --limit」(原来 --limit 9 之后再跑默认的 5,有 4 张入了队的被说成超出)。"""
+    stale = old_open_tickets(20)
+    expected = [
+        (["--limit", "3"], 3, "没有入队的:超出 --limit 3 6 张"),
+        (["--limit", "9"], 6, "没有入队的:今天已经入过队 3 张"),
+        ([], 0, "没有入队的:今天已经入过队 9 张"),
+        (["--limit", "2"], 0, "没有入队的:今天已经入过队 9 张"),
+    ]
+    for args, enqueued, held in expected:
+        r = run(["cron_jobs.py", "scan", *args], lab)
+        assert (r.returncode, r.stderr) == (0, "")
+        assert r.stdout.splitlines() == [f"超过 20 天还开着的工单 9 张,其中没回复过的 9 张,本次入队 {enqueued} 个", held]
+    assert sorted(rows(EVENTS)) == sorted(stale_event(t) for t in stale)
+
+
 def test_scan_on_a_write_locked_database_says_so_in_one_line_and_enqueues_nothing_while_report_still_works(lab):
     """事件库被别人占着写锁超过 BUSY_TIMEOUT_S(有人在 sqlite3 里改了东西没提交):scan 一行说明、退出码 3,一个都没入队;
     只读的 report 照样出(WAL 下读不等写锁)。锁放开之后 scan 照常。"""
