@@ -19,11 +19,13 @@ import time
 from pathlib import Path
 
 import config
+import inbox
 import store
 import webhook
 import worker
 
 LAB = config.HERE
+USAGE = "用法:uv run python demo.py [--keep](--keep:跑完保留临时数据目录)"
 PORT = 8139  # 课文用的端口;被占用时换一个空闲端口
 FEEDBACK = "这张已确认是重复扣款,直接告诉客户退款申请已提交、原路退回,别写金额"
 EDITED = ("您好,已确认 10 月 8 日的 INV-2026-0123 是重复扣款,退款申请已提交,会原路退回,"
@@ -104,14 +106,21 @@ def wait_for_port(port: int, proc: subprocess.Popen, seconds: float = 30) -> Non
 
 def check_settings() -> None:
     """演示里每个程序要读的设置(webhook 密钥、worker 和图的设置、SQLite 等锁的时间),开始之前先在这里读一遍:
-    哪一项写错了,一步都不跑就说是哪一项,而不是跑到用它的那一步才停下。"""
-    for read in (store.busy_timeout_s, webhook.check_secret, worker.read_settings):
+    哪一项写错了,一步都不跑就说是哪一项,而不是跑到用它的那一步才停下。收件箱的文字上限比演示要输入的意见、
+    改好的回复还短时也一样。"""
+    for read in (store.busy_timeout_s, webhook.check_secret, worker.read_settings, inbox.viewer):
         read()
+    longest = max(len(FEEDBACK), len(EDITED))
+    if (limit := inbox.max_text_chars()) < longest:  # 不然跑到 respond 那一步才被收件箱拒绝,T1012 已经发出去了
+        raise SystemExit(f"配置错误:INBOX_MAX_TEXT_CHARS={limit} 比演示要输入的文字({longest} 个字)还短")
 
 
 def main(argv: list[str]) -> int:
+    if argv in (["-h"], ["--help"]):
+        print(USAGE)
+        return 0
     if any(a != "--keep" for a in argv):
-        print("用法:uv run python demo.py [--keep](--keep:跑完保留临时数据目录)", file=sys.stderr)
+        print(USAGE, file=sys.stderr)
         return 2
     keep = bool(argv)
     os.chdir(LAB)  # 和每一步一样在实验目录里读 .env

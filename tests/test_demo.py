@@ -6,6 +6,7 @@ import sys
 import time
 from contextlib import closing
 
+import pytest
 from conftest import LAB, free_port, run
 from openai_stub import OpenAIStub
 
@@ -96,11 +97,22 @@ def test_demo_with_a_bad_setting_says_which_one_before_running_any_step(tmp_path
     env = {k: v for k, v in os.environ.items() if k not in ("LLM_API_KEY", "EVENTS_DB", "CHECKPOINTS_DB", "BIZ_DB")}
     for name, value, problem in (("WORKER_CONCURRENCY", "abc", "WORKER_CONCURRENCY='abc' 不是数字"),
                                  ("WEBHOOK_SECRET", "whsec_", "WEBHOOK_SECRET 是 whsec_,后面没有密钥"),
-                                 ("LLM_TIMEOUT_S", "-1", "LLM_TIMEOUT_S='-1' 不能小于 0.1")):
+                                 ("LLM_TIMEOUT_S", "-1", "LLM_TIMEOUT_S='-1' 不能小于 0.1"),
+                                 ("INBOX_MAX_TEXT_CHARS", "abc", "INBOX_MAX_TEXT_CHARS='abc' 不是数字"),
+                                 # 设置本身没错,只是比演示要 edit 的回复还短:原来发出 T1012 之后才在 respond 那一步停下
+                                 ("INBOX_MAX_TEXT_CHARS", "10",
+                                  f"INBOX_MAX_TEXT_CHARS=10 比演示要输入的文字({len(demo.EDITED)} 个字)还短")):
         r = run(["demo.py"], {**env, name: value, "TMPDIR": str(tmp_path)}, timeout=120)
         assert (r.returncode, r.stdout) == (1, "")
         assert r.stderr == f"演示没有开始:配置错误:{problem}(改好环境变量或 .env 里的这一项再跑)\n"
         assert list(tmp_path.iterdir()) == []  # 连临时数据目录都没建
+
+
+@pytest.mark.parametrize("flag", ["-h", "--help"])
+def test_demo_help_prints_usage_and_runs_nothing(tmp_path, flag):
+    r = run(["demo.py", flag], {**os.environ, "TMPDIR": str(tmp_path)})
+    assert (r.returncode, r.stdout, r.stderr) == (0, "用法:uv run python demo.py [--keep](--keep:跑完保留临时数据目录)\n", "")
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_demo_with_an_unknown_argument_shows_usage_and_runs_nothing(tmp_path):
