@@ -8,7 +8,7 @@
 发到 WEBHOOK_URL(默认 http://127.0.0.1:8139/hooks/cloudledger),密钥是 WEBHOOK_SECRET。
 服务没起来时说明原因,退出码 1;对方回了非 2xx 时照样打印,退出码 1;请求发出去了、却超时或者连接断了时说
 webhook 可能已经存下了这个事件、再发一次是安全的(会回 duplicate: true),退出码 1;
-参数不对(工单号是空的或以 - 开头、重复次数不是正整数)或 WEBHOOK_URL 写错时说明原因,退出码 2;--help 打印用法。
+参数不对(工单号是空的、以 - 开头、有字母数字 _ - 以外的字符,重复次数不是正整数)或 WEBHOOK_URL 写错时说明原因,退出码 2;--help 打印用法。
 """
 import hashlib
 import hmac
@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 import httpx
 
 import config
-from webhook import DEFAULT_SECRET
+from webhook import DEFAULT_SECRET, TICKET_ID
 
 DEFAULT_URL = "http://127.0.0.1:8139/hooks/cloudledger"
 TIMEOUT_S = 10  # 秒;上游一般也就等这么久
@@ -79,6 +79,9 @@ def main(argv: list[str]) -> int:
         return 2
     if argv[0].startswith("-") or not argv[0].strip():  # 写错的选项(--halp)、空工单号:不能当工单号发出去
         print(f"工单号不能是 {argv[0]!r}\n{USAGE}", file=sys.stderr)
+        return 2
+    if not TICKET_ID.fullmatch(argv[0]):  # 「T 1」、全角的「T１２」:webhook 会回一句英文的 400,这里先用中文说
+        print(f"工单号只能由英文字母、数字、_ 和 - 组成(最多 64 个),现在是 {argv[0]!r}\n{USAGE}", file=sys.stderr)
         return 2
     ticket_id, times = argv[0], int(argv[1]) if len(argv) == 2 else 1
     if times > MAX_TIMES:

@@ -49,6 +49,17 @@ def test_option_like_or_empty_ticket_id_is_refused_and_nothing_is_sent(lab, tick
     assert rows("SELECT COUNT(*) FROM events") == [(0,)]
 
 
+@pytest.mark.parametrize("ticket_id", ["T 1012", "T１２", "T\x01", "A" * 65, "T1012/../x", "工单1"])
+def test_a_ticket_id_the_webhook_would_refuse_is_refused_in_chinese_before_sending(lab, ticket_id):
+    """原来照样签好发出去,webhook 回一句英文的 400(控制字符时说的还是 id 而不是工单号),退出码 1。"""
+    with webhook_server(lab) as (_, url):
+        r = run(["send_webhook.py", ticket_id], {**lab, "WEBHOOK_URL": url + "/hooks/cloudledger"})
+    assert (r.returncode, r.stdout) == (2, "")
+    assert r.stderr == (f"工单号只能由英文字母、数字、_ 和 - 组成(最多 64 个),现在是 {ticket_id!r}\n"
+                        "用法:uv run python send_webhook.py 工单号 [重复次数,正整数]\n")
+    assert rows("SELECT COUNT(*) FROM events") == [(0,)]
+
+
 @pytest.mark.parametrize("flag", ["-h", "--help"])
 def test_help_prints_usage_and_sends_nothing(lab, flag):
     with webhook_server(lab) as (_, url):
