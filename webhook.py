@@ -342,8 +342,10 @@ async def read_body(request: Request) -> bytes:
 def parse_event(raw: bytes) -> dict:
     try:
         event = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+    except (UnicodeDecodeError, json.JSONDecodeError):
         raise fail(400, "body is not UTF-8 JSON") from None
+    except RecursionError:  # 合法的 JSON,只是嵌套了上千层([[[[…]]]]):原来也说「不是 JSON」
+        raise fail(400, "body is nested too deeply") from None
     except ValueError:  # 是合法的 JSON,但里面的整数超过了 Python 肯转换的位数(int 和 str 互转的上限,默认 4300)
         raise fail(400, f"body has an integer longer than {sys.get_int_max_str_digits()} digits") from None
     if not isinstance(event, dict):
@@ -353,7 +355,8 @@ def parse_event(raw: bytes) -> dict:
     if not event["id"].isprintable():
         # JSON 的 \ud800、\u0000 解出来是落不了库的字符(SQLite 编不成 UTF-8,PostgreSQL 的 text 不收 NUL):
         # 放过去的话同一批组提交整批失败,和它一起到的好事件也都回 503
-        raise fail(400, "id must not contain control characters or unpaired surrogates")
+        # 不间断空格、零宽字符这类看不见的也不收(isprintable 为假):事件 id 要在终端、日志里认得出来
+        raise fail(400, "id must be printable: no control, invisible or non-ASCII space characters, no unpaired surrogates")
     if not isinstance(event.get("type"), str):
         raise fail(400, "type must be a string")
     return event
