@@ -100,8 +100,11 @@ def main(argv: list[str]) -> int:
             r = httpx.post(url, content=body, headers=headers, timeout=TIMEOUT_S)
         # 连不上:请求根本没发出去。InvalidURL:urlsplit 放过了、httpx 不认的少见写法
         except (httpx.ConnectError, httpx.ConnectTimeout, httpx.InvalidURL) as e:
-            print(f"发不出去:{printable_url(url)} 连不上({type(e).__name__}: {e})。webhook 服务起来了吗?"
-                  f"先在另一个终端运行 uv run uvicorn webhook:app --port {port_of(url)}", file=sys.stderr)
+            if urlsplit(url).scheme == "https" and "SSL" in str(e):  # 服务起来了,只是 uvicorn 默认说的是 http
+                hint = "WEBHOOK_URL 是 https://,可 uv run uvicorn webhook:app 起的服务是 http 的:把 WEBHOOK_URL 改成 http://…"
+            else:
+                hint = f"webhook 服务起来了吗?先在另一个终端运行 uv run uvicorn webhook:app --port {port_of(url)}"
+            print(f"发不出去:{printable_url(url)} 连不上({type(e).__name__}: {e})。{hint}", file=sys.stderr)
             return 1
         except httpx.HTTPError as e:  # 连上了、请求发出去了,却没等到回答:对方可能已经收下了
             print(no_answer(printable_url(url), e, ticket_id), file=sys.stderr)

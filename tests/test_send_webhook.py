@@ -94,6 +94,18 @@ def test_server_not_running_is_one_clear_message_with_the_port_of_webhook_url_an
     assert rows("SELECT COUNT(*) FROM events") == [(0,)]
 
 
+def test_https_against_the_http_webhook_says_to_use_http_not_that_the_service_is_down(lab):
+    """原来 SSL 握手失败也说「webhook 服务起来了吗?」,可服务明明在跑。"""
+    with webhook_server(lab) as (_, url):
+        https = url.replace("http://", "https://") + "/hooks/cloudledger"
+        r = run(["send_webhook.py", "T1012"], {**lab, "WEBHOOK_URL": https})
+    assert (r.returncode, r.stdout) == (1, "")
+    assert r.stderr.startswith(f"发不出去:{https} 连不上(ConnectError: [SSL")
+    assert r.stderr.endswith("WEBHOOK_URL 是 https://,可 uv run uvicorn webhook:app 起的服务是 http 的:"
+                             "把 WEBHOOK_URL 改成 http://…\n")
+    assert rows("SELECT COUNT(*) FROM events") == [(0,)]
+
+
 def no_answer_message(url: str, what: str, error: str, ticket_id: str) -> str:
     return (f"没等到回答:请求已经发给 {url},{what}({error})。webhook 可能已经存下了这个事件,"
             f"再发一次同一个事件是安全的(事件 id 不变,已经存下了只会回 duplicate: true):"
