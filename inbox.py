@@ -162,10 +162,10 @@ def act(graph, command: str, ticket_id: str, text: str) -> None:
         if any(e["ticket_id"] == ticket_id for e in store.events_by_status("processing")):
             raise busy
         if dead := [e for e in store.events_by_status("dead") if e["ticket_id"] == ticket_id]:
-            ids = " ".join(e["event_id"] for e in dead)
+            ids = [e["event_id"] for e in dead]
             why = (dead[-1]["last_error"] or "没有记下原因").splitlines()[0]
-            raise Refused(f"{ticket_id} 的事件 {ids} 在死信队列里({why}),没有进收件箱;"
-                          f"查清原因后运行 uv run python worker.py --requeue-dead {ids} 放回队列")
+            raise Refused(f"{ticket_id} 的事件 {' '.join(ids)} 在死信队列里({why}),没有进收件箱;"
+                          f"查清原因后运行 {store.requeue_dead_command(ids)} 放回队列")
         hint = next((f";是不是 {e['ticket_id']}?" for e in waiting
                      if e["ticket_id"].casefold() == ticket_id.casefold()), "")
         raise Refused(f"{ticket_id} 不在收件箱里(已经处理过,或者还没轮到 worker){hint}")

@@ -29,6 +29,7 @@ import json
 import logging
 import os
 import re
+import shlex
 import socket
 import sqlite3
 import sys
@@ -945,6 +946,11 @@ def requeue_stale(minutes: float) -> int:
 def orphans() -> list[dict]:
     """processing 状态、但处理它的本机进程已经不在了的事件(比如收件箱命令做到一半被杀)。"""
     return [e for e in events_by_status("processing") if _owner_state(e["claimed_by"]) == "dead"]
+
+
+def requeue_dead_command(event_ids: list[str]) -> str:
+    """提示里让人照着敲的放回队列命令。邮件的事件 id 是 <…@…> 形式的 Message-ID:不加引号,粘进 shell 就成了重定向。"""
+    return f"uv run python worker.py --requeue-dead {shlex.join(event_ids)}"
 
 
 def requeue_dead(event_ids: list[str] | None = None) -> int:

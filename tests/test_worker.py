@@ -1,6 +1,7 @@
 """worker:原子领取、重试、死信、退避、卡住放回、崩溃续跑。"""
 import json
 import os
+import shlex
 import signal
 import sqlite3
 import subprocess
@@ -339,6 +340,19 @@ def test_requeue_dead_puts_dead_events_back_and_refuses_unknown_ids(any_lab):
     every = run(["worker.py", "--requeue-dead"], any_lab)
     assert (every.returncode, every.stdout) == (0, "已把 1 个死信放回队列\n")
     assert rows("SELECT status, attempts, not_before FROM events") == [("pending", 0, None)] * 2
+
+
+def test_the_requeue_command_in_hints_can_be_pasted_into_a_shell_even_for_mail_event_ids(lab):
+    """邮件的事件 id 是 <…@…> 形式的 Message-ID:提示里的命令原来不加引号,粘进 bash 就成了重定向(语法错误)。"""
+    mail, other = add("T9999", "<w30@example.com>"), add("T9998")
+    drain()
+    command = store.requeue_dead_command([mail, other])
+    assert command == "uv run python worker.py --requeue-dead '<w30@example.com>' evt_T9998_created"
+    pasted = subprocess.run(["bash", "-c", command.replace("uv run python", shlex.quote(sys.executable), 1)],
+                            cwd=LAB, env=lab, capture_output=True, text=True, timeout=120)
+    assert (pasted.returncode, pasted.stdout, pasted.stderr) == (0, "已把 2 个死信放回队列\n", "")
+    assert rows("SELECT event_id, status FROM events ORDER BY event_id") == [
+        ("<w30@example.com>", "pending"), ("evt_T9998_created", "pending")]
 
 
 def test_requeue_dead_on_a_write_locked_database_says_so_in_one_line_and_leaves_the_dead_letters(lab):
