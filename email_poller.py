@@ -206,12 +206,12 @@ def mail_event_id(msg: Message, raw: bytes) -> str:
     原来这封信每次都「存储失败」、永远收不进来),折行、连续空白并成一个空格;直接写 8 位字节的(<工单一@…>)
     和别的邮件头一样解码,原来非 ASCII 的字节一律变成 U+FFFD,字节数一样的两封信成了「重复」,第二封标了已读就丢了。
     不是 <…> 形式的加上尖括号:定时任务的 cron:stale:…、课文 webhook 的 evt_… 都不以 < 开头,一封信占不了它们的 id。
-    没有 Message-ID:no-message-id: + 整封信的 sha1;解码后还有替换符(U+FFFD)或者超过 MAX_EVENT_ID_CHARS 个字:
+    没有 Message-ID(或者只有空的 <>):no-message-id: + 整封信的 sha1;解码后还有替换符(U+FFFD)或者超过 MAX_EVENT_ID_CHARS 个字:
     message-id-sha1: + 这个头原始字节的 sha1,不拿有损的文字当 id。"""
     header = next((value for name, value in msg.raw_items() if name.lower() == "message-id"), "")
     header_bytes = b" ".join(header.encode("utf-8", "surrogateescape").split())  # 原始字节;IMAP 的 CRLF 折行和 .eml 一样
     text = " ".join("".join(c for c in decode_bytes(header_bytes, None) if c.isprintable() or c.isspace()).split())
-    if not text:
+    if not text.strip("<>").strip():  # 没有、或者只有一对空的尖括号「<>」:不同的信都写成这样,不能当成同一封
         return derived_message_id(raw)
     if not (text.startswith("<") and text.endswith(">")):
         text = f"<{text}>"
@@ -375,16 +375,21 @@ def eml_files(paths: list[str]) -> list[Path]:
     files: list[Path] = []
     for given in paths:
         p = Path(given)
-        if p.is_dir():
-            # 扩展名不分大小写(x.EML、x.Eml 也算,和直接给文件时一样);名字像 x.eml 的子目录不算
-            found = sorted(f for f in p.iterdir() if f.name.lower().endswith(".eml") and f.is_file())
-            if not found:
-                raise SetupError(f"目录里没有 .eml 文件:{given}")
-            files += found
-        elif p.is_file():
-            files.append(p)
-        else:
-            raise SetupError(f"找不到文件或目录:{given}")
+        try:
+            if p.is_dir():
+                # 扩展名不分大小写(x.EML、x.Eml 也算,和直接给文件时一样);名字像 x.eml 的子目录不算
+                found = sorted(f for f in p.iterdir() if f.name.lower().endswith(".eml") and f.is_file())
+                if not found:
+                    raise SetupError(f"目录里没有 .eml 文件:{given}")
+                files += found
+            elif p.is_file():
+                files.append(p)
+            elif p.exists():  # 管道、设备文件:在,只是不是文件(原来说「找不到」)
+                raise SetupError(f"不是普通文件或目录:{given}")
+            else:
+                raise SetupError(f"找不到文件或目录:{given}")
+        except OSError as e:  # 目录没有读或进入的权限、名字太长:原来是 traceback
+            raise SetupError(f"读不了 {given}:{e.strerror or e}") from e
     return files
 
 
@@ -479,11 +484,16 @@ def open_mailbox(s: ImapSettings) -> imaplib.IMAP4:
         context = ssl_context(s.cafile) if s.use_ssl else None
     except ssl.SSLError as e:
         raise SetupError(f"IMAP_CAFILE 不是能用的 CA 证书文件:{s.cafile}({e.reason or e})") from e
+    except OSError as e:  # 没有读权限、读的时候 I/O 出错:原来是 traceback
+        raise SetupError(f"IMAP_CAFILE 读不了:{s.cafile}({e.strerror or e})") from e
     try:
         if context:
             imap = imaplib.IMAP4_SSL(s.host, s.port, ssl_context=context, timeout=s.timeout)
         else:
             imap = imaplib.IMAP4(s.host, s.port, timeout=s.timeout)
+    except UnicodeError as e:  # imap..qq.com、.imap.qq.com、超过 63 个字符的一段:idna 编不出来,原来是 traceback
+        raise SetupError(f"IMAP_HOST={s.host!r} 不是合法的主机名:有一段是空的(连着两个点、以点开头)"
+                         "或者超过 63 个字符") from e
     except ssl.SSLCertVerificationError as e:
         raise MailboxError(f"IMAP 服务器 {where} 的证书校验失败:{e.verify_message}"
                            "(自建邮箱用私有 CA 的,把 CA 证书路径写进 IMAP_CAFILE)") from e

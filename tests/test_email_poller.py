@@ -541,6 +541,13 @@ def test_connection_lost_while_marking_a_stored_mail_read_loses_nothing_and_the_
     ({"IMAP_TIMEOUT_S": "0"}, "配置错误:IMAP_TIMEOUT_S='0' 不能小于 0.1"),
     ({"IMAP_SSL": "1", "IMAP_CAFILE": str(LAB / "crontab.example")},
      f"IMAP_CAFILE 不是能用的 CA 证书文件:{LAB / 'crontab.example'}(NO_CERTIFICATE_OR_CRL_FOUND)"),
+    # 在、是文件,读的时候出错(没有读权限也走这里;测试以 root 运行,权限挡不住,用读出来就是 I/O 错误的文件)
+    ({"IMAP_SSL": "1", "IMAP_CAFILE": "/proc/self/mem"}, "IMAP_CAFILE 读不了:/proc/self/mem(Input/output error)"),
+    # idna 编不出来的主机名:原来是 traceback、退出码 1
+    ({"IMAP_HOST": "imap..example.com"}, "IMAP_HOST='imap..example.com' 不是合法的主机名:有一段是空的(连着两个点、"
+                                          "以点开头)或者超过 63 个字符"),
+    ({"IMAP_HOST": "a" * 64 + ".example.com"}, f"IMAP_HOST={'a' * 64 + '.example.com'!r} 不是合法的主机名:有一段是空的"
+                                               "(连着两个点、以点开头)或者超过 63 个字符"),
 ])
 def test_bad_settings_are_named_and_nothing_is_stored(imap_env, imap_server, change, message):
     imap_server.append(ZHANG)
@@ -769,11 +776,25 @@ def test_missing_message_id_gives_the_same_id_from_imap_and_from_the_eml_file(im
 @pytest.mark.parametrize("args, message", [
     (["--eml", "samples/01_utf8_plain.eml", "samples/nope.eml"], "找不到文件或目录:samples/nope.eml"),
     (["--eml", "tests"], "目录里没有 .eml 文件:tests"),
+    # 原来是 traceback、退出码 1(没有读或进入权限的目录也走这一支;测试以 root 运行,权限挡不住它)
+    (["--eml", "samples/01_utf8_plain.eml", "x" * 300 + ".eml"], f"读不了 {'x' * 300}.eml:File name too long"),
+    (["--eml", "/dev/null"], "不是普通文件或目录:/dev/null"),  # 原来说「找不到」,可它明明在
 ])
 def test_offline_bad_paths_are_rejected_before_anything_is_stored(lab, args, message):
     r = run(["email_poller.py", *args], lab)
     assert (r.returncode, r.stdout, r.stderr) == (2, "", message + "\n")
     nothing_stored()
+
+
+def test_different_mails_whose_message_id_is_an_empty_pair_of_brackets_are_not_duplicates(lab, tmp_path):
+    """「Message-ID: <>」当成没有 Message-ID(按整封信的 sha1):原来第二封说 duplicate,IMAP 上还会被标成已读、就丢了。"""
+    for name, body in (("a.eml", "第一封:凭证导出失败。"), ("b.eml", "第二封:发票抬头写错了。")):
+        (tmp_path / name).write_bytes(mail("<>", "zhang.wei@example.com", "问题", body))
+    r = run(["email_poller.py", "--eml", str(tmp_path)], lab)
+    assert (r.returncode, r.stderr) == (0, "")
+    assert r.stdout.splitlines()[-1] == "本次收取 2 封:新工单 2,重复 0,跳过 0,无法解析 0,存储失败 0"
+    assert sorted(e[0][:14] for e in rows(EVENTS)) == ["no-message-id:", "no-message-id:"]
+    assert sorted(body for *_, body, _ in biz_rows(MAIL_TICKETS)) == ["第一封:凭证导出失败。", "第二封:发票抬头写错了。"]
 
 
 def test_a_folder_named_like_a_mail_is_not_read_as_one(lab, tmp_path):
