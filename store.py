@@ -173,6 +173,8 @@ def cannot_open(what: str, setting: str, path: Path, error: Exception) -> str:
         reason = f"目录 {path.parent} 不存在"
     elif path.is_dir():
         reason = "这是一个目录,不是文件"
+    elif "file is not a database" in str(error):
+        reason = "这个文件不是 SQLite 数据库,指错了文件?"
     else:
         reason = str(error)
     return f"{what}打不开:{setting}={path}({reason})"
@@ -351,7 +353,8 @@ def init() -> None:
                 raise SystemExit(moved_away(events_db(), *moved))
             conn.executescript(sql("SCHEMA"))
             have = {r["name"] for r in conn.execute("PRAGMA table_info(events)")}
-    except sqlite3.OperationalError as e:  # 每个程序都先 init():路径设错了在这里一行说清楚,什么都还没做
+    # 每个程序都先 init():路径设错了、指到了不是数据库的文件(DatabaseError),在这里一行说清楚,什么都还没做
+    except sqlite3.DatabaseError as e:
         raise SystemExit(cannot_open("事件库", "EVENTS_DB", events_db(), e)) from None
     if set(ADDED_COLUMNS) <= have:
         # 表已经是最新的(平常都是):不拿写锁。别人长时间占着写锁时,只读的 report、inbox list 照样能用;
@@ -666,7 +669,7 @@ def open_checkpointer(durable: bool = False):
         conn = sqlite3.connect(checkpoints_db(), check_same_thread=False, timeout=busy_timeout_s(),
                                factory=FileConnection)
         use_wal(conn)  # worker 和收件箱是不同进程,同时写 checkpoint
-    except sqlite3.OperationalError as e:
+    except sqlite3.DatabaseError as e:  # 路径设错了、指到了不是数据库的文件
         raise SystemExit(cannot_open("checkpoint 库", "CHECKPOINTS_DB", checkpoints_db(), e)) from None
     # worker 的 checkpoint 用 NORMAL:进程崩溃(kill -9)时一个不丢,只有断电可能丢最后几个 checkpoint,
     # 那张工单就从更早的节点重跑一遍(节点幂等,outbox 有 UNIQUE)。收件箱、事件表和发件箱是 FULL。

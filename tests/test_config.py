@@ -302,6 +302,27 @@ def test_a_database_path_that_cannot_be_opened_names_the_setting_and_changes_not
     assert not (tmp_path / "missing").exists()
 
 
+@pytest.mark.parametrize("setting", ["EVENTS_DB", "CHECKPOINTS_DB"])
+def test_an_events_or_checkpoint_database_that_is_not_sqlite_is_named_and_left_as_it_was(lab, tmp_path, setting):
+    """EVENTS_DB、CHECKPOINTS_DB 指到了不是数据库的文件:原来是 sqlite3 的 traceback(file is not a database)。"""
+    notes = tmp_path / "notes.txt"
+    notes.write_text("我的笔记,别动\n", encoding="utf-8")
+    what = "事件库" if setting == "EVENTS_DB" else "checkpoint 库"
+    message = f"{what}打不开:{setting}={notes}(这个文件不是 SQLite 数据库,指错了文件?)\n"
+    store.add_event("evt_T1012_created", "webhook", "ticket.created",
+                    '{"id": "evt_T1012_created", "type": "ticket.created", "data": {"ticket_id": "T1012"}}')
+    commands = [(["worker.py", "--once"], 1), (["inbox.py", "list"], 1)]
+    if setting == "EVENTS_DB":
+        commands += [(["store.py"], 1), (["cron_jobs.py", "report"], 2),
+                     (["email_poller.py", "--eml", "samples/01_utf8_plain.eml"], 2)]
+    for command, code in commands:
+        r = run(command, {**lab, setting: str(notes)})
+        assert (r.returncode, r.stdout, r.stderr) == (code, "", message), command
+    assert notes.read_text(encoding="utf-8") == "我的笔记,别动\n"
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith("notes")] == ["notes.txt"]  # 旁边没多出 -wal、-shm
+    assert rows("SELECT status, attempts FROM events") == [("pending", 0)]
+
+
 def test_a_business_database_that_is_not_sqlite_is_refused_by_every_command_and_left_as_it_was(lab, tmp_path):
     """BIZ_DB 指到了一个不是数据库的文件(比如手滑指到了笔记):每个要用业务库的命令都说清楚、什么都不做,
     store.py 也不在它上面新建业务库。"""
