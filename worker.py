@@ -24,13 +24,25 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-import openai
 
-import config
-import store
-from agent import FINISHED, PermanentError, known_new, open_graph, thread_of
-from agent import check_settings as graph_settings
-from llm import describe, mask_pii
+def stop_while_importing(_signum, _frame) -> None:
+    """下面导入 openai、LangGraph 要几秒(慢的机器上五六秒):这期间的 Ctrl-C / SIGTERM 也说一行、退出码 0。
+    原来 SIGTERM 是退出码 143、一句话没有,Ctrl-C 是从 openai 的导入里冒出来的一段 traceback。什么都还没碰。"""
+    print("收到停止信号:还没开始领事件,退出", file=sys.stderr, flush=True)
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, stop_while_importing)
+    signal.signal(signal.SIGINT, stop_while_importing)
+
+import openai  # noqa: E402 —— 上面先装好信号处理,再做慢的导入
+
+import config  # noqa: E402
+import store  # noqa: E402
+from agent import FINISHED, PermanentError, known_new, open_graph, thread_of  # noqa: E402
+from agent import check_settings as graph_settings  # noqa: E402
+from llm import describe, mask_pii  # noqa: E402
 
 MAX_ATTEMPTS = 3            # 次(1–20);暂时性失败最多试几次,之后进死信
 STALE_MINUTES = 10          # 分钟(0–525600);processing 超过这么久、处理它的进程也不在了,就放回队列(可以是 0 或小数)
@@ -292,11 +304,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.concurrency is not None and args.concurrency > MAX_CONCURRENCY:
         parser.error(f"--concurrency 最多是 {MAX_CONCURRENCY}")
     worker = None
+    # 导入时装的 stop_while_importing 换掉:从这里起 Ctrl-C 是 KeyboardInterrupt,SIGTERM 也当它(见下面 except)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, stop_before_start)
     try:
         if args.requeue_dead is not None:
             return requeue_dead(args.requeue_dead)
-        # start() 在数据库用不了时一直等着再试:这期间 SIGTERM 也要能停下它(原来是信号的默认处理,退出码 143、一句话没有)
-        signal.signal(signal.SIGTERM, stop_before_start)
+        # start() 在数据库用不了时一直等着再试:这期间 SIGTERM 也能停下它(上面装好的 stop_before_start)
         worker = start(args)
         signal.signal(signal.SIGTERM, worker.stop)
         signal.signal(signal.SIGINT, worker.stop)

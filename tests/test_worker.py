@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 from conftest import LAB, cut_at, cut_connections, die_before_checkpoint, drain, rows, run, tcp_proxy, write_locked
@@ -1112,6 +1113,30 @@ def test_a_running_worker_started_before_the_database_waits_for_it_and_then_work
               "failed: server closed the connection unexpectedly),0.2 秒后再试")
     assert len(waiting) >= 2 and set(waiting) == {closed}, err
     assert last == STOPPING
+
+
+def catches(pid: int, sig: int) -> bool:
+    """这个进程已经为 sig 装了处理函数(/proc/<pid>/status 的 SigCgt 位图)。"""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("SigCgt:"):
+            return bool(int(line.split()[1], 16) >> (sig - 1) & 1)
+    return False
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_while_the_worker_is_still_importing_stops_it_with_exit_0_and_one_line(lab, sig):
+    """导入 openai、LangGraph 要几秒:原来这时的 SIGTERM 是退出码 143、一句话没有,Ctrl-C 是一段 traceback。
+    worker.py 一开头就装好处理函数;装好之后马上发信号(这时慢的导入才刚开始),事件原样留在队列里。"""
+    add("T1012")
+    proc = start_worker(lab)
+    try:
+        wait_until(lambda: catches(proc.pid, signal.SIGTERM), "worker 没有装上 SIGTERM 的处理函数", timeout=30)
+        proc.send_signal(sig)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert (proc.returncode, out, err) == (0, "", "收到停止信号:还没开始领事件,退出\n")
+    assert events() == [("evt_T1012_created", "pending", 0)]
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
