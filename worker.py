@@ -296,13 +296,17 @@ class Worker:
 def main(argv: list[str] | None = None) -> int:
     parser = config.ArgumentParser(description="后台 worker:领事件、跑 Agent")
     parser.add_argument("--once", action="store_true", help="把现在能领的事件处理完就退出")
-    parser.add_argument("--concurrency", type=int, default=None, help=f"同时处理几个事件(默认 {CONCURRENCY})")
+    parser.add_argument("--concurrency", type=int, default=None,
+                        help=f"同时处理几个事件(不给时用 WORKER_CONCURRENCY,默认 {CONCURRENCY})")
     parser.add_argument("--requeue-dead", nargs="*", metavar="EVENT_ID", help="把死信放回队列,不给 id 就是全部")
     args = parser.parse_args(argv)
     if args.concurrency is not None and args.concurrency < 1:
         parser.error("--concurrency 至少是 1")
     if args.concurrency is not None and args.concurrency > MAX_CONCURRENCY:
         parser.error(f"--concurrency 最多是 {MAX_CONCURRENCY}")
+    if args.requeue_dead is not None and (args.once or args.concurrency is not None):
+        # 原来 --once 被悄悄忽略:以为放回去之后会接着处理,其实只放回了队列
+        parser.error("--requeue-dead 只把死信放回队列,不处理事件,不能和 --once、--concurrency 一起用;放回之后再运行 worker")
     worker = None
     # 导入时装的 stop_while_importing 换掉:从这里起 Ctrl-C 是 KeyboardInterrupt,SIGTERM 也当它(见下面 except)
     signal.signal(signal.SIGINT, signal.default_int_handler)

@@ -374,6 +374,10 @@ def test_requeue_dead_on_a_write_locked_database_says_so_in_one_line_and_leaves_
     (["--concurrency", "many"], "worker.py:错误:--concurrency 要的是整数,不是 'many'"),
     (["--once=yes"], "worker.py:错误:--once 不带值,多出了 'yes'"),
     (["--bogus"], "worker.py:错误:不认识的参数:--bogus"),
+    (["--once", "--requeue-dead"], "worker.py:错误:--requeue-dead 只把死信放回队列,不处理事件,不能和 --once、"
+                                   "--concurrency 一起用;放回之后再运行 worker"),
+    (["--requeue-dead", "evt_T1012_created", "--concurrency", "4"],
+     "worker.py:错误:--requeue-dead 只把死信放回队列,不处理事件,不能和 --once、--concurrency 一起用;放回之后再运行 worker"),
 ])
 def test_bad_worker_arguments_exit_2_with_usage_and_claim_nothing(lab, args, message):
     add("T1012")
