@@ -24,7 +24,7 @@ Message-ID(见 mail_event_id()),重跑时补上缺的那一半。解析不了的
 留给人看,其他邮件照常处理。看得出被截断的邮件(邮件头没有以空行结束、multipart 没有结束边界)也算解析不了、不入库:
 它和完整的那封 Message-ID 一样,存了它,完整的那封再来时只会是 duplicate(见 cut_short())。
 服务器拒绝交出某一封信(FETCH 回 NO)时,那封保持未读,下次再收,其他邮件照常处理;
-离线模式读不了某个 .eml 文件(没有权限、磁盘 I/O 错误)也一样:说是哪个文件,其余照常,修好后重跑这条命令。
+离线模式读不了某个 .eml 文件(没有权限、磁盘 I/O 错误、目录里断了的符号链接)也一样:说是哪个文件,其余照常,修好后重跑这条命令。
 解析不了的原因里带着邮件原文的(比如找不到发件人地址时的 From 头),先打码(手机号、身份证号、银行卡号、邮箱地址)
 再打印,stderr 和日志里不留客户的个人信息。
 
@@ -37,6 +37,7 @@ import email
 import hashlib
 import imaplib
 import json
+import os
 import re
 import socket
 import ssl
@@ -377,8 +378,10 @@ def eml_files(paths: list[str]) -> list[Path]:
         p = Path(given)
         try:
             if p.is_dir():
-                # 扩展名不分大小写(x.EML、x.Eml 也算,和直接给文件时一样);名字像 x.eml 的子目录不算
-                found = sorted(f for f in p.iterdir() if f.name.lower().endswith(".eml") and f.is_file())
+                # 扩展名不分大小写(x.EML、x.Eml 也算,和直接给文件时一样);名字像 x.eml 的子目录不算。
+                # 指向不存在的文件的符号链接算进来:读的时候说一声(原来不声不响地跳过,那封信就没了下文)
+                found = sorted(f for f in p.iterdir() if f.name.lower().endswith(".eml")
+                               and (f.is_file() or dangling(f)))
                 if not found:
                     raise SetupError(f"目录里没有 .eml 文件:{given}")
                 files += found
@@ -386,11 +389,26 @@ def eml_files(paths: list[str]) -> list[Path]:
                 files.append(p)
             elif p.exists():  # 管道、设备文件:在,只是不是文件(原来说「找不到」)
                 raise SetupError(f"不是普通文件或目录:{given}")
+            elif dangling(p):
+                raise SetupError(f"找不到文件或目录:{given}{link_note(p)}")
             else:
                 raise SetupError(f"找不到文件或目录:{given}")
         except OSError as e:  # 目录没有读或进入的权限、名字太长:原来是 traceback
             raise SetupError(f"读不了 {given}:{e.strerror or e}") from e
     return files
+
+
+def dangling(p: Path) -> bool:
+    """p 是符号链接,指向的东西却不在了(文件被移走、链接写错)。"""
+    return p.is_symlink() and not p.exists()
+
+
+def link_note(p: Path) -> str:
+    """说明这是一个断了的符号链接、指向哪里;读不到链接本身时不多说。"""
+    try:
+        return f"(它是符号链接,指向的 {os.readlink(p)} 不存在)"
+    except OSError:
+        return ""
 
 
 def store_files(files: list[Path]) -> list[Outcome]:
@@ -400,7 +418,8 @@ def store_files(files: list[Path]) -> list[Outcome]:
         try:
             raw = f.read_bytes()
         except OSError as e:  # 存在但读不了:没有权限、磁盘 I/O 错误
-            done.append(report(Outcome(str(f), "unreadable", f"读不了这个文件,修好后重跑这条命令:{e.strerror or e}")))
+            why = f"{e.strerror or e}{link_note(f) if dangling(f) else ''}"
+            done.append(report(Outcome(str(f), "unreadable", f"读不了这个文件,修好后重跑这条命令:{why}")))
             continue
         done.append(handle(raw, str(f), retry="修好后重跑这条命令,已经存好的会显示 duplicate"))
         if stops_here(done[-1], len(files) - i - 1, "个文件没有处理,修好后重跑这条命令"):

@@ -416,6 +416,36 @@ def test_an_eml_file_that_cannot_be_read_is_one_line_and_the_other_files_are_sti
     assert [e[0] for e in rows(EVENTS)] == ["<t1@example.com>", "<t3@example.com>"]
 
 
+def test_a_dangling_mail_link_in_a_folder_is_reported_and_the_other_files_are_still_stored(lab, tmp_path):
+    """目录里的 a.eml 是符号链接,指向的文件已经被移走:原来不声不响地跳过(汇总里也看不出少了一封)。
+    现在和读不了的文件一样:一行说是哪个文件、指向哪里,其余照常,退出码 1;把文件放回去再跑,它就入库了。"""
+    gone = tmp_path / "moved-away.eml"
+    (tmp_path / "a.eml").symlink_to(gone)
+    (tmp_path / "b.eml").write_bytes(LI)
+    r = run(["email_poller.py", "--eml", str(tmp_path)], lab)
+    t1, t3 = ticket_of("<t1@example.com>"), ticket_of("<t3@example.com>")
+    assert (r.returncode, r.stdout, r.stderr) == (
+        1, f"{t3}  {tmp_path}/b.eml\n本次收取 2 封:新工单 1,重复 0,跳过 0,无法解析 0,存储失败 0,读取失败 1\n",
+        f"读不了这个文件,修好后重跑这条命令:No such file or directory(它是符号链接,指向的 {gone} 不存在)"
+        f"  {tmp_path}/a.eml\n")
+    assert [e[0] for e in rows(EVENTS)] == ["<t3@example.com>"]
+    gone.write_bytes(ZHANG)
+    again = run(["email_poller.py", "--eml", str(tmp_path)], lab)
+    assert (again.returncode, again.stdout, again.stderr) == (
+        0, f"{t1}  {tmp_path}/a.eml\nduplicate  {tmp_path}/b.eml\nduplicate  {tmp_path}/moved-away.eml\n"
+           "本次收取 3 封:新工单 1,重复 2,跳过 0,无法解析 0,存储失败 0\n", "")
+    assert [e[0] for e in rows(EVENTS)] == ["<t1@example.com>", "<t3@example.com>"]
+
+
+def test_a_dangling_mail_link_given_by_name_says_where_it_points_and_nothing_is_stored(lab, tmp_path):
+    link = tmp_path / "a.eml"
+    link.symlink_to("gone.eml")
+    r = run(["email_poller.py", "--eml", str(link), "samples/01_utf8_plain.eml"], lab)
+    assert (r.returncode, r.stdout, r.stderr) == (
+        2, "", f"找不到文件或目录:{link}(它是符号链接,指向的 gone.eml 不存在)\n")
+    nothing_stored()
+
+
 def test_process_killed_after_storing_but_before_marking_seen_gives_duplicate_next_run(lab, imap_env, imap_server):
     """入库之后、标已读之前进程没了:信还是未读,下次收到时说 duplicate 并标已读,不会多一张工单。"""
     imap_server.append(ZHANG)
