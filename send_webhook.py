@@ -60,10 +60,13 @@ def printable_url(url: str) -> str:
 def no_answer(url: str, e: httpx.HTTPError, ticket_id: str) -> str:
     """请求发出去以后超时、连接断了:不是「服务没起来」。webhook 可能已经把事件存下了,只是回答没送到;
     同一个事件再发一次是安全的 —— 事件 id 一样,存下了的只会回 duplicate: true,不会存两份。"""
-    what = f"但 {TIMEOUT_S} 秒内没有回答" if isinstance(e, httpx.TimeoutException) else "但还没回答,连接就断了"
+    timed_out = isinstance(e, httpx.TimeoutException)
+    what = f"但 {TIMEOUT_S} 秒内没有回答" if timed_out else "但还没回答,连接就断了"
+    # 连上的不是 webhook、是别的服务(端口写成了数据库、Redis 的)时也是连接被断开:光看错误分不出来,说一句
+    other = "" if timed_out else ";要是 WEBHOOK_URL 的端口指到了别的服务(数据库、Redis……),它们不说 HTTP,也是这样断开,先核对 WEBHOOK_URL"
     return (f"没等到回答:请求已经发给 {url},{what}({type(e).__name__}: {e})。webhook 可能已经存下了这个事件,"
             f"再发一次同一个事件是安全的(事件 id 不变,已经存下了只会回 duplicate: true):"
-            f"uv run python send_webhook.py {shlex.quote(ticket_id)}")
+            f"uv run python send_webhook.py {shlex.quote(ticket_id)}{other}")
 
 
 def main(argv: list[str]) -> int:

@@ -1,9 +1,11 @@
 """send_webhook.py 和 store.py 的命令行:坏参数、服务没起来、对方拒绝,都说清楚,什么都不存。"""
 import os
 import signal
+import socket
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from contextlib import closing
 
@@ -107,9 +109,11 @@ def test_https_against_the_http_webhook_says_to_use_http_not_that_the_service_is
 
 
 def no_answer_message(url: str, what: str, error: str, ticket_id: str) -> str:
+    other = ("" if "没有回答" in what else
+             ";要是 WEBHOOK_URL 的端口指到了别的服务(数据库、Redis……),它们不说 HTTP,也是这样断开,先核对 WEBHOOK_URL")
     return (f"没等到回答:请求已经发给 {url},{what}({error})。webhook 可能已经存下了这个事件,"
             f"再发一次同一个事件是安全的(事件 id 不变,已经存下了只会回 duplicate: true):"
-            f"uv run python send_webhook.py {ticket_id}\n")
+            f"uv run python send_webhook.py {ticket_id}{other}\n")
 
 
 # send_webhook.py 照原样运行,只把等回答的时间从 10 秒改成 1 秒,测试不用干等
@@ -167,6 +171,25 @@ def test_a_delivery_whose_connection_drops_before_the_answer_says_it_may_be_stor
         again = run(["send_webhook.py", "T1030"], {**lab, "WEBHOOK_URL": base + "/hooks/cloudledger"})
     assert (again.returncode, again.stdout, again.stderr) == (0, "202 {'accepted': True, 'duplicate': True}\n", "")
     assert rows("SELECT event_id, status, attempts FROM events") == [("evt_T1030_created", "pending", 0)]
+
+
+def test_a_webhook_url_pointing_at_a_service_that_does_not_speak_http_says_to_check_the_url(lab):
+    """WEBHOOK_URL 的端口写成了别的服务的(这里是一个像 Redis 那样回一行错误就断开的 TCP 服务):原来只说「webhook
+    可能已经存下了」,让人以为是 webhook 出了事。现在多一句先核对 WEBHOOK_URL;退出码 1,什么都没存。"""
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        def answer_like_redis():
+            conn, _ = server.accept()
+            with conn:
+                conn.recv(65536)
+                conn.sendall(b"-ERR unknown command 'POST'\r\n")
+        threading.Thread(target=answer_like_redis, daemon=True).start()
+        url = f"http://127.0.0.1:{server.getsockname()[1]}/hooks/cloudledger"
+        r = run(["send_webhook.py", "T1012"], {**lab, "WEBHOOK_URL": url})
+    assert (r.returncode, r.stdout) == (1, "")
+    assert r.stderr == no_answer_message(url, "但还没回答,连接就断了",
+                                         "RemoteProtocolError: Server disconnected without sending a response.",
+                                         "T1012")
+    assert rows("SELECT event_id FROM events") == []
 
 
 def test_duplicate_delivery_over_real_http_prints_the_lessons_lines(lab):
