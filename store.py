@@ -432,8 +432,8 @@ def first_line(error: Exception) -> str:
 
 def with_detail(error: Exception) -> str:
     """first_line() 再接上 PostgreSQL 的 DETAIL:约束冲突时只有它说是哪一行,比如
-    Key (customer_id)=(C999) is not present in table "customers"。"""
-    detail = (getattr(getattr(error, "diag", None), "message_detail", None) or "").strip()
+    Key (customer_id)=(C999) is not present in table "customers"。DETAIL 末尾的英文句号去掉:后面接的是中文标点。"""
+    detail = (getattr(getattr(error, "diag", None), "message_detail", None) or "").strip().rstrip(".")
     return first_line(error) + (f";{detail}" if detail else "")
 
 
@@ -1084,7 +1084,8 @@ def build_biz_tables(today: date | None = None) -> str | None:
     """设了 DATABASE_URL 时:业务表一张都没有,就在 PostgreSQL 里建好,返回数据从哪来;有了(哪怕只有一张)什么都不动,
     返回 None(只有一张时 biz_db_problem() 说缺哪张,不在半套上补数据)。
     BIZ_DB 指的 SQLite 业务库在的话(Day 23 的库、之前用 SQLite 时邮件建的工单)拷它的客户和工单,不在才用种子数据。
-    一个事务:建到一半不会留下半套;拷不过去(列不对、工单的客户不存在)时说明原因退出,什么都不建。"""
+    一个事务:建到一半不会留下半套;拷不过去(列不对、工单的客户不存在)时说明原因退出,业务表一张都不建
+    (事件库的表在这之前已经建好:它们和业务库无关,哪个程序第一次用到都会建)。"""
     import psycopg
 
     path = biz_db()
@@ -1097,7 +1098,7 @@ def build_biz_tables(today: date | None = None) -> str | None:
             fill_biz(conn, *(sqlite_biz_rows(path) if copy else seed_rows(today)))
     except (sqlite3.Error, psycopg.IntegrityError, psycopg.DataError) as e:
         raise SystemExit(f"业务库 {path} 拷不进 PostgreSQL:{with_detail(e)}。"
-                         "什么都没建:修好它,或者让 BIZ_DB 指到一个不存在的文件、改用种子数据") from None
+                         "业务表一张都没建:修好它,或者让 BIZ_DB 指到一个不存在的文件、改用种子数据") from None
     return f"从 {path} 拷过来" if copy else "种子数据"
 
 

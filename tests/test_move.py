@@ -294,7 +294,7 @@ def test_a_reply_postgres_already_sent_for_the_same_ticket_stops_the_move_and_no
         r = from_sqlite({**lab, "DATABASE_URL": url})
         assert (r.returncode, r.stderr) == (
             2, "没有搬:PostgreSQL 里已经有同样的记录(UniqueViolation: duplicate key value violates unique constraint "
-               "\"outbox_ticket_id_key\";Key (ticket_id)=(T1012) already exists.):什么都没搬\n")
+               "\"outbox_ticket_id_key\";Key (ticket_id)=(T1012) already exists):什么都没搬\n")
         with on_postgres(monkeypatch, url):
             assert rows("SELECT ticket_id, sent_by FROM outbox") == [("T1012", "human")]
             assert [rows(f"SELECT COUNT(*) FROM {t}") for t in ("events", "review_log", "checkpoints")] == [[(0,)]] * 3

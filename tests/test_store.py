@@ -104,7 +104,7 @@ def test_the_first_build_in_postgres_copies_the_sqlite_business_db_that_biz_db_n
     ("ALTER TABLE tickets DROP COLUMN body", "OperationalError: no such column: body"),
     ("UPDATE tickets SET customer_id = 'C999' WHERE id = 'T1012'",
      'ForeignKeyViolation: insert or update on table "tickets" violates foreign key constraint "tickets_customer_id_fkey";'
-     'Key (customer_id)=(C999) is not present in table "customers".'),  # DETAIL 说是哪一行(原来没有)
+     'Key (customer_id)=(C999) is not present in table "customers"'),  # DETAIL 说是哪一行(原来没有)
 ])
 def test_a_sqlite_business_db_that_cannot_be_copied_is_named_and_nothing_is_built(pg_lab, broken, error):
     """Day 23 的库列不一样,或者工单的客户不存在(SQLite 默认不查外键,PostgreSQL 查):说清楚、退出码 1,
@@ -116,7 +116,7 @@ def test_a_sqlite_business_db_that_cannot_be_copied_is_named_and_nothing_is_buil
     before = rows("SELECT * FROM customers ORDER BY id", path=path)
     r = run(["store.py"], pg_lab)
     assert (r.returncode, r.stdout) == (1, "")
-    assert r.stderr == (f"业务库 {path} 拷不进 PostgreSQL:{error}。什么都没建:修好它,或者让 BIZ_DB 指到一个不存在的文件、"
+    assert r.stderr == (f"业务库 {path} 拷不进 PostgreSQL:{error}。业务表一张都没建:修好它,或者让 BIZ_DB 指到一个不存在的文件、"
                         "改用种子数据\n")
     assert rows("SELECT to_regclass('customers') IS NULL, to_regclass('tickets') IS NULL") == [(True, True)]
     assert rows("SELECT * FROM customers ORDER BY id", path=path) == before
