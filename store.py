@@ -341,10 +341,11 @@ def use_wal(conn: sqlite3.Connection) -> None:
 def init() -> None:
     """建事件库的表(已存在就不动),并把旧版库缺的列补上。几个进程同时 init 也没关系。"""
     if dialect() == "postgres":
-        with transaction() as conn:
-            conn.execute("SELECT pg_advisory_xact_lock(?)", (SCHEMA_LOCK,))  # 几个 worker 同时第一次启动
-            conn.executescript(sql("SCHEMA"))
-            conn.execute(ONE_PROCESSING_PER_TICKET)
+        with pg_refusing_ddl():
+            with transaction() as conn:
+                conn.execute("SELECT pg_advisory_xact_lock(?)", (SCHEMA_LOCK,))  # 几个 worker 同时第一次启动
+                conn.executescript(sql("SCHEMA"))
+                conn.execute(ONE_PROCESSING_PER_TICKET)
         return
     try:
         with opened() as conn:
@@ -391,6 +392,25 @@ def upgrade_lesson_db(conn) -> None:
 
 
 # ---------------------------------------------------------------- PostgreSQL(设了 DATABASE_URL 时)
+@contextmanager
+def pg_refusing_ddl():
+    """建表时 PostgreSQL 不让建:是设置的问题,等多久都不会好。每个程序都先 init(),在这里一行说清楚、什么都还没做
+    (原来是 psycopg 的 traceback)。PostgreSQL 15 起普通用户不能在 public 里建表,新手最常碰上的就是第一种。"""
+    import psycopg.errors as pg
+
+    try:
+        yield
+    except pg.InsufficientPrivilege as e:
+        raise SystemExit(f"DATABASE_URL 的用户没有建表的权限({first_line(e)}):PostgreSQL 15 起普通用户不能在 public 里"
+                         "建表;请库的所有者执行 GRANT CREATE ON SCHEMA <schema> TO <用户>,或者用库的所有者连接。什么都没做") from None
+    except pg.ReadOnlySqlTransaction as e:
+        raise SystemExit(f"DATABASE_URL 指的 PostgreSQL 只能读({first_line(e)}):多半连到了备库,或者设了 "
+                         "default_transaction_read_only;换成主库的地址。什么都没做") from None
+    except pg.InvalidSchemaName as e:
+        raise SystemExit(f"DATABASE_URL 的 search_path 里没有一个存在的 schema({first_line(e)}):先 CREATE SCHEMA,"
+                         "或者改掉 options 里的 search_path。什么都没做") from None
+
+
 SCHEMA_LOCK = 20261130      # advisory lock 的编号:几个进程同时建事件表时排队
 CHECKPOINT_LOCK = 20261131  # 同上,建 checkpoint 表用;和上面分开,两件事互不等待
 _pools: dict = {}
@@ -659,7 +679,8 @@ def open_checkpointer(durable: bool = False):
             while not conn.execute("SELECT pg_try_advisory_lock(?)", (CHECKPOINT_LOCK,)).fetchone()[0]:
                 time.sleep(0.05)
             try:
-                saver.setup()
+                with pg_refusing_ddl():
+                    saver.setup()
             finally:
                 conn.execute("SELECT pg_advisory_unlock(?)", (CHECKPOINT_LOCK,))
         return saver, pool

@@ -265,6 +265,52 @@ def test_a_database_the_server_refuses_to_open_is_a_setting_error_with_the_serve
     refused_everywhere(lab, url, [(1, message), (1, message), (2, message), (1, message), (2, message)])
 
 
+READ_ONLY = ("DATABASE_URL 指的 PostgreSQL 只能读(ReadOnlySqlTransaction: cannot execute CREATE TABLE in a read-only "
+             "transaction):多半连到了备库,或者设了 default_transaction_read_only;换成主库的地址。什么都没做")
+NO_CREATE = ("DATABASE_URL 的用户没有建表的权限(InsufficientPrivilege: permission denied for schema {schema}):"
+             "PostgreSQL 15 起普通用户不能在 public 里建表;请库的所有者执行 GRANT CREATE ON SCHEMA <schema> TO <用户>,"
+             "或者用库的所有者连接。什么都没做")
+NO_SCHEMA = ("DATABASE_URL 的 search_path 里没有一个存在的 schema(InvalidSchemaName: no schema has been selected to create "
+             "in):先 CREATE SCHEMA,或者改掉 options 里的 search_path。什么都没做")
+
+
+def test_a_read_only_postgres_is_a_setting_error_in_every_program_and_nothing_is_claimed(pg_lab):
+    """连到备库(这里用 default_transaction_read_only 模拟):原来每个程序都是 ReadOnlySqlTransaction 的 traceback。"""
+    url = pg_lab["DATABASE_URL"] + "%20-cdefault_transaction_read_only%3Don"
+    refused_everywhere(pg_lab, url, [(code, READ_ONLY) for code in (1, 1, 2, 1, 2)])
+
+
+def test_a_user_without_create_rights_is_told_what_to_grant_and_nothing_is_claimed(pg_lab):
+    """PostgreSQL 15 起普通用户不能在 public 里建表,新手第一次换 PostgreSQL 常碰上:原来是 InsufficientPrivilege 的
+    traceback。这里的用户能读写已有的表,只是不能建表(程序每次启动都 CREATE TABLE IF NOT EXISTS)。"""
+    import uuid
+
+    import psycopg
+
+    schema = conninfo_to_dict(pg_lab["DATABASE_URL"])["options"].split("=")[1]
+    role = f"t_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(pg_lab["DATABASE_URL"], autocommit=True) as conn:
+        conn.execute(f"CREATE ROLE {role} LOGIN")
+        conn.execute(f"GRANT USAGE ON SCHEMA {schema} TO {role}")
+        conn.execute(f"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA {schema} TO {role}")
+    try:
+        url = make_conninfo(pg_lab["DATABASE_URL"], user=role)
+        refused_everywhere(pg_lab, url, [(code, NO_CREATE.format(schema=schema)) for code in (1, 1, 2, 1, 2)])
+    finally:
+        with psycopg.connect(pg_lab["DATABASE_URL"], autocommit=True) as conn:
+            conn.execute(f"DROP OWNED BY {role}")
+            conn.execute(f"DROP ROLE {role}")
+
+
+def test_a_search_path_naming_no_existing_schema_is_explained_by_store_py(lab, pg_url):
+    """options 里的 search_path 写错了(schema 不存在):store.py 原来是 InvalidSchemaName 的 traceback;
+    要业务表的程序照旧说「先运行 store.py」,store.py 再说清楚是 search_path 的事。"""
+    params = conninfo_to_dict(pg_url)
+    url = make_conninfo("", **{**params, "options": "-csearch_path=t_no_such_schema"})
+    biz = f"业务库还没建:{store._safe_url(url)} 里没有表 customers、tickets(先运行 uv run python store.py 建库)"
+    refused_everywhere(lab, url, [(1, biz), (1, NO_SCHEMA), (2, NO_SCHEMA), (1, NO_SCHEMA), (2, biz)])
+
+
 def test_a_database_server_that_is_not_running_is_temporary_not_a_setting_error(lab):
     """连接被拒(服务器没开、在重启):和用着用着断了一样是「数据库暂时用不了」,各自按自己的规矩说一行;
     cron 的退出码是 3(暂时用不了),不是 2(设置不对)。原来一律说「连不上」、按设置错误退出。"""
