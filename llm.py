@@ -78,10 +78,10 @@ def llm_settings() -> tuple:
         raise SystemExit(f"配置错误:LLM_EXTRA_BODY 不是合法 JSON:{extra_body}") from None
     if not isinstance(parsed, dict):  # 它的键要并进请求体:[1]、"x" 这种合法 JSON 也不行
         raise SystemExit(f"配置错误:LLM_EXTRA_BODY 应该是 JSON 对象({{…}}):{extra_body}")
-    api_key, base_url = config.get("LLM_API_KEY"), config.url("LLM_BASE_URL", DEFAULT_BASE_URL)
+    api_key, base_url = api_key_setting("LLM_API_KEY"), config.url("LLM_BASE_URL", DEFAULT_BASE_URL)
     fallback_model = config.get("LLM_FALLBACK_MODEL")
     fallback_url = config.url("LLM_FALLBACK_BASE_URL") or base_url
-    fallback_key = config.get("LLM_FALLBACK_API_KEY")
+    fallback_key = api_key_setting("LLM_FALLBACK_API_KEY")
     if api_key and fallback_model and not fallback_key:
         if _origin(fallback_url) != _origin(base_url):
             # 主服务的 key 不能发给另一家:泄露了不说,对方回 401,错误信息还会让人去查一个没问题的 LLM_API_KEY
@@ -99,6 +99,17 @@ def llm_settings() -> tuple:
         config.number("LLM_TIMEOUT_S", LLM_TIMEOUT_S, minimum=0.1, maximum=3600),
         config.integer("LLM_MAX_RETRIES", LLM_MAX_RETRIES, minimum=0, maximum=10),
     )
+
+
+def api_key_setting(name: str) -> str:
+    """API key 要放进 HTTP 头,只能是英文半角的可见字符。原来全角的「１２３」、中间的空格或换行要等到发请求时才出错
+    (UnicodeEncodeError、Illegal header value),还被当成暂时性错误重试到死信;收件箱 respond 也把待办交回 worker。
+    出错时只说第几个字符,不打印 key 本身(会进日志)。"""
+    key = config.get(name)
+    if bad := next((i for i, ch in enumerate(key, 1) if not "!" <= ch <= "~"), 0):
+        raise SystemExit(f"配置错误:{name} 的第 {bad} 个字符不是英文半角的字母、数字或符号(全角字符、空格或换行?):"
+                         "API key 里只有这些;重新从模型服务的控制台复制一遍")
+    return key
 
 
 def _origin(url: str) -> tuple:

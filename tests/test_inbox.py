@@ -400,6 +400,9 @@ def test_list_into_a_pipe_that_is_already_closed_exits_141_quietly_and_records_n
     ("LLM_EXTRA_BODY", "{oops", "配置错误:LLM_EXTRA_BODY 不是合法 JSON:{oops"),
     ("LLM_DEADLINE_S", "inf", "配置错误:LLM_DEADLINE_S='inf' 不是数字"),
     ("LLM_EXTRA_BODY", '"str"', '配置错误:LLM_EXTRA_BODY 应该是 JSON 对象({…}):"str"'),
+    # 原来重写时才出错:「处理失败(UnicodeEncodeError…),已交回 worker 续跑」,worker 那边也一样失败
+    ("LLM_API_KEY", "sk-abc１２３", "配置错误:LLM_API_KEY 的第 7 个字符不是英文半角的字母、数字或符号(全角字符、空格或换行?):"
+                                    "API key 里只有这些;重新从模型服务的控制台复制一遍"),
 ])
 def test_a_bad_setting_stops_the_inbox_before_it_takes_the_item(lab, setting, value, message):
     queue("T1012")

@@ -883,6 +883,11 @@ def test_durability_exit_worker_killed_inside_draft_starts_the_ticket_over(any_l
                                          "(要以 http:// 或 https:// 开头,后面是主机名)"),
     ("LLM_FALLBACK_BASE_URL", "http://[::1", "配置错误:LLM_FALLBACK_BASE_URL='http://[::1' 不是合法的网址(Invalid IPv6 URL)"),
     ("WORKER_CONCURRENCY", "1000000000", "配置错误:WORKER_CONCURRENCY='1000000000' 不能大于 256"),  # 原来开十亿个线程
+    # 输入法打成了全角:原来每次发请求都是 UnicodeEncodeError,重试三次进死信
+    ("LLM_API_KEY", "sk-abc１２３", "配置错误:LLM_API_KEY 的第 7 个字符不是英文半角的字母、数字或符号(全角字符、空格或换行?):"
+                                    "API key 里只有这些;重新从模型服务的控制台复制一遍"),
+    ("LLM_FALLBACK_API_KEY", "sk-a b", "配置错误:LLM_FALLBACK_API_KEY 的第 5 个字符不是英文半角的字母、数字或符号(全角字符、"
+                                       "空格或换行?):API key 里只有这些;重新从模型服务的控制台复制一遍"),
 ])
 def test_a_bad_setting_stops_the_worker_before_it_claims_anything(lab, setting, value, message):
     add("T1012")
