@@ -1403,7 +1403,23 @@ def biz_db_problem(*, hint: bool = True) -> str | None:
     except sqlite3.Error as e:
         return f"业务库打不开:{path}:{e}"
     missing = [t for t in BIZ_COLUMNS if t not in have]
+    if len(missing) == len(BIZ_COLUMNS) and (role := other_lab_db(path, have)):
+        return f"BIZ_DB 指的 {path} 是{role},{NOT_BIZ_DB}:让 BIZ_DB 指到业务库(不设就是脚本旁边的 cloudledger.db)"
     return f"业务库 {path} 里没有表:{'、'.join(missing)}{partly}" if missing else None
+
+
+NOT_BIZ_DB = "不是业务库"  # other_lab_db() 认出来的那种:store.py 看到它就不说「删掉它」
+
+
+def other_lab_db(path: Path, tables: set[str]) -> str | None:
+    """BIZ_DB 指到了这个实验的另一个库(事件库、checkpoint 库)时,说是哪一个。原来只说「里没有表」,store.py 还叫人
+    删掉它 —— 删掉的是全部事件和收件箱里的待办。"""
+    here = file_identity(path)
+    if here == file_identity(events_db()) or "events" in tables:
+        return "事件库"
+    if here == file_identity(checkpoints_db()) or "checkpoints" in tables:
+        return "checkpoint 库"
+    return None
 
 
 def customer_by_email(address: str) -> str | None:
@@ -1567,8 +1583,9 @@ def build_and_count(from_sqlite: bool = False) -> int:
             build_biz_db(biz)
             print(f"已新建业务库 {biz}")
         elif problem := biz_db_problem(hint=False):
-            print(f"{problem}。没有动它:删掉它(或者让 BIZ_DB 指到别处)再运行 uv run python store.py,就会新建一份",
-                  file=sys.stderr)
+            if NOT_BIZ_DB not in problem:  # 指到了事件库、checkpoint 库(other_lab_db):千万别叫人删掉它
+                problem += "。没有动它:删掉它(或者让 BIZ_DB 指到别处)再运行 uv run python store.py,就会新建一份"
+            print(problem, file=sys.stderr)
             return 2
         where = {"事件库": (events_db(), None), "业务库": (biz, biz)}
     tables = {"事件库": ("events", "outbox", "review_log", "llm_usage"), "业务库": tuple(BIZ_COLUMNS)}

@@ -8,6 +8,7 @@ import sys
 import threading
 import time
 from contextlib import closing
+from pathlib import Path
 
 import pytest
 from conftest import LAB, cut_connections, free_port, rows, run, webhook_server
@@ -285,6 +286,23 @@ def test_store_builds_the_business_database_over_an_empty_file(tmp_path):
     assert r.stdout == (f"已新建业务库 {biz}\n"
                         f"事件库 {tmp_path / 'e.db'}:events 0 行,outbox 0 行,review_log 0 行,llm_usage 0 行\n"
                         f"业务库 {biz}:customers 30 行,tickets 41 行\n")
+
+
+@pytest.mark.parametrize("which, role", [("EVENTS_DB", "事件库"), ("CHECKPOINTS_DB", "checkpoint 库")])
+def test_biz_db_pointing_at_the_events_or_checkpoint_db_says_so_and_never_says_to_delete_it(lab, which, role):
+    """BIZ_DB 写成了事件库(或 checkpoint 库)的路径:原来 store.py 说「里没有表……删掉它再运行」,照做就删掉了全部事件
+    和收件箱里的待办。现在说它是哪个库、让 BIZ_DB 指回业务库;什么都不动,事件照旧在。"""
+    store.add_event("evt_T1012_created", "webhook", "ticket.created",
+                    '{"id": "evt_T1012_created", "type": "ticket.created", "data": {"ticket_id": "T1012"}}')
+    saver, conn = store.open_checkpointer()  # 建出 checkpoint 库(worker 第一次运行时也是这样)
+    conn.close()
+    path = lab[which]
+    message = f"BIZ_DB 指的 {path} 是{role},不是业务库:让 BIZ_DB 指到业务库(不设就是脚本旁边的 cloudledger.db)\n"
+    for command, code in ((["store.py"], 2), (["worker.py", "--once"], 1), (["cron_jobs.py", "scan"], 2)):
+        r = run(command, {**lab, "BIZ_DB": path})
+        assert (r.returncode, r.stdout, r.stderr) == (code, "", message), command
+    assert Path(path).exists()
+    assert rows("SELECT event_id, status, attempts FROM events") == [("evt_T1012_created", "pending", 0)]
 
 
 def test_store_refuses_a_business_database_without_its_tables_and_leaves_it_as_it_was(tmp_path):
