@@ -451,6 +451,9 @@ def imap_settings() -> ImapSettings:
     missing = [n for n in ("IMAP_HOST", "IMAP_USER", "IMAP_PASSWORD") if not config.get(n)]
     if missing:
         raise SetupError(f"缺少邮箱设置:{'、'.join(missing)}(写进环境变量或 .env;IMAP_PASSWORD 填邮箱的授权码)")
+    host = config.get("IMAP_HOST")
+    if problem := host_problem(host):
+        raise SetupError(f"IMAP_HOST={host!r} {problem}")
     # imaplib 的 LOGIN 只能发 ASCII;不在这里拦下,登录时只会报一句看不懂的 UnicodeEncodeError
     user = config.get("IMAP_USER")
     if at := first_non_ascii(user):
@@ -473,6 +476,21 @@ def imap_settings() -> ImapSettings:
     return ImapSettings(config.get("IMAP_HOST"), port, config.get("IMAP_USER"),
                         config.get("IMAP_PASSWORD"), use_ssl == "1", cafile, config.get("IMAP_MAILBOX", MAILBOX),
                         config.number("IMAP_TIMEOUT_S", IMAP_TIMEOUT_S, minimum=0.1, maximum=3600))
+
+
+def host_problem(host: str) -> str | None:
+    """IMAP_HOST 只能是主机名或 IP 地址。照着邮箱帮助页抄来的 imap://imap.qq.com、imap.qq.com:993 原来被当成
+    「连不上」(退出码 3,像是暂时的),其实是设置写错了,等多久都不会好。"""
+    if m := re.match(r"[A-Za-z][A-Za-z0-9+.-]*://([^/:]*)", host):
+        return f"只写主机名,不带 {host[:m.start(1)]} 前缀:写成 IMAP_HOST={m.group(1)},端口写进 IMAP_PORT"
+    if host.startswith("[") or host.endswith("]"):
+        return "的 IPv6 地址不加方括号(写成 IMAP_HOST=::1 这样),端口写进 IMAP_PORT"
+    if host.count(":") == 1:
+        name, port = host.split(":")
+        return f"里带了端口:写成 IMAP_HOST={name} 和 IMAP_PORT={port}"
+    if any(ch.isspace() or ch == "/" for ch in host):
+        return "不是合法的主机名:里面不能有空格或 /"
+    return None
 
 
 def first_non_ascii(text: str) -> int:

@@ -578,6 +578,14 @@ def test_connection_lost_while_marking_a_stored_mail_read_loses_nothing_and_the_
                                           "以点开头)或者超过 63 个字符"),
     ({"IMAP_HOST": "a" * 64 + ".example.com"}, f"IMAP_HOST={'a' * 64 + '.example.com'!r} 不是合法的主机名:有一段是空的"
                                                "(连着两个点、以点开头)或者超过 63 个字符"),
+    # 照邮箱帮助页抄来的写法:原来是「连不上 IMAP 服务器 imap://imap.qq.com:993:域名解析失败」、退出码 3,像是暂时的
+    ({"IMAP_HOST": "imap://imap.qq.com"}, "IMAP_HOST='imap://imap.qq.com' 只写主机名,不带 imap:// 前缀:"
+                                          "写成 IMAP_HOST=imap.qq.com,端口写进 IMAP_PORT"),
+    ({"IMAP_HOST": "imaps://imap.qq.com:993/"}, "IMAP_HOST='imaps://imap.qq.com:993/' 只写主机名,不带 imaps:// 前缀:"
+                                                "写成 IMAP_HOST=imap.qq.com,端口写进 IMAP_PORT"),
+    ({"IMAP_HOST": "imap.qq.com:993"}, "IMAP_HOST='imap.qq.com:993' 里带了端口:写成 IMAP_HOST=imap.qq.com 和 IMAP_PORT=993"),
+    ({"IMAP_HOST": "[::1]"}, "IMAP_HOST='[::1]' 的 IPv6 地址不加方括号(写成 IMAP_HOST=::1 这样),端口写进 IMAP_PORT"),
+    ({"IMAP_HOST": "imap qq.com"}, "IMAP_HOST='imap qq.com' 不是合法的主机名:里面不能有空格或 /"),
 ])
 def test_bad_settings_are_named_and_nothing_is_stored(imap_env, imap_server, change, message):
     imap_server.append(ZHANG)
