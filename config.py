@@ -134,7 +134,12 @@ def url(name: str, default: str = "", *, secret: bool = False) -> str:
 def path(name: str, default_filename: str) -> Path:
     """文件路径设置;相对路径按当前目录解释,默认放在脚本旁边。"""
     raw = get(name)
-    return _resolved(raw, os.getcwd()) if raw else HERE / default_filename
+    if not raw:
+        return HERE / default_filename
+    try:
+        return _resolved(raw, os.getcwd())
+    except RuntimeError:  # Python 3.11 的 resolve() 遇到绕成圈的符号链接抛它;原来是 traceback
+        raise SystemExit(f"配置错误:{name}={raw!r} 是绕成圈的符号链接(指来指去又回到自己),指不到文件") from None
 
 
 @lru_cache(maxsize=64)

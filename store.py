@@ -169,14 +169,19 @@ def parse_time(value) -> datetime:
 # ---------------------------------------------------------------- 连接
 def cannot_open(what: str, setting: str, path: Path, error: Exception) -> str:
     """SQLite 打不开一个库时给人看的一行:sqlite3 只会说 unable to open database file。"""
-    if not path.parent.is_dir():
-        reason = f"目录 {path.parent} 不存在"
-    elif path.is_dir():
-        reason = "这是一个目录,不是文件"
-    elif "file is not a database" in str(error):
-        reason = "这个文件不是 SQLite 数据库,指错了文件?"
-    else:
-        reason = str(error)
+    try:
+        if not path.parent.is_dir():
+            reason = f"目录 {path.parent} 不存在"
+        elif path.is_dir():
+            reason = "这是一个目录,不是文件"
+        elif "file is not a database" in str(error):
+            reason = "这个文件不是 SQLite 数据库,指错了文件?"
+        elif not os.access(path.parent, os.W_OK):  # 库文件旁边还要建 -wal、-shm(新库连文件本身也要建)
+            reason = f"目录 {path.parent} 不能写:没有写权限,或者在只读的文件系统上"
+        else:
+            reason = str(error)
+    except OSError as e:  # 名字太长之类:连「在不在」都问不了(原来在这里又抛一次,成了 traceback)
+        reason = e.strerror or str(e)
     return f"{what}打不开:{setting}={path}({reason})"
 
 
@@ -1401,7 +1406,7 @@ def biz_db_problem(*, hint: bool = True) -> str | None:
         with opened(path) as conn:
             have = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
     except sqlite3.Error as e:
-        return f"业务库打不开:{path}:{e}"
+        return cannot_open("业务库", "BIZ_DB", path, e)
     missing = [t for t in BIZ_COLUMNS if t not in have]
     if len(missing) == len(BIZ_COLUMNS) and (role := other_lab_db(path, have)):
         return f"BIZ_DB 指的 {path} 是{role},{NOT_BIZ_DB}:让 BIZ_DB 指到业务库(不设就是脚本旁边的 cloudledger.db)"
@@ -1409,6 +1414,18 @@ def biz_db_problem(*, hint: bool = True) -> str | None:
 
 
 NOT_BIZ_DB = "不是业务库"  # other_lab_db() 认出来的那种:store.py 看到它就不说「删掉它」
+POINT_BACK = "。没有动它:让 BIZ_DB 指到业务库(不设就是脚本旁边的 cloudledger.db)"
+
+
+def biz_advice(problem: str) -> str:
+    """store.py 在 biz_db_problem() 后面接的建议。BIZ_DB 多半是指错了(别的程序的库、笔记、目录、这个实验的事件库):
+    先说指回去;只有「是 SQLite 库、只是没有业务表」时才提删掉重建,而且要先确定那个文件没用了。
+    原来一律说「删掉它」,照做就删掉了别人的库或笔记。"""
+    if NOT_BIZ_DB in problem:  # 它自己说了怎么办
+        return ""
+    if problem.startswith("业务库打不开"):  # 目录、不是数据库的文件:删掉它不是办法
+        return POINT_BACK
+    return POINT_BACK + ";确定这个文件没用了,才删掉它再运行 uv run python store.py,就会新建一份"
 
 
 def other_lab_db(path: Path, tables: set[str]) -> str | None:
@@ -1583,9 +1600,7 @@ def build_and_count(from_sqlite: bool = False) -> int:
             build_biz_db(biz)
             print(f"已新建业务库 {biz}")
         elif problem := biz_db_problem(hint=False):
-            if NOT_BIZ_DB not in problem:  # 指到了事件库、checkpoint 库(other_lab_db):千万别叫人删掉它
-                problem += "。没有动它:删掉它(或者让 BIZ_DB 指到别处)再运行 uv run python store.py,就会新建一份"
-            print(problem, file=sys.stderr)
+            print(problem + biz_advice(problem), file=sys.stderr)
             return 2
         where = {"事件库": (events_db(), None), "业务库": (biz, biz)}
     tables = {"事件库": ("events", "outbox", "review_log", "llm_usage"), "业务库": tuple(BIZ_COLUMNS)}

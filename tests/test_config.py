@@ -328,6 +328,11 @@ def test_a_database_server_that_is_not_running_is_temporary_not_a_setting_error(
     ("EVENTS_DB", "missing/ambient.db", "目录 {dir} 不存在"),
     ("EVENTS_DB", ".", "这是一个目录,不是文件"),
     ("CHECKPOINTS_DB", "missing/checkpoints.db", "目录 {dir} 不存在"),
+    # 下面两种原来是 traceback(名字太长时连「在不在」都问不了)或只有 sqlite3 的 unable to open database file。
+    # /proc/1 像只读的文件系统:测试以 root 运行,权限挡不住,它照样不能写
+    ("EVENTS_DB", "x" * 300 + ".db", "File name too long"),
+    ("EVENTS_DB", "/proc/1/ambient.db", "目录 {dir} 不能写:没有写权限,或者在只读的文件系统上"),
+    ("CHECKPOINTS_DB", "/proc/1/checkpoints.db", "目录 {dir} 不能写:没有写权限,或者在只读的文件系统上"),
 ])
 def test_a_database_path_that_cannot_be_opened_names_the_setting_and_changes_nothing(lab, tmp_path, setting, where,
                                                                                      reason):
@@ -346,6 +351,26 @@ def test_a_database_path_that_cannot_be_opened_names_the_setting_and_changes_not
         assert (r.returncode, r.stdout, r.stderr) == (code, "", message), command
     assert rows("SELECT status, attempts FROM events") == [("pending", 0)]
     assert not (tmp_path / "missing").exists()
+
+
+@pytest.mark.parametrize("setting", ["EVENTS_DB", "CHECKPOINTS_DB", "BIZ_DB"])
+def test_a_database_path_that_is_a_symlink_loop_is_a_setting_error_and_changes_nothing(lab, tmp_path, setting):
+    """库的路径是绕成圈的符号链接:原来每个程序都是 pathlib 的 RuntimeError: Symlink loop 的 traceback。"""
+    loop = tmp_path / "loop.db"
+    loop.symlink_to(loop)
+    store.add_event("evt_T1012_created", "webhook", "ticket.created",
+                    '{"id": "evt_T1012_created", "type": "ticket.created", "data": {"ticket_id": "T1012"}}')
+    message = f"配置错误:{setting}={str(loop)!r} 是绕成圈的符号链接(指来指去又回到自己),指不到文件\n"
+    commands = [(["worker.py", "--once"], 1)]
+    if setting != "CHECKPOINTS_DB":  # 这几个不碰 checkpoint;收件箱是空的时 list 只看事件库
+        commands += [(["store.py"], 1), (["cron_jobs.py", "scan"], 2)]
+    if setting == "EVENTS_DB":
+        commands += [(["inbox.py", "list"], 1)]
+    for command, code in commands:
+        r = run(command, {**lab, setting: str(loop)})
+        assert (r.returncode, r.stdout, r.stderr) == (code, "", message), command
+    assert rows("SELECT status, attempts FROM events") == [("pending", 0)]
+    assert loop.is_symlink()
 
 
 @pytest.mark.parametrize("setting", ["EVENTS_DB", "CHECKPOINTS_DB"])
@@ -376,10 +401,9 @@ def test_a_business_database_that_is_not_sqlite_is_refused_by_every_command_and_
     notes.write_text("我的笔记,别动\n", encoding="utf-8")
     store.add_event("evt_T1012_created", "webhook", "ticket.created",
                     '{"id": "evt_T1012_created", "type": "ticket.created", "data": {"ticket_id": "T1012"}}')
-    problem = f"业务库打不开:{notes}:file is not a database"
-    for command, code, stderr in (
-            (["store.py"], 2, f"{problem}。没有动它:删掉它(或者让 BIZ_DB 指到别处)再运行 uv run python store.py,"
-                              "就会新建一份\n"),
+    problem = f"业务库打不开:BIZ_DB={notes}(这个文件不是 SQLite 数据库,指错了文件?)"
+    for command, code, stderr in (  # 原来 store.py 还叫人删掉它:那是笔记
+            (["store.py"], 2, f"{problem}。没有动它:让 BIZ_DB 指到业务库(不设就是脚本旁边的 cloudledger.db)\n"),
             (["worker.py", "--once"], 1, problem + "\n"),
             (["email_poller.py", "--eml", "samples/01_utf8_plain.eml"], 2, problem + "\n"),
             (["cron_jobs.py", "scan"], 2, problem + "\n")):

@@ -305,6 +305,19 @@ def test_biz_db_pointing_at_the_events_or_checkpoint_db_says_so_and_never_says_t
     assert rows("SELECT event_id, status, attempts FROM events") == [("evt_T1012_created", "pending", 0)]
 
 
+def test_biz_db_pointing_at_a_directory_is_named_by_every_command_and_store_does_not_say_delete_it(lab, tmp_path):
+    """原来 store.py 说「业务库打不开:…:unable to open database file。没有动它:删掉它」:是个目录,删掉它不是办法。"""
+    folder = tmp_path / "biz"
+    folder.mkdir()
+    problem = f"业务库打不开:BIZ_DB={folder}(这是一个目录,不是文件)"
+    for command, code, stderr in (
+            (["store.py"], 2, f"{problem}。没有动它:让 BIZ_DB 指到业务库(不设就是脚本旁边的 cloudledger.db)\n"),
+            (["worker.py", "--once"], 1, problem + "\n"), (["cron_jobs.py", "scan"], 2, problem + "\n")):
+        r = run(command, {**lab, "BIZ_DB": str(folder)})
+        assert (r.returncode, r.stdout, r.stderr) == (code, "", stderr), command
+    assert list(folder.iterdir()) == []
+
+
 def test_store_refuses_a_business_database_without_its_tables_and_leaves_it_as_it_was(tmp_path):
     other = tmp_path / "notes.db"
     with closing(sqlite3.connect(other)) as conn, conn:
@@ -314,7 +327,7 @@ def test_store_refuses_a_business_database_without_its_tables_and_leaves_it_as_i
     env = {"EVENTS_DB": str(tmp_path / "e.db"), "BIZ_DB": str(other), "AMBIENT_NO_DOTENV": "1", "PATH": "/usr/bin:/bin"}
     r = run(["store.py"], env)
     assert (r.returncode, r.stdout) == (2, "")
-    assert r.stderr == (f"业务库 {other} 里没有表:customers、tickets。没有动它:删掉它(或者让 BIZ_DB 指到别处)"
-                        "再运行 uv run python store.py,就会新建一份\n")
+    assert r.stderr == (f"业务库 {other} 里没有表:customers、tickets。没有动它:让 BIZ_DB 指到业务库(不设就是脚本旁边的 "
+                        "cloudledger.db);确定这个文件没用了,才删掉它再运行 uv run python store.py,就会新建一份\n")
     assert other.read_bytes() == before
     assert rows("SELECT body FROM notes", path=other) == [("别弄丢我",)]
