@@ -190,3 +190,47 @@ class ArgumentParser(argparse.ArgumentParser):
 
 def _chinese_usage(text: str) -> str:
     return "用法:" + text.removeprefix("usage: ") if text.startswith("usage: ") else text
+
+
+# ---------------------------------------------------------------- 程序入口
+INTERRUPTED = "已中断(Ctrl-C)"
+
+
+def quit_quietly_while_importing(message: str) -> None:
+    """在慢的导入(openai、LangGraph,慢的机器上要好几秒)之前调用:这期间按 Ctrl-C(或者收到 SIGTERM)说一行 message、
+    退出码 130(SIGTERM 是 143),不出 traceback —— 人按 Ctrl-C 多半就落在这几秒里。导入完了 main() 开头调
+    interrupts_as_usual() 换回来,之后的 Ctrl-C 是 KeyboardInterrupt,由各个程序自己收拾(见 run())。"""
+    import signal
+
+    def stop(signum, _frame):
+        print(message, file=sys.stderr, flush=True)
+        os._exit(128 + signum)
+
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, stop)
+
+
+def interrupts_as_usual() -> None:
+    """quit_quietly_while_importing() 之后:Ctrl-C 回到 KeyboardInterrupt,SIGTERM 回到默认的直接结束。"""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def run(main, *args) -> None:
+    """sys.exit(main(*args)),再加两种不该有 traceback 的退出:
+    - 看输出的一方提前走了(… | head):照 Python 文档 signal 一节的做法安静退出,退出码 141,和被 SIGPIPE 结束的
+      cat、grep 一样。stdout 先指到 /dev/null:Python 退出时还要再冲一次缓冲区,不然又是一段「Exception ignored」。
+      冲缓冲区放在这里(而不是退出时),写不出去才会在这里被发现。
+    - main() 自己没有接住的 Ctrl-C:一行「已中断(Ctrl-C)」、退出码 130。做到一半的都是一个个事务,没有提交的不算。"""
+    try:
+        code = main(*args)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        code = 141
+    except KeyboardInterrupt:
+        print(INTERRUPTED, file=sys.stderr, flush=True)
+        code = 130
+    sys.exit(code)

@@ -17,6 +17,7 @@
 超过 INBOX_MAX_TEXT_CHARS(默认 2000)个字的文字、
 不是 UTF-8 的参数(终端的编码是 GBK 之类)。以「-」开头、后面还有别的字的回复(「- 第一步:…」)照常是文字。
 输出被提前关掉(list | head)时不打 traceback,退出码 141(和被 SIGPIPE 结束的命令一样),这次不记你看到了哪一版。
+启动时(导入要三四秒)按 Ctrl-C:一行「已中断(Ctrl-C):什么都还没动」,退出码 130。
 
 几个人共用收件箱时(INBOX_USER 区分是谁,见 .env.example):list 和 respond 记下你看到的是哪一版草稿,accept 只发
 你看到的那一版;没 list 过就 accept(课文的用法)照常发。
@@ -29,12 +30,16 @@ import socket
 import sys
 import unicodedata
 
-from langgraph.types import Command
+import config  # 只用标准库,导入很快:先装好 Ctrl-C 的处理,再做下面慢的导入
 
-import config
-import store
-from agent import FINISHED, allowed, check_settings, open_graph, thread_of
-from llm import describe
+if __name__ == "__main__":
+    config.quit_quietly_while_importing(f"{config.INTERRUPTED}:什么都还没动")
+
+from langgraph.types import Command  # noqa: E402
+
+import store  # noqa: E402
+from agent import FINISHED, allowed, check_settings, open_graph, thread_of  # noqa: E402
+from llm import describe  # noqa: E402
 
 INBOX_USER = ""  # 谁在用收件箱(几个人共用时区分);空 = 「登录名@主机名」
 SEEN_WAIT_S = 0.5  # 秒;list 记「你看到的是哪一版」时最多等别人的写锁这么久,等不到就不记(accept 时会请你再 list),list 照常显示
@@ -188,8 +193,12 @@ def act(graph, command: str, ticket_id: str, text: str) -> None:
         raise Refused(f"{ticket_id} 刚被另一个收件箱命令拿走处理了,稍后再 list 看看")
     if command == "accept":
         # 拿到手之后再核对:这之后别人改不了这条待办。没 list 过(seen 是 None)就照课文发;通知类待办没有草稿
-        draft = graph.get_state(cfg).interrupts[0].value["action_request"]["args"].get("reply")
-        seen = None if draft is None else store.seen_draft(ticket_id, viewer())
+        try:
+            draft = graph.get_state(cfg).interrupts[0].value["action_request"]["args"].get("reply")
+            seen = None if draft is None else store.seen_draft(ticket_id, viewer())
+        except KeyboardInterrupt:  # 拿走了、还没开始处理:原样放回收件箱(原来是 traceback,事件留在 processing)
+            store.set_status(ev["event_id"], "waiting_human", owner=store.inbox_owner(), updated_at=back_in_inbox)
+            raise Refused(f"{ticket_id} 这次被中断(Ctrl-C),仍在收件箱里") from None
         if seen is not None and seen != fingerprint(draft):
             store.set_status(ev["event_id"], "waiting_human", owner=store.inbox_owner(), updated_at=back_in_inbox)
             raise Refused(f"{ticket_id} 的草稿在你上次看过之后被改写了(有人 respond 过),这次没有发;"
@@ -276,6 +285,8 @@ def bad_argument(command: str, args: list[str]) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if argv is None:  # 从命令行运行:导入做完了,Ctrl-C 换回 KeyboardInterrupt(act() 按 checkpoint 收拾,见 config.run)
+        config.interrupts_as_usual()
     args = sys.argv[1:] if argv is None else argv
     if not args:
         return usage("缺少子命令")
@@ -314,12 +325,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        code = main()
-        sys.stdout.flush()  # 写不出去的话在这里发现,而不是退出时打一段英文的「Exception ignored」
-    except BrokenPipeError:
-        # 看输出的一方提前走了(list | head -2):照 Python 文档 signal 一节的做法安静退出,退出码 141 和被 SIGPIPE
-        # 结束的 cat、grep 一样。stdout 指向 /dev/null:Python 退出时还要再冲一次缓冲区,不然又是一段报错
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        code = 141
-    sys.exit(code)
+    config.run(main)  # list | head 提前关掉输出:退出码 141;处理待办之前按了 Ctrl-C:一行、退出码 130

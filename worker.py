@@ -370,4 +370,4 @@ def requeue_dead(event_ids: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    config.run(main)  # … | head 提前关掉输出:退出码 141;Ctrl-C:一行、退出码 130

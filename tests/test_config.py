@@ -1,4 +1,5 @@
 """配置:每个设置都在 .env.example 里有说明;.env 有就读、环境变量优先、没有也行。"""
+import json
 import re
 import shutil
 import subprocess
@@ -8,6 +9,7 @@ import pytest
 from conftest import LAB, free_port, refused_startup, rows, run
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+import config
 import store
 
 
@@ -411,6 +413,49 @@ def test_a_business_database_that_is_not_sqlite_is_refused_by_every_command_and_
         assert (r.returncode, r.stdout, r.stderr) == (code, "", stderr), command
     assert notes.read_text(encoding="utf-8") == "我的笔记,别动\n"
     assert rows("SELECT event_id, status, attempts FROM events") == [("evt_T1012_created", "pending", 0)]
+
+
+def into_a_closed_pipe(command: list[str], env: dict) -> tuple[int, str]:
+    """把 command 的标准输出接到一个读端已经关掉的管道上(… | head -0,head 先走了),返回 (退出码, 标准错误)。"""
+    import os
+
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        proc = subprocess.Popen([sys.executable, *command], cwd=LAB, env=env, stdout=write_end, stderr=subprocess.PIPE,
+                                text=True)
+    finally:
+        os.close(write_end)
+    _, err = proc.communicate(timeout=120)
+    return proc.returncode, err
+
+
+@pytest.mark.parametrize("command", [["cron_jobs.py", "report"], ["store.py"], ["worker.py", "--once"]])
+def test_output_closed_early_exits_141_quietly_and_loses_nothing(lab, command):
+    """cron_jobs.py report | head -1 之类:原来是一段 BrokenPipeError 的 traceback、退出码 1。现在和 inbox.py 一样
+    安静退出,退出码 141。worker 每个事件先改好状态再打印:第一个做完了,后面的还在队列里,下次照常领。"""
+    from test_worker import said_besides_offline_model
+
+    for ticket in ("T1012", "T1022"):
+        store.add_event(f"evt_{ticket}_created", "webhook", "ticket.created",
+                        json.dumps({"id": f"evt_{ticket}_created", "type": "ticket.created",
+                                    "data": {"ticket_id": ticket}}))
+    code, err = into_a_closed_pipe(command, lab)
+    assert (code, said_besides_offline_model(err)) == (141, [])
+    done = [("evt_T1012_created", "waiting_human", 1)] if command[0] == "worker.py" else [("evt_T1012_created", "pending", 0)]
+    assert rows("SELECT event_id, status, attempts FROM events ORDER BY event_id") == \
+        done + [("evt_T1022_created", "pending", 0)]
+
+
+def test_ctrl_c_that_a_program_does_not_handle_itself_is_one_line_and_exit_130(capsys):
+    """config.run() 是 store.py、cron_jobs.py、email_poller.py、worker.py、inbox.py、demo.py 的入口:main() 没有接住的
+    Ctrl-C 原来是 KeyboardInterrupt 的 traceback。"""
+    def pressed():
+        raise KeyboardInterrupt
+
+    with pytest.raises(SystemExit) as stopped:
+        config.run(pressed)
+    assert (stopped.value.code, capsys.readouterr()) == (130, ("", "已中断(Ctrl-C)\n"))
 
 
 @pytest.mark.parametrize("program", ["worker.py", "cron_jobs.py", "email_poller.py"])

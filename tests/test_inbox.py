@@ -372,6 +372,47 @@ def test_help_anywhere_on_the_command_line_prints_usage_and_touches_nothing(lab,
     assert everything("T1012") == before
 
 
+@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_ctrl_c_while_the_inbox_is_still_importing_says_one_line_and_touches_nothing(lab, sig, code):
+    """收件箱命令要 3–4 秒,大半是导入 LangGraph:人按 Ctrl-C 多半落在这几秒里,原来是一段 KeyboardInterrupt 的
+    traceback。一开头就装好处理函数(装好之后马上发信号,这时慢的导入才刚开始):一行、退出码 130,什么都没动。"""
+    from test_worker import catches, wait_until
+
+    queue("T1012")
+    before = everything("T1012")
+    proc = subprocess.Popen([sys.executable, "inbox.py", "accept", "T1012"], cwd=LAB, env=lab, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        wait_until(lambda: catches(proc.pid, signal.SIGTERM), "inbox.py 没有装上处理函数", timeout=30)
+        proc.send_signal(sig)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert (proc.returncode, out, err) == (code, "", "已中断(Ctrl-C):什么都还没动\n")
+    assert everything("T1012") == before
+
+
+def test_ctrl_c_after_accept_took_the_item_puts_it_back_in_the_inbox(lab, monkeypatch, capsys):
+    """accept 已经把待办拿走、还在核对「你看到的是不是这一版」时按了 Ctrl-C:原来是 traceback,事件留在 processing,
+    要等下一次 list 更正。现在原样放回收件箱,一行说明;再 accept 照常发出。"""
+    queue("T1012")
+    before = everything("T1012")
+    capsys.readouterr()
+
+    def pressed(*_):
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as m:
+        m.setattr(store, "seen_draft", pressed)
+        assert inbox_mod.main(["accept", "T1012"]) == 1
+    assert capsys.readouterr() == ("", "T1012 这次被中断(Ctrl-C),仍在收件箱里\n")
+    assert everything("T1012")[1:] == before[1:]
+    assert rows("SELECT event_id, status, attempts FROM events") == [("evt_T1012_created", "waiting_human", 1)]
+    r = inbox(lab, "accept", "T1012")
+    assert (r.returncode, r.stdout, r.stderr) == (0, "T1012 → sent\n", "")
+    assert rows("SELECT COUNT(*) FROM outbox") == [(1,)]
+
+
 def test_list_into_a_pipe_that_is_already_closed_exits_141_quietly_and_records_no_draft_as_seen(lab):
     """inbox.py list | head -2,收件箱里有 30 条:原来 head 走了之后是一段英文的 BrokenPipeError traceback。
     这里让看输出的一方一开始就走掉(管道的读端先关了),每次都一样:退出码 141,stderr 什么都没有;
