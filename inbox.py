@@ -51,7 +51,8 @@ ALIASES = {"approve": "accept", "reject": "ignore"}  # LangChain 1.x HumanInTheL
 ANSWER_TYPE = {"accept": "accept", "edit": "edit", "respond": "response", "ignore": "ignore"}
 COMMAND_OF = {v: k for k, v in ANSWER_TYPE.items()}
 NEEDS_TEXT = ("edit", "respond")
-OPTION = re.compile(r"--?[A-Za-z0-9][A-Za-z0-9-]*")  # -f、--force、--dry-run:像选项的一个词(带空格的就是文字)
+# -f、--force、--dry-run:像选项的一个词(带空格的就是文字);单独的 - 和 --(原来当成回复原样发给了客户)
+OPTION = re.compile(r"--?(?:[A-Za-z0-9][A-Za-z0-9-]*)?")
 CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")  # 除了 \t \n \r 之外的控制字符
 
 

@@ -325,6 +325,9 @@ def test_text_exactly_at_the_limit_is_sent_whole(lab):
     (["accept", "T1012", "--force"], "--force"),
     (["edit", "--force", "您好,已经退款"], "--force"),
     (["list", "--all"], "--all"),
+    (["edit", "T1012", "--"], "--"),  # 原来把「--」当回复发给了客户
+    (["edit", "T1012", "-"], "-"),
+    (["accept", "--", "T1012"], "--"),
 ])
 def test_an_option_in_the_ticket_or_text_position_is_refused_and_nothing_is_sent(lab, args, option):
     queue("T1012")
