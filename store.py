@@ -578,10 +578,18 @@ PG_BUSY_FATALS = ("the database system is starting up", "the database system is 
                   "remaining connection slots are reserved")
 
 
+# libpq 自己(不是服务器)因为 DATABASE_URL 里的参数拒绝连接:sslmode=bogus 之类的值写错了,要 SSL 而服务器不支持,
+# 要 channel binding 而服务器没用。等多久都不会好;原来算「数据库暂时用不了」,常驻的 worker 一直重试
+PG_CLIENT_REFUSALS = ("connection is bad: invalid ", "but SSL was required", "channel binding required")
+
+
 def refused_for_good(error: str) -> bool:
-    """连 PostgreSQL 时的错误是不是设置的问题(库不存在、用户不存在、密码不对、pg_hba 不让连):服务器接了、回了 FATAL。
+    """连 PostgreSQL 时的错误是不是设置的问题(库不存在、用户不存在、密码不对、pg_hba 不让连):服务器接了、回了 FATAL;
+    或者 libpq 按 URL 里的参数就不连(PG_CLIENT_REFUSALS)。
     不是(连接被拒、超时、域名解析不了,或者服务器正忙着启动、连接数满了)就是暂时的,常驻的 worker 等着再试。
     psycopg 连接时的错误没有 sqlstate,只能看服务器说的话(服务器的 lc_messages 不是英文时看不懂,一律算暂时的)。"""
+    if any(refusal in error for refusal in PG_CLIENT_REFUSALS):
+        return True
     return "FATAL:" in error and not any(busy in error for busy in PG_BUSY_FATALS)
 
 

@@ -313,6 +313,22 @@ def test_a_search_path_naming_no_existing_schema_is_explained_by_store_py(lab, p
     refused_everywhere(lab, url, [(1, biz), (1, NO_SCHEMA), (2, NO_SCHEMA), (1, NO_SCHEMA), (2, biz)])
 
 
+@pytest.mark.parametrize("query, reason", [
+    ("sslmode=bogus", 'connection is bad: invalid sslmode value: "bogus"'),
+    ("target_session_attrs=primary-only", 'connection is bad: invalid target_session_attrs value: "primary-only"'),
+    ("sslmode=require", 'connection failed: connection to server at "{host}", port {port} failed: server does not '
+                        'support SSL, but SSL was required'),
+])
+def test_a_connection_parameter_libpq_refuses_is_a_setting_error_not_a_temporary_outage(lab, pg_url, query, reason):
+    """libpq 按 URL 里的参数就不连(值写错了、要 SSL 而服务器不支持):原来说「数据库暂时用不了」,常驻的 worker 一直重试,
+    cron 按退出码 3(暂时)退出。现在和库不存在一样,是设置的问题:一行、马上退出。"""
+    params = conninfo_to_dict(pg_url)
+    host, port = params.get("host") or "127.0.0.1", params.get("port") or "5432"
+    url = make_conninfo("", **{**params, **dict([query.split("=")])})
+    message = f"连不上 DATABASE_URL 指的 PostgreSQL:{reason.format(host=host, port=port)}"
+    refused_everywhere(lab, url, [(code, message) for code in (1, 1, 2, 1, 2)])
+
+
 def test_a_database_server_that_is_not_running_is_temporary_not_a_setting_error(lab):
     """连接被拒(服务器没开、在重启):和用着用着断了一样是「数据库暂时用不了」,各自按自己的规矩说一行;
     cron 的退出码是 3(暂时用不了),不是 2(设置不对)。原来一律说「连不上」、按设置错误退出。"""
