@@ -112,13 +112,30 @@ def reconcile(graph, ev: dict) -> str | None:
     return status if store.set_status(ev["event_id"], status, **guard) else None
 
 
-def tidy(graph) -> None:
-    """list 和各个动作之前先做:把上次崩掉留下的不一致改正过来,并告诉人。"""
+def tidy(graph) -> set[str]:
+    """list 和各个动作之前先做:把上次崩掉留下的不一致改正过来,并告诉人。
+    返回在 checkpoint 库里根本找不到的待办(工单号):它们不动、不列出、不能处理(见 missing_checkpoints)。"""
+    waiting = store.events_by_status("waiting_human")
+    missing = missing_checkpoints(graph, waiting)
     broken = [{**e, "status": "processing"} for e in store.orphans()]
-    broken += [{**e, "status": "waiting_human"} for e in store.events_by_status("waiting_human")]
+    broken += [{**e, "status": "waiting_human"} for e in waiting if e["ticket_id"] not in missing]
     for ev in broken:
         if (status := reconcile(graph, ev)) is not None:
             print(f"(更正:{ev['ticket_id']} 上次处理中途中断,事件 {ev['event_id']} 改为 {status})", file=sys.stderr)
+    return missing
+
+
+def missing_checkpoints(graph, waiting: list[dict]) -> set[str]:
+    """在收件箱里、checkpoint 库里却一个 checkpoint 都没有的工单。待办是 interrupt 写下之后才进收件箱的,
+    找不到只能是 CHECKPOINTS_DB(或 DATABASE_URL)指的不是 worker 起草时用的那个库。原来按「上次中途中断」把它们
+    全改成 pending,worker 在错的库里把每一条重新起草一遍;现在一条都不动,说一行。"""
+    missing = {e["ticket_id"] for e in waiting if graph.get_state(thread_of(e["ticket_id"])).created_at is None}
+    if missing:
+        where = store._safe_url(store.database_url()) if store.dialect() == "postgres" else \
+            f"CHECKPOINTS_DB={store.checkpoints_db()}"
+        print(f"(收件箱里的 {'、'.join(sorted(missing))} 在 checkpoint 库里找不到({where}):多半指错了库,"
+              "worker 起草时用的是另一个;把设置改回来,这几条没有动)", file=sys.stderr)
+    return missing
 
 
 def indented(label: str, text: str) -> str:
@@ -126,9 +143,9 @@ def indented(label: str, text: str) -> str:
     return "\n".join(f"        {label if i == 0 else ''}{line}" for i, line in enumerate(text.splitlines() or [""]))
 
 
-def show_list(graph) -> None:
-    waiting = store.events_by_status("waiting_human")
-    if not waiting:
+def show_list(graph, missing: set[str]) -> None:
+    waiting = [e for e in store.events_by_status("waiting_human") if e["ticket_id"] not in missing]
+    if not waiting and not missing:
         print("收件箱是空的")
     shown = {}
     for ev in waiting:
@@ -307,11 +324,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         store.init()
         graph, conn = open_graph(durable=True)  # 人的决定等落盘之后才发信
-        tidy(graph)
+        missing = tidy(graph)
         if command == "list":
-            show_list(graph)
+            show_list(graph, missing)
+            if missing:
+                return 1  # 有待办没列出来:脚本里分得清
+        elif (ticket_id := args[1].strip()) in missing:
+            raise Refused(f"{ticket_id} 在 checkpoint 库里找不到,没有处理(见上一行)")
         else:
-            act(graph, command, args[1].strip(), args[2].strip() if command in NEEDS_TEXT else "")
+            act(graph, command, ticket_id, args[2].strip() if command in NEEDS_TEXT else "")
     except Refused as e:
         print(e, file=sys.stderr)
         return 1

@@ -416,6 +416,24 @@ def test_ctrl_c_after_accept_took_the_item_puts_it_back_in_the_inbox(lab, monkey
     assert rows("SELECT COUNT(*) FROM outbox") == [(1,)]
 
 
+def test_a_checkpoint_db_that_is_not_the_workers_leaves_every_item_alone_and_says_so(lab, tmp_path):
+    """CHECKPOINTS_DB 指到了别的文件(worker 起草时用的不是它):原来 list 把收件箱里每一条都当成「上次处理中途中断」
+    改成 pending,worker 接着在错的库里把每一条重新起草一遍(每条多调一次模型,人看过的草稿也换了)。现在一条都不动:
+    一行说明、退出码 1;处理其中一条也是一样。改回来之后照常。"""
+    queue("T1012", "T1041")
+    before = everything("T1012")
+    wrong = tmp_path / "other-checkpoints.db"
+    line = (f"(收件箱里的 T1012、T1041 在 checkpoint 库里找不到(CHECKPOINTS_DB={wrong}):多半指错了库,"
+            "worker 起草时用的是另一个;把设置改回来,这几条没有动)\n")
+    r = inbox({**lab, "CHECKPOINTS_DB": str(wrong)}, "list")
+    assert (r.returncode, r.stdout, r.stderr) == (1, "", line)
+    r = inbox({**lab, "CHECKPOINTS_DB": str(wrong)}, "accept", "T1012")
+    assert (r.returncode, r.stdout, r.stderr) == (1, "", line + "T1012 在 checkpoint 库里找不到,没有处理(见上一行)\n")
+    assert everything("T1012") == before
+    r = inbox(lab, "list")
+    assert (r.returncode, r.stdout, r.stderr) == (0, T1012_ITEM + T1041_ITEM, "")
+
+
 def test_list_into_a_pipe_that_is_already_closed_exits_141_quietly_and_records_no_draft_as_seen(lab):
     """inbox.py list | head -2,收件箱里有 30 条:原来 head 走了之后是一段英文的 BrokenPipeError traceback。
     这里让看输出的一方一开始就走掉(管道的读端先关了),每次都一样:退出码 141,stderr 什么都没有;
