@@ -397,23 +397,30 @@ def upgrade_lesson_db(conn) -> None:
 
 
 # ---------------------------------------------------------------- PostgreSQL(设了 DATABASE_URL 时)
+# 建表时 PostgreSQL 不让建的几种(按 psycopg 的错误类名):是设置的问题,等多久都不会好
+PG_DDL_REFUSALS = {
+    "InsufficientPrivilege": ("DATABASE_URL 的用户没有建表的权限", "PostgreSQL 15 起普通用户不能在 public 里建表;请库的所有者"
+                              "执行 GRANT CREATE ON SCHEMA <schema> TO <用户>,或者用库的所有者连接"),
+    "ReadOnlySqlTransaction": ("DATABASE_URL 指的 PostgreSQL 只能读",
+                               "多半连到了备库,或者设了 default_transaction_read_only;换成主库的地址"),
+    "InvalidSchemaName": ("DATABASE_URL 的 search_path 里没有一个存在的 schema",
+                          "先 CREATE SCHEMA,或者改掉 options 里的 search_path"),
+}
+
+
 @contextmanager
 def pg_refusing_ddl():
-    """建表时 PostgreSQL 不让建:是设置的问题,等多久都不会好。每个程序都先 init(),在这里一行说清楚、什么都还没做
+    """建表时 PostgreSQL 不让建(PG_DDL_REFUSALS):每个程序都先 init(),在这里一行说清楚、什么都还没做
     (原来是 psycopg 的 traceback)。PostgreSQL 15 起普通用户不能在 public 里建表,新手最常碰上的就是第一种。"""
-    import psycopg.errors as pg
+    import psycopg
 
     try:
         yield
-    except pg.InsufficientPrivilege as e:
-        raise SystemExit(f"DATABASE_URL 的用户没有建表的权限({first_line(e)}):PostgreSQL 15 起普通用户不能在 public 里"
-                         "建表;请库的所有者执行 GRANT CREATE ON SCHEMA <schema> TO <用户>,或者用库的所有者连接。什么都没做") from None
-    except pg.ReadOnlySqlTransaction as e:
-        raise SystemExit(f"DATABASE_URL 指的 PostgreSQL 只能读({first_line(e)}):多半连到了备库,或者设了 "
-                         "default_transaction_read_only;换成主库的地址。什么都没做") from None
-    except pg.InvalidSchemaName as e:
-        raise SystemExit(f"DATABASE_URL 的 search_path 里没有一个存在的 schema({first_line(e)}):先 CREATE SCHEMA,"
-                         "或者改掉 options 里的 search_path。什么都没做") from None
+    except psycopg.Error as e:
+        if (refusal := PG_DDL_REFUSALS.get(type(e).__name__)) is None:
+            raise
+        what, advice = refusal
+        raise SystemExit(f"{what}({first_line(e)}):{advice}。什么都没做") from None
 
 
 SCHEMA_LOCK = 20261130      # advisory lock 的编号:几个进程同时建事件表时排队

@@ -379,18 +379,13 @@ def test_help_anywhere_on_the_command_line_prints_usage_and_touches_nothing(lab,
 def test_ctrl_c_while_the_inbox_is_still_importing_says_one_line_and_touches_nothing(lab, sig, code):
     """收件箱命令要 3–4 秒,大半是导入 LangGraph:人按 Ctrl-C 多半落在这几秒里,原来是一段 KeyboardInterrupt 的
     traceback。一开头就装好处理函数(装好之后马上发信号,这时慢的导入才刚开始):一行、退出码 130,什么都没动。"""
-    from test_worker import catches, wait_until
+    from test_worker import signal_while_importing
 
     queue("T1012")
     before = everything("T1012")
     proc = subprocess.Popen([sys.executable, "inbox.py", "accept", "T1012"], cwd=LAB, env=lab, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    try:
-        wait_until(lambda: catches(proc.pid, signal.SIGTERM), "inbox.py 没有装上处理函数", timeout=30)
-        proc.send_signal(sig)
-        out, err = proc.communicate(timeout=60)
-    finally:
-        proc.kill()
+    out, err = signal_while_importing(proc, sig)
     assert (proc.returncode, out, err) == (code, "", "已中断(Ctrl-C):什么都还没动\n")
     assert everything("T1012") == before
 

@@ -1132,18 +1132,24 @@ def catches(pid: int, sig: int) -> bool:
     return False
 
 
+def signal_while_importing(proc: subprocess.Popen, sig: int) -> tuple[str, str]:
+    """等 proc 装好 SIGTERM 的处理函数(程序一开头、慢的导入之前就装),马上发 sig,返回 (stdout, stderr)。
+    Python 启动时自己就接管了 SIGINT,所以看的是 SIGTERM 那一位。"""
+    try:
+        wait_until(lambda: catches(proc.pid, signal.SIGTERM), "没有装上 SIGTERM 的处理函数", timeout=30)
+        proc.send_signal(sig)
+        return proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_a_signal_while_the_worker_is_still_importing_stops_it_with_exit_0_and_one_line(lab, sig):
     """导入 openai、LangGraph 要几秒:原来这时的 SIGTERM 是退出码 143、一句话没有,Ctrl-C 是一段 traceback。
     worker.py 一开头就装好处理函数;装好之后马上发信号(这时慢的导入才刚开始),事件原样留在队列里。"""
     add("T1012")
     proc = start_worker(lab)
-    try:
-        wait_until(lambda: catches(proc.pid, signal.SIGTERM), "worker 没有装上 SIGTERM 的处理函数", timeout=30)
-        proc.send_signal(sig)
-        out, err = proc.communicate(timeout=60)
-    finally:
-        proc.kill()
+    out, err = signal_while_importing(proc, sig)
     assert (proc.returncode, out, err) == (0, "", "收到停止信号:还没开始领事件,退出\n")
     assert events() == [("evt_T1012_created", "pending", 0)]
 
