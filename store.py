@@ -412,12 +412,10 @@ PG_DDL_REFUSALS = {
 def pg_refusing_ddl():
     """建表时 PostgreSQL 不让建(PG_DDL_REFUSALS):每个程序都先 init(),在这里一行说清楚、什么都还没做
     (原来是 psycopg 的 traceback)。PostgreSQL 15 起普通用户不能在 public 里建表,新手最常碰上的就是第一种。"""
-    import psycopg
-
     try:
         yield
-    except psycopg.Error as e:
-        if (refusal := PG_DDL_REFUSALS.get(type(e).__name__)) is None:
+    except Exception as e:  # 不在这里 import psycopg:没装时由 require_psycopg() 说怎么装(连库时才用到它)
+        if not type(e).__module__.startswith("psycopg") or (refusal := PG_DDL_REFUSALS.get(type(e).__name__)) is None:
             raise
         what, advice = refusal
         raise SystemExit(f"{what}({first_line(e)}):{advice}。什么都没做") from None

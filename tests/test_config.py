@@ -16,7 +16,8 @@ import store
 def test_every_setting_the_code_reads_is_documented_in_env_example():
     read = set()
     for path in LAB.glob("*.py"):
-        read |= set(re.findall(r'(?:config|settings)\.(?:get|number|integer|path|url)\(\s*"([A-Z0-9_]+)"', path.read_text(encoding="utf-8")))
+        read |= set(re.findall(r'(?:(?:config|settings)\.(?:get|number|integer|path|url)|api_key_setting)\(\s*"([A-Z0-9_]+)"',
+                               path.read_text(encoding="utf-8")))
     documented = set(re.findall(r"^([A-Z0-9_]+)=", (LAB / ".env.example").read_text(encoding="utf-8"), re.M))
     assert read and read <= documented, f"没写进 .env.example:{sorted(read - documented)}"
     assert documented <= read | {"IMAP_HOST", "IMAP_USER", "IMAP_PASSWORD", "IMAP_PORT"}, sorted(documented - read)
