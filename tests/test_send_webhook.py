@@ -1,5 +1,6 @@
 """send_webhook.py 和 store.py 的命令行:坏参数、服务没起来、对方拒绝,都说清楚,什么都不存。"""
 import os
+import re
 import signal
 import socket
 import sqlite3
@@ -181,7 +182,15 @@ def test_a_webhook_url_pointing_at_a_service_that_does_not_speak_http_says_to_ch
         def answer_like_redis():
             conn, _ = server.accept()
             with conn:
-                conn.recv(65536)
+                # 把整个请求读完再回话、关连接:缓冲区里还有没读的字节时关连接,内核发的是 RST,
+                # 客户端看到的就成了 ReadError 而不是「断开了」,消息随调度时机变
+                request = b""
+                while b"\r\n\r\n" not in request:
+                    request += conn.recv(65536)
+                head, _, body = request.partition(b"\r\n\r\n")
+                length = int(re.search(rb"(?i)content-length: *(\d+)", head).group(1))
+                while len(body) < length:
+                    body += conn.recv(65536)
                 conn.sendall(b"-ERR unknown command 'POST'\r\n")
         threading.Thread(target=answer_like_redis, daemon=True).start()
         url = f"http://127.0.0.1:{server.getsockname()[1]}/hooks/cloudledger"
