@@ -14,6 +14,7 @@ import pytest
 from conftest import LAB, rows
 from openai_stub import OpenAIStub
 from test_scale import accept_twice_at_once, add_tickets, handled, queue
+from test_worker import catches, wait_until
 
 from agent import open_graph, thread_of
 
@@ -53,6 +54,9 @@ def test_random_kill_9_loses_nothing_duplicates_nothing_and_resumes_where_it_sto
                 procs[i] = start(env)  # STALE_MINUTES=0:新进程马上把死掉的那个手上的事件放回队列
                 kills += 1
         for p in procs:
+            # 刚重启的进程可能还没装好 SIGTERM 的处理函数(最后一次 kill 之后队列正好空了):那时的 SIGTERM
+            # 走默认处理,退出码是 -15 而不是 0。等它装好再发
+            wait_until(lambda: catches(p.pid, signal.SIGTERM), "重启的 worker 没有装上 SIGTERM 的处理函数", timeout=30)
             p.send_signal(signal.SIGTERM)
         outputs += [p.communicate(timeout=60)[0] for p in procs]
         assert [p.returncode for p in procs] == [0] * WORKERS
