@@ -6,12 +6,14 @@
     uv run python inbox.py edit    T1012 "改过的回复全文"        # 改完再发
     uv run python inbox.py respond T1012 "语气再软一点,先道歉"   # 提意见,让 Agent 重写(会再调一次模型)
     uv run python inbox.py ignore  T1012                      # 不回(别名 reject)
+    uv run python inbox.py restart T1012 [T1041 ...]          # checkpoint 库丢了的待办:交回 worker 从头起草(会再调一次模型)
 
 你会看到:list 每条待办两行(工单号 + [类别] 概括,下一行是草稿;草稿有几行就缩进着接几行);重写到上限的多一行
 说明只能做什么;通知类待办下一行是工单原文,再一行「只能 ignore(看过即可)」;没有待办时一行「收件箱是空的」。
-处理后一行结果,例如 T1012 → sent;respond 之后是「已按意见重写,新草稿: …」,待办留在收件箱里。
+处理后一行结果,例如 T1012 → sent;respond 之后是「已按意见重写,新草稿: …」,待办留在收件箱里;
+restart 之后每张工单一行「T1012 已交回 worker 从头起草(…)」,worker 再跑一次它就又回到收件箱。
 -h / --help 打印用法(写在哪个位置都算)。出错时:工单不在收件箱里(事件进了死信队列的,说出原因和放回队列的命令;
-工单号大小写不对的,问「是不是 T1012?」)、这条待办不允许这种处理、数据库暂时用不了、要 accept 的草稿在你上次
+工单号大小写不对的,问「是不是 T1012?」)、这条待办不允许这种处理、要 restart 的待办 checkpoint 还在、数据库暂时用不了、要 accept 的草稿在你上次
 看过之后被别人 respond 改写了 → 说明原因,退出码 1;命令写错 → 用法,退出码 2,什么都不动。命令写错也包括:
 --force 这样的选项(只有 -h / --help)、只有空白 / 零宽字符 / 控制字符的文字、文字里夹着制表符和换行以外的控制字符、
 超过 INBOX_MAX_TEXT_CHARS(默认 2000)个字的文字、
@@ -112,11 +114,11 @@ def reconcile(graph, ev: dict) -> str | None:
     return status if store.set_status(ev["event_id"], status, **guard) else None
 
 
-def tidy(graph) -> set[str]:
+def tidy(graph, say_missing: bool = True) -> set[str]:
     """list 和各个动作之前先做:把上次崩掉留下的不一致改正过来,并告诉人。
     返回在 checkpoint 库里根本找不到的待办(工单号):它们不动、不列出、不能处理(见 missing_checkpoints)。"""
     waiting = store.events_by_status("waiting_human")
-    missing = missing_checkpoints(graph, waiting)
+    missing = missing_checkpoints(graph, waiting, say_missing)
     broken = [{**e, "status": "processing"} for e in store.orphans()]
     broken += [{**e, "status": "waiting_human"} for e in waiting if e["ticket_id"] not in missing]
     for ev in broken:
@@ -125,17 +127,41 @@ def tidy(graph) -> set[str]:
     return missing
 
 
-def missing_checkpoints(graph, waiting: list[dict]) -> set[str]:
+def missing_checkpoints(graph, waiting: list[dict], say: bool = True) -> set[str]:
     """在收件箱里、checkpoint 库里却一个 checkpoint 都没有的工单。待办是 interrupt 写下之后才进收件箱的,
     找不到只能是 CHECKPOINTS_DB(或 DATABASE_URL)指的不是 worker 起草时用的那个库。原来按「上次中途中断」把它们
     全改成 pending,worker 在错的库里把每一条重新起草一遍;现在一条都不动,说一行。"""
     missing = {e["ticket_id"] for e in waiting if graph.get_state(thread_of(e["ticket_id"])).created_at is None}
-    if missing:
+    if missing and say:  # restart 不说:人正是看了这一行才来 restart 的
         where = store._safe_url(store.database_url()) if store.dialect() == "postgres" else \
             f"CHECKPOINTS_DB={store.checkpoints_db()}"
         print(f"(收件箱里的 {'、'.join(sorted(missing))} 在 checkpoint 库里找不到({where}):多半指错了库,"
-              "worker 起草时用的是另一个;把设置改回来,这几条没有动)", file=sys.stderr)
+              "worker 起草时用的是另一个;把设置改回来,这几条没有动。库确实丢了(删掉了)的话,运行 "
+              f"uv run python inbox.py restart {' '.join(sorted(missing))} 让 worker 从头重新起草)", file=sys.stderr)
     return missing
+
+
+def restart(tickets: list[str], missing: set[str]) -> None:
+    """checkpoint 库丢了的待办交回 worker:事件改回 pending、尝试次数从 0 算,worker 领到时 thread 是空的,
+    就像新工单一样从 load 跑起(再调一次模型)。checkpoint 还在的、不在收件箱里的都不给做:一张不对,一张都不动。
+    原来这样的待办只能一直留在事件表里,list 每次都说一遍,哪个命令都处理不了。"""
+    waiting = store.events_by_status("waiting_human")
+    for ticket_id in tickets:
+        if ticket_id in missing:
+            continue
+        if any(e["ticket_id"] == ticket_id for e in waiting):
+            raise Refused(f"{ticket_id} 的 checkpoint 还在,不用 restart:直接 accept / edit / respond / ignore;"
+                          "这次什么都没有动")
+        raise not_in_inbox(ticket_id, waiting)
+    moved = set(store.restart_waiting([e["event_id"] for e in waiting if e["ticket_id"] in tickets]))
+    gone = []
+    for ticket_id in tickets:
+        if any(e["event_id"] in moved for e in waiting if e["ticket_id"] == ticket_id):
+            print(f"{ticket_id} 已交回 worker 从头起草(checkpoint 库里找不到它,worker 会再调一次模型)")
+        else:
+            gone.append(ticket_id)
+    if gone:  # tidy() 之后、改状态之前,另一个 restart 先放回去了
+        raise Refused(f"{'、'.join(gone)} 刚被另一个收件箱命令交回 worker 了,这次没有再动")
 
 
 def indented(label: str, text: str) -> str:
@@ -177,21 +203,29 @@ def answer_for(command: str, ticket_id: str, text: str) -> dict:
     return {"type": ANSWER_TYPE[command], "args": None}
 
 
+def busy(ticket_id: str) -> Refused:
+    return Refused(f"{ticket_id} 正在被处理(另一个收件箱命令或 worker),稍后再 list 看看")
+
+
+def not_in_inbox(ticket_id: str, waiting: list[dict]) -> Refused:
+    """这张工单没有等人处理的事件:说清楚它在哪(正在处理、死信),或者工单号是不是写错了大小写。"""
+    if any(e["ticket_id"] == ticket_id for e in store.events_by_status("processing")):
+        return busy(ticket_id)
+    if dead := [e for e in store.events_by_status("dead") if e["ticket_id"] == ticket_id]:
+        ids = [e["event_id"] for e in dead]
+        why = (dead[-1]["last_error"] or "没有记下原因").splitlines()[0]
+        return Refused(f"{ticket_id} 的事件 {' '.join(ids)} 在死信队列里({why}),没有进收件箱;"
+                       f"查清原因后运行 {store.requeue_dead_command(ids)} 放回队列")
+    hint = next((f";是不是 {e['ticket_id']}?" for e in waiting
+                 if e["ticket_id"].casefold() == ticket_id.casefold()), "")
+    return Refused(f"{ticket_id} 不在收件箱里(已经处理过,或者还没轮到 worker){hint}")
+
+
 def act(graph, command: str, ticket_id: str, text: str) -> None:
     waiting = store.events_by_status("waiting_human")
     ev = next((e for e in waiting if e["ticket_id"] == ticket_id), None)
-    busy = Refused(f"{ticket_id} 正在被处理(另一个收件箱命令或 worker),稍后再 list 看看")
     if ev is None:
-        if any(e["ticket_id"] == ticket_id for e in store.events_by_status("processing")):
-            raise busy
-        if dead := [e for e in store.events_by_status("dead") if e["ticket_id"] == ticket_id]:
-            ids = [e["event_id"] for e in dead]
-            why = (dead[-1]["last_error"] or "没有记下原因").splitlines()[0]
-            raise Refused(f"{ticket_id} 的事件 {' '.join(ids)} 在死信队列里({why}),没有进收件箱;"
-                          f"查清原因后运行 {store.requeue_dead_command(ids)} 放回队列")
-        hint = next((f";是不是 {e['ticket_id']}?" for e in waiting
-                     if e["ticket_id"].casefold() == ticket_id.casefold()), "")
-        raise Refused(f"{ticket_id} 不在收件箱里(已经处理过,或者还没轮到 worker){hint}")
+        raise not_in_inbox(ticket_id, waiting)
     cfg = thread_of(ticket_id, ev["event_id"])
     snap = graph.get_state(cfg)
     item = snap.interrupts[0].value
@@ -207,7 +241,7 @@ def act(graph, command: str, ticket_id: str, text: str) -> None:
     back_in_inbox = ev["updated_at"]
     if not store.take_for_review(ev["event_id"]):
         if any(e["event_id"] == ev["event_id"] for e in store.events_by_status("waiting_human")):
-            raise busy  # 待办还在,是同一张工单的另一个事件在 worker 手里
+            raise busy(ticket_id)  # 待办还在,是同一张工单的另一个事件在 worker 手里
         raise Refused(f"{ticket_id} 刚被另一个收件箱命令拿走处理了,稍后再 list 看看")
     if command == "accept":
         # 拿到手之后再核对:这之后别人改不了这条待办。没 list 过(seen 是 None)就照课文发;通知类待办没有草稿
@@ -289,6 +323,8 @@ def bad_argument(command: str, args: list[str]) -> str | None:
         return "list 不带参数" if len(args) > 1 else None
     if len(args) < 2 or blank(args[1]):
         return f"{args[0]} 需要工单号"
+    if command == "restart":  # 可以一次给好几张(list 的提示里就是这样给的)
+        return next((f"restart 的工单号不能是空的(第 {i} 个)" for i, a in enumerate(args[1:], 1) if blank(a)), None)
     if command in NEEDS_TEXT and (len(args) < 3 or blank(args[2])):
         return f"{args[0]} 需要第三个参数:{'改好的回复全文' if command == 'edit' else '给 Agent 的意见'}(不能为空)"
     if len(args) > (3 if command in NEEDS_TEXT else 2):
@@ -314,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
     if not all(utf8(arg) for arg in args):
         return usage("参数里有不是 UTF-8 的字节:终端的编码多半不是 UTF-8(比如 GBK),什么都没有改;把终端改成 UTF-8 再试")
     command = ALIASES.get(args[0], args[0])
-    if command != "list" and command not in ANSWER_TYPE:
+    if command not in ("list", "restart") and command not in ANSWER_TYPE:
         return usage(f"不认识的子命令:{args[0]}")
     if problem := bad_argument(command, args):
         return usage(problem)
@@ -324,11 +360,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         store.init()
         graph, conn = open_graph(durable=True)  # 人的决定等落盘之后才发信
-        missing = tidy(graph)
+        missing = tidy(graph, say_missing=command != "restart")
         if command == "list":
             show_list(graph, missing)
             if missing:
                 return 1  # 有待办没列出来:脚本里分得清
+        elif command == "restart":
+            restart(list(dict.fromkeys(a.strip() for a in args[1:])), missing)
         elif (ticket_id := args[1].strip()) in missing:
             raise Refused(f"{ticket_id} 在 checkpoint 库里找不到,没有处理(见上一行)")
         else:

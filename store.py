@@ -995,15 +995,28 @@ def requeue_dead_command(event_ids: list[str]) -> str:
     return f"uv run python worker.py --requeue-dead {shlex.join(event_ids)}"
 
 
-def requeue_dead(event_ids: list[str] | None = None) -> int:
-    """死信放回队列(修好 API key 之后用):attempts 清零,重新按 MAX_ATTEMPTS 计。"""
-    sql = "UPDATE events SET status = 'pending', attempts = 0, not_before = NULL, updated_at = ? WHERE status = 'dead'"
-    args: list = [now()]
+def requeue(status: str, event_ids: list[str] | None = None) -> list[str]:
+    """status 状态的事件(只要 event_ids 里的;None 是全部)放回队列:attempts 清零,重新按 MAX_ATTEMPTS 计。
+    返回真的放回去的事件 id:刚被别人改了状态的不在里面。"""
+    if event_ids == []:
+        return []
+    sql = "UPDATE events SET status = 'pending', attempts = 0, not_before = NULL, updated_at = ? WHERE status = ?"
+    args: list = [now(), status]
     if event_ids:
         sql += f" AND event_id IN ({', '.join('?' for _ in event_ids)})"
         args += event_ids
     with opened() as conn:
-        return conn.execute(sql, args).rowcount
+        return [r[0] for r in conn.execute(sql + " RETURNING event_id", args).fetchall()]
+
+
+def requeue_dead(event_ids: list[str] | None = None) -> int:
+    """死信放回队列(修好 API key 之后用)。返回放回了几个。"""
+    return len(requeue("dead", event_ids or None))
+
+
+def restart_waiting(event_ids: list[str]) -> list[str]:
+    """收件箱里 checkpoint 丢了的待办放回队列(inbox.py restart):worker 领到时 thread 是空的,从头起草。"""
+    return requeue("waiting_human", event_ids)
 
 
 def events_by_status(status: str) -> list[dict]:

@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 from conftest import LAB, cut_at, die_at, die_before_checkpoint, drain, free_port, rows, run, write_locked
@@ -209,6 +210,9 @@ def test_notify_item_only_allows_ignore(lab):
     (["list", "extra"], "list 不带参数"),
     (["accept", "T1012", "好的"], "accept 的参数太多了;文字里有空格时请用引号括起来"),
     (["reject", "T1012", "不回"], "reject 的参数太多了;文字里有空格时请用引号括起来"),
+    (["restart"], "restart 需要工单号"),
+    (["restart", "T1012", " "], "restart 的工单号不能是空的(第 2 个)"),
+    (["restart", "T1012", "--all"], "不认识的选项:--all(inbox.py 只有 -h / --help 一个选项)"),
 ])
 def test_bad_command_line_prints_usage_and_exits_2_and_changes_nothing(lab, args, message):
     queue("T1012")
@@ -419,7 +423,8 @@ def test_a_checkpoint_db_that_is_not_the_workers_leaves_every_item_alone_and_say
     before = everything("T1012")
     wrong = tmp_path / "other-checkpoints.db"
     line = (f"(收件箱里的 T1012、T1041 在 checkpoint 库里找不到(CHECKPOINTS_DB={wrong}):多半指错了库,"
-            "worker 起草时用的是另一个;把设置改回来,这几条没有动)\n")
+            "worker 起草时用的是另一个;把设置改回来,这几条没有动。库确实丢了(删掉了)的话,运行 "
+            "uv run python inbox.py restart T1012 T1041 让 worker 从头重新起草)\n")
     r = inbox({**lab, "CHECKPOINTS_DB": str(wrong)}, "list")
     assert (r.returncode, r.stdout, r.stderr) == (1, "", line)
     r = inbox({**lab, "CHECKPOINTS_DB": str(wrong)}, "accept", "T1012")
@@ -427,6 +432,102 @@ def test_a_checkpoint_db_that_is_not_the_workers_leaves_every_item_alone_and_say
     assert everything("T1012") == before
     r = inbox(lab, "list")
     assert (r.returncode, r.stdout, r.stderr) == (0, T1012_ITEM + T1041_ITEM, "")
+
+
+def lose_checkpoints(env: dict, *tickets: str) -> None:
+    """checkpoint 丢了:不给工单号时整个库丢了(SQLite 的 checkpoints.db 被删掉,PostgreSQL 的 checkpoint 表被清空);
+    给了就只丢这几张工单的 thread。"""
+    if tickets:
+        graph, conn = open_graph()
+        try:
+            for t in tickets:
+                graph.checkpointer.delete_thread(thread_of(t)["configurable"]["thread_id"])
+        finally:
+            conn.close()
+    elif "DATABASE_URL" in env:
+        conn = store.connect()
+        try:
+            conn.execute("TRUNCATE checkpoints, checkpoint_blobs, checkpoint_writes")
+        finally:
+            conn.close()
+    else:
+        store.close_connections()
+        for suffix in ("", "-wal", "-shm"):
+            Path(env["CHECKPOINTS_DB"] + suffix).unlink(missing_ok=True)
+
+
+def where_checkpoints_are(env: dict) -> str:
+    return store._safe_url(env["DATABASE_URL"]) if "DATABASE_URL" in env else f"CHECKPOINTS_DB={env['CHECKPOINTS_DB']}"
+
+
+RESTARTED = "{} 已交回 worker 从头起草(checkpoint 库里找不到它,worker 会再调一次模型)\n"
+
+
+def test_restart_hands_items_whose_checkpoints_were_lost_to_the_worker_which_drafts_them_again(any_lab):
+    """checkpoint 库真的丢了(删掉了 checkpoints.db,或者清空了 PostgreSQL 的 checkpoint 表):原来这些待办哪个命令
+    都处理不了,list 每次都说一遍「多半指错了库」,只能手改事件表。现在那一行给出 restart 命令;restart 之后事件回到
+    队列、尝试次数从 0 算,worker 当新工单从头起草(再调一次模型),待办回到收件箱,照常能处理。"""
+    queue("T1012", "T1041")
+    lose_checkpoints(any_lab)
+    r = inbox(any_lab, "list")
+    assert (r.returncode, r.stdout, r.stderr) == (
+        1, "", f"(收件箱里的 T1012、T1041 在 checkpoint 库里找不到({where_checkpoints_are(any_lab)}):多半指错了库,"
+               "worker 起草时用的是另一个;把设置改回来,这几条没有动。库确实丢了(删掉了)的话,运行 "
+               "uv run python inbox.py restart T1012 T1041 让 worker 从头重新起草)\n")
+    r = inbox(any_lab, "restart", "T1012", "T1041")
+    assert (r.returncode, r.stdout, r.stderr) == (0, RESTARTED.format("T1012") + RESTARTED.format("T1041"), "")
+    assert rows("SELECT event_id, status, attempts, claimed_by FROM events ORDER BY event_id") == [
+        ("evt_T1012_created", "pending", 0, None), ("evt_T1041_created", "pending", 0, None)]
+    assert drain() == [("evt_T1012_created", "waiting_human"), ("evt_T1041_created", "waiting_human")]
+    assert rows("SELECT ticket_id, COUNT(*) FROM llm_usage GROUP BY ticket_id ORDER BY ticket_id") == [
+        ("T1012", 2), ("T1041", 2)]  # 第一次起草 + 丢了之后重新起草
+    r = inbox(any_lab, "list")
+    assert (r.returncode, r.stdout, r.stderr) == (0, T1012_ITEM + T1041_ITEM, "")
+    r = inbox(any_lab, "accept", "T1012")
+    assert (r.returncode, r.stdout, r.stderr) == (0, "T1012 → sent\n", "")
+    assert rows("SELECT ticket_id FROM outbox") == [("T1012",)]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["T1041"], "T1041 的 checkpoint 还在,不用 restart:直接 accept / edit / respond / ignore;这次什么都没有动"),
+    (["T1012", "T1041"], "T1041 的 checkpoint 还在,不用 restart:直接 accept / edit / respond / ignore;这次什么都没有动"),
+    (["T1012", "T4040"], "T4040 不在收件箱里(已经处理过,或者还没轮到 worker)"),
+    (["t1012"], "t1012 不在收件箱里(已经处理过,或者还没轮到 worker);是不是 T1012?"),
+    (["T9999"], "T9999 的事件 evt_T9999_created 在死信队列里(PermanentError: 工单不存在:T9999),没有进收件箱;"
+                "查清原因后运行 uv run python worker.py --requeue-dead evt_T9999_created 放回队列"),
+])
+def test_restart_of_an_item_that_still_has_its_checkpoint_or_is_not_in_the_inbox_moves_nothing(lab, args, message):
+    """restart 只给 checkpoint 丢了的待办用:checkpoint 还在的(照常处理就行,restart 会白白再调一次模型、换掉人看过的
+    草稿)、不在收件箱里的,说清楚,退出码 1;一次给了好几张、其中一张不对时,一张都不动。"""
+    queue("T1012", "T1041", "T9999")
+    lose_checkpoints(lab, "T1012")
+    before = everything("T1041")
+    r = inbox(lab, "restart", *args)
+    assert (r.returncode, r.stdout, r.stderr) == (1, "", message + "\n")
+    assert everything("T1041") == before
+    assert rows("SELECT event_id, status FROM events ORDER BY event_id") == [
+        ("evt_T1012_created", "waiting_human"), ("evt_T1041_created", "waiting_human"), ("evt_T9999_created", "dead")]
+
+
+def test_restart_of_an_item_another_restart_just_handed_back_says_so_and_queues_it_once(lab, monkeypatch, capsys):
+    """两个人同时 restart 同一张:后到的在对账之后、改状态之前被抢先了。说清楚,退出码 1;事件只回队列一次,
+    worker 只起草一次。两个进程真的同时跑时谁先谁后不确定,这里在本进程里把「别人先放回去」放在确定的时刻。"""
+    queue("T1012")
+    lose_checkpoints(lab)
+    real_restart = store.restart_waiting
+
+    def someone_else_first(event_ids):
+        assert real_restart(event_ids) == ["evt_T1012_created"]  # 另一个收件箱命令先放回去了
+        return real_restart(event_ids)
+
+    monkeypatch.setattr(store, "restart_waiting", someone_else_first)
+    capsys.readouterr()
+    assert inbox_mod.main(["restart", "T1012"]) == 1
+    assert capsys.readouterr() == ("", "T1012 刚被另一个收件箱命令交回 worker 了,这次没有再动\n")
+    assert rows("SELECT event_id, status, attempts FROM events") == [("evt_T1012_created", "pending", 0)]
+    assert drain() == [("evt_T1012_created", "waiting_human")]
+    assert drain() == []
+    assert rows("SELECT COUNT(*) FROM llm_usage") == [(2,)]
 
 
 def test_list_into_a_pipe_that_is_already_closed_exits_141_quietly_and_records_no_draft_as_seen(lab):
