@@ -1,5 +1,7 @@
 """uv run python demo.py:课文的全流程,用真的 webhook 服务、真 HTTP、真进程跑一遍,结果和课文一致。"""
 import os
+import signal
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -121,3 +123,41 @@ def test_demo_with_an_unknown_argument_shows_usage_and_runs_nothing(tmp_path):
     assert (r.returncode, r.stdout) == (2, "")
     assert r.stderr == "用法:uv run python demo.py [--keep](--keep:跑完保留临时数据目录)\n"
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("whole_group", [True, False], ids=["ctrl-c-in-a-terminal", "kill-int-to-demo-only"])
+def test_ctrl_c_in_the_middle_of_the_demo_says_one_line_and_leaves_no_server_or_data_behind(tmp_path, whole_group):
+    """在终端里按 Ctrl-C:SIGINT 发给整个前台进程组(demo、它起的 webhook 服务、正在跑的那一步);kill -INT 只发给 demo,
+    它起的进程要它自己收。webhook 服务起来、正要发第一个 webhook 时按下:一行「已中断(Ctrl-C)」、退出码 130,
+    没有 traceback;webhook 服务停了(端口空出来),临时数据目录删了,进程组里一个进程都不剩。
+    原来这只在 config.run 的单元测试里量过。"""
+    env = {k: v for k, v in os.environ.items() if k not in ("LLM_API_KEY", "EVENTS_DB", "CHECKPOINTS_DB", "BIZ_DB")}
+    proc = subprocess.Popen([sys.executable, "demo.py"], cwd=LAB, env={**env, "TMPDIR": str(tmp_path)}, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    seen = []
+    try:
+        for line in proc.stdout:  # 读到「服务已在后台运行」就按
+            seen.append(line)
+            if line == "(服务已在后台运行)\n":
+                break
+        port = next(int(x.split("--port ")[1]) for x in seen if x.startswith("$ uv run uvicorn"))
+        assert list(tmp_path.iterdir()) != []  # 临时数据目录这时还在
+        os.killpg(proc.pid, signal.SIGINT) if whole_group else proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert (proc.returncode, err) == (130, "已中断(Ctrl-C)\n")
+    assert "Traceback" not in "".join(seen) + out
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+    deadline = time.time() + 10
+    while time.time() < deadline:  # demo 退出前等过 webhook 服务;正在跑的那一步也被 subprocess.run 收了
+        try:
+            os.killpg(proc.pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail("demo 退出了,它的进程组里还有进程")
