@@ -211,7 +211,8 @@ def review(state: TicketState) -> dict:
     if kind == "edit":
         return {"outcome": "send", "decision": "edit", "draft": {**d, "reply": edited_reply(answer)}}
     if kind == "response":
-        # 意见也要进模型:和工单一样先打码(客服常把客户的电话、邮箱抄进意见里)
+        # 意见也要进模型:和工单一样先打码(客服常把客户的电话、邮箱抄进意见里)。inbox.py 交进来之前已经打过码
+        # (回答本身也存进 checkpoint);别的客户端(Agent Inbox 之类)交来的回答在这里打码
         return {"outcome": "redraft", "feedback": state.get("feedback", []) + [mask_pii(answer["args"])]}
     return {"outcome": "ignore"}
 

@@ -41,7 +41,7 @@ from langgraph.types import Command  # noqa: E402
 
 import store  # noqa: E402
 from agent import FINISHED, allowed, check_settings, open_graph, thread_of  # noqa: E402
-from llm import describe  # noqa: E402
+from llm import describe, mask_pii  # noqa: E402
 
 INBOX_USER = ""  # 谁在用收件箱(几个人共用时区分);空 = 「登录名@主机名」
 SEEN_WAIT_S = 0.5  # 秒;list 记「你看到的是哪一版」时最多等别人的写锁这么久,等不到就不记(accept 时会请你再 list),list 照常显示
@@ -195,11 +195,12 @@ def show_list(graph, missing: set[str]) -> None:
 
 
 def answer_for(command: str, ticket_id: str, text: str) -> dict:
-    """HumanResponse。"""
+    """HumanResponse。respond 的意见在这里就打码:交给 LangGraph 的回答会原样存进 checkpoint(writes 里的 __resume__),
+    review 节点里再打码就晚了。edit 的回复是要发给客户的原文,不动。"""
     if command == "edit":
         return {"type": "edit", "args": {"action": "send_reply", "args": {"ticket_id": ticket_id, "reply": text}}}
     if command == "respond":
-        return {"type": "response", "args": text}
+        return {"type": "response", "args": mask_pii(text)}
     return {"type": ANSWER_TYPE[command], "args": None}
 
 
@@ -268,7 +269,7 @@ def act(graph, command: str, ticket_id: str, text: str) -> None:
         snap = graph.get_state(cfg)
         status = status_of(snap)
         interrupted = isinstance(e, KeyboardInterrupt)
-        owner, what = store.inbox_owner(), "被中断(Ctrl-C)" if interrupted else describe(e)
+        owner, what = store.inbox_owner(), "被中断(Ctrl-C)" if interrupted else describe(e, dead=False)
         if status == "pending":
             store.hand_to_worker(ev["event_id"], owner, what)
         elif status == "waiting_human":

@@ -46,23 +46,26 @@ TRANSIENT_ERRORS = (openai.RateLimitError, openai.APITimeoutError, openai.APICon
                     openai.InternalServerError)
 
 
-# 这几种重试解决不了,要人去修;last_error 里说清楚先查什么、修好后怎么把死信放回来。
-# 401/403 走退避(换了 key 就好,别把积压悄悄烧成死信),400/404/422 直接死信(worker.PERMANENT_ERRORS)。
+# 这几种重试解决不了,要人去修;last_error 里说清楚先查什么、修好后怎么办({then}):事件进了死信就是把它放回来,
+# 还在队列里(401/403 走退避:换了 key 就好,别把积压悄悄烧成死信)就什么都不用做。400/404/422 直接死信(worker.PERMANENT_ERRORS)。
 REQUEUE = "运行 uv run python worker.py --requeue-dead"
-BAD_REQUEST = f"模型服务说请求不对:检查 LLM_MODEL、LLM_EXTRA_BODY,或者工单太长,修好后{REQUEUE}"
+RETRIES = "它会自动再试,不用放回"
+BAD_REQUEST = "模型服务说请求不对:检查 LLM_MODEL、LLM_EXTRA_BODY,或者工单太长,修好后{then}"
 HINTS = {
-    openai.AuthenticationError: f"模型服务拒绝了 API key:检查 LLM_API_KEY,修好后{REQUEUE}",
-    openai.PermissionDeniedError: f"模型服务拒绝访问(余额、权限或地区):处理好后{REQUEUE}",
-    openai.NotFoundError: f"模型服务说找不到:多半是 LLM_MODEL 或 LLM_BASE_URL 写错了,修好后{REQUEUE}",
+    openai.AuthenticationError: "模型服务拒绝了 API key:检查 LLM_API_KEY,修好后{then}",
+    openai.PermissionDeniedError: "模型服务拒绝访问(余额、权限或地区):处理好后{then}",
+    openai.NotFoundError: "模型服务说找不到:多半是 LLM_MODEL 或 LLM_BASE_URL 写错了,修好后{then}",
     openai.BadRequestError: BAD_REQUEST,
     openai.UnprocessableEntityError: BAD_REQUEST,
 }
 
 
-def describe(error: Exception) -> str:
-    """写进 last_error、打印给人看的错误:类型名 + 原文(+ 怎么修),打过码。worker 和收件箱共用。"""
+def describe(error: Exception, *, dead: bool = True) -> str:
+    """写进 last_error、打印给人看的错误:类型名 + 原文(+ 怎么修),打过码。worker 和收件箱共用。
+    dead:事件是不是进了死信。还在队列里的(401 退避中、收件箱交回 worker)不叫人 --requeue-dead:那个命令只放回死信,
+    不给事件号时会把别的死信都放回去,对它却什么都没做。"""
     text = f"{type(error).__name__}: {error}"
-    hint = next((h for cls, h in HINTS.items() if isinstance(error, cls)), None)
+    hint = next((h.format(then=REQUEUE if dead else RETRIES) for cls, h in HINTS.items() if isinstance(error, cls)), None)
     if hint is None and isinstance(error, TRANSIENT_ERRORS) and (backup := config.get("LLM_FALLBACK_MODEL")):
         # with_fallbacks 两个都失败时抛的是主模型的错误:说一声备用模型也试过了
         hint = f"备用模型 {backup} 也没有成功,稍后自动再试"

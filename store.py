@@ -809,7 +809,8 @@ WHERE event_id = (
     WHERE status = 'pending'
       AND (not_before IS NULL OR not_before <= ?)
       AND (ticket_id IS NULL OR ticket_id NOT IN
-           (SELECT ticket_id FROM events WHERE status = 'processing' AND ticket_id IS NOT NULL))
+           (SELECT ticket_id FROM events
+            WHERE ticket_id IS NOT NULL AND (status = 'processing' OR (status = 'pending' AND not_before > ?))))
     ORDER BY received_at, event_id
     LIMIT 1
     {skip_locked}
@@ -818,16 +819,22 @@ RETURNING event_id, kind, payload, attempts, ticket_id, last_error
 """
 
 
+def claim_args(owner: str, stamp_: str) -> tuple:
+    """CLAIM_SQL 的参数:谁领的、现在(领取时间、退避到期了没有、同一张工单还在不在退避)。"""
+    return owner, stamp_, stamp_, stamp_
+
+
 CLAIM_TRIES = 5  # 次;每撞一次,说明别人刚领了同一张工单的事件;再挑时看得见它。连撞几次就等下一轮
 
 
 def claim(owner: str | None = None) -> dict | None:
     """原子地领一个到点的 pending 事件:挑选和标记在同一条语句里,两个 worker 不会领到同一个。
-    同一张工单已经有事件在处理时先不领它,免得两个 worker 同时往一个 thread 里写(见 ONE_PROCESSING_PER_TICKET)。"""
+    同一张工单已经有事件在处理时先不领它,免得两个 worker 同时往一个 thread 里写(见 ONE_PROCESSING_PER_TICKET);
+    有事件失败了、还在退避时也不领它的别的事件:一张工单一个 thread,别的事件领走了也是接着那个失败的节点再跑一遍,
+    等于绕过退避(上游每通知一次就多调一次模型)。"""
     for _ in range(CLAIM_TRIES):
-        stamp_ = now()
         with opened(durable=False) as conn:
-            cur = _unless_ticket_taken(conn, sql("CLAIM_SQL"), (owner or worker_id(), stamp_, stamp_))
+            cur = _unless_ticket_taken(conn, sql("CLAIM_SQL"), claim_args(owner or worker_id(), now()))
             if cur is not None:
                 row = cur.fetchone()
                 return dict(row) if row else None

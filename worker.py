@@ -176,13 +176,14 @@ def process(graph, ev: dict, owner: str) -> str:
         failed = e
         status = "dead" if isinstance(e, PERMANENT_ERRORS) or ev["attempts"] >= max_attempts() else "pending"
         not_before = store.minutes_from_now(backoff_minutes(ev["attempts"])) if status == "pending" else None
-    kept = store.set_status(ev["event_id"], status, failed and describe(failed), not_before=not_before, owner=owner)
+    why = failed and describe(failed, dead=status == "dead")
+    kept = store.set_status(ev["event_id"], status, why, not_before=not_before, owner=owner)
     # 慢到被放回队列、又被别人领走了:不覆盖,说一声(成功、失败都一样;原来失败时照样说「→ dead」,表里却没改)
     moved = "" if kept else "(这期间事件被放回了队列,状态留给接手的 worker 改)"
     if failed is None:
         say(f"{ev['event_id']} → {status}{moved}")
     else:
-        shown = str(failed) if isinstance(failed, PermanentError) else describe(failed)
+        shown = str(failed) if isinstance(failed, PermanentError) else why
         say(f"{ev['event_id']} 第 {ev['attempts']} 次失败 → {status}{moved}: {mask_pii(shown)}")
     return status
 

@@ -198,6 +198,23 @@ def rows(sql: str, args: tuple = (), path=None) -> list[tuple]:
         conn.close()
 
 
+def checkpoint_bytes() -> bytes:
+    """checkpoint 库里存下的全部东西(checkpoint、每个节点的 writes、恢复时人给的回答),拼成一串字节:
+    查某段文字有没有原样存下来用。"""
+    if store.dialect() == "sqlite":
+        queries, conn = ["SELECT checkpoint FROM checkpoints", "SELECT metadata FROM checkpoints",
+                         "SELECT value FROM writes"], store.connect(store.checkpoints_db())
+    else:
+        queries, conn = ["SELECT checkpoint::text FROM checkpoints", "SELECT metadata::text FROM checkpoints",
+                         "SELECT blob FROM checkpoint_blobs WHERE blob IS NOT NULL",
+                         "SELECT blob FROM checkpoint_writes"], store.connect()
+    try:
+        return b"".join(v.encode() if isinstance(v := r[0], str) else bytes(v)
+                        for q in queries for r in conn.execute(q).fetchall())
+    finally:
+        conn.close()
+
+
 @contextmanager
 def tcp_proxy(host: str, port: int, relay_if, then: str = "close"):
     """127.0.0.1 上的一个 TCP 代理,挡在真的 PostgreSQL 前面。每来一个连接问一次 relay_if(计数):真就原样转过去;

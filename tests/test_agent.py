@@ -5,7 +5,7 @@ import re
 import pytest
 from langchain_core.utils.function_calling import convert_to_openai_tool
 
-from conftest import drain, rows, run
+from conftest import checkpoint_bytes, drain, free_port, rows, run
 from openai_stub import OpenAIStub
 
 import llm
@@ -157,10 +157,7 @@ def test_pii_is_masked_in_the_prompt_but_not_in_the_business_db(lab, monkeypatch
     for masked in ("138****5678", "139****1111", "110101********1234", "**** **** **** 0123", "c***@example.com"):
         assert masked in prompts
     assert "13812345678" in store.ticket("T1008")["body"]
-    conn = store.connect(store.checkpoints_db())
-    blob = b"".join(bytes(r[0]) for r in conn.execute("SELECT checkpoint FROM checkpoints"))
-    conn.close()
-    assert b"13812345678" not in blob  # checkpoint 里存的也是脱敏后的文本
+    assert b"13812345678" not in checkpoint_bytes()  # checkpoint 和每个节点的 writes 里存的也是脱敏后的文本
 
 
 def test_control_characters_in_a_ticket_are_dropped_before_the_graph_and_kept_in_the_business_db(any_lab):
@@ -287,6 +284,27 @@ def test_fallback_model_takes_over_on_transient_errors_only(lab, monkeypatch, st
         assert [r["model"] for r in stub.requests] == ["stub-model"]
 
 
+def test_fallback_model_takes_over_when_the_primary_service_cannot_be_reached(lab, monkeypatch):
+    """连不上也是暂时性错误(TRANSIENT_ERRORS 里的 APIConnectionError):主模型的服务整个没了,换到另一个服务上的备用模型。"""
+    with OpenAIStub() as stub:
+        real_model(monkeypatch, stub, LLM_FALLBACK_MODEL="backup-model", LLM_FALLBACK_BASE_URL=stub.base_url,
+                   LLM_FALLBACK_API_KEY="sk-backup", LLM_BASE_URL=f"http://127.0.0.1:{free_port()}/v1")
+        assert queue_and_run("T1012") == [("evt_T1012_created", "waiting_human")]
+        assert [(r["model"], sent_key(r)) for r in stub.requests] == [("backup-model", "Bearer sk-backup")]
+    assert rows("SELECT model FROM llm_usage") == [("backup-model",)]
+
+
+@pytest.mark.parametrize("status, kind", [(401, "invalid_api_key"), (403, "permission_denied")])
+def test_a_refused_key_or_permission_does_not_switch_to_the_fallback(lab, monkeypatch, status, kind):
+    """key 错了、没权限:换个模型也一样,要人去修。不切备用模型(免得备用模型悄悄接下全部流量、没人发现主模型坏了)。"""
+    with OpenAIStub() as stub:
+        real_model(monkeypatch, stub, LLM_FALLBACK_MODEL="backup-model")
+        stub.fail["stub-model"] = (status, kind)
+        assert queue_and_run("T1012") == [("evt_T1012_created", "pending")]
+        assert [r["model"] for r in stub.requests] == ["stub-model"]
+    assert rows("SELECT COUNT(*) FROM llm_usage") == [(0,)]
+
+
 def test_primary_and_fallback_both_failing_is_a_readable_transient_error(lab, monkeypatch):
     with OpenAIStub() as stub:
         real_model(monkeypatch, stub, LLM_FALLBACK_MODEL="backup-model")
@@ -398,12 +416,31 @@ def test_every_model_call_of_a_ticket_is_traced_under_the_ticket_id_as_session(l
     assert recorder.sessions == [("T1012", "T1012", "ticket-T1012")] * 2
 
 
-def test_nothing_is_written_before_the_interrupt(lab):
-    """review 节点到 interrupt 为止不写任何东西:待审时 outbox 和 review_log 都是空的。"""
+def every_table() -> dict[str, set]:
+    """事件库和业务库(biz.)里每张表的全部行(事件表除外:它的状态本来就要变)。"""
+    tables = {}
+    for prefix, db in (("", store.events_db()), ("biz.", store.biz_db())):
+        for (name,) in rows("SELECT name FROM sqlite_master WHERE type = 'table' AND name != 'events' "
+                            "AND name NOT LIKE 'sqlite_%'", path=db):
+            tables[prefix + name] = set(rows(f"SELECT * FROM {name}", path=db))
+    return tables
+
+
+def test_nothing_is_written_before_the_interrupt_even_when_review_runs_again_on_resume(lab):
+    """恢复时 review 节点从头再跑一遍:interrupt() 之前要是写了什么(记一次用量、发一条通知),就会写两遍。
+    待审时只有起草记下的用量;处理完只多了发件箱和 review_log 各一行,别的表一行没变。"""
     assert queue_and_run("T1012", "T1003") == [("evt_T1012_created", "waiting_human"),
                                                ("evt_T1003_created", "waiting_human")]
-    assert rows("SELECT COUNT(*) FROM outbox") == [(0,)]
-    assert rows("SELECT COUNT(*) FROM review_log") == [(0,)]
+    waiting = every_table()
+    assert {t: len(r) for t, r in waiting.items() if r and not t.startswith("biz.")} == {
+        "llm_usage": 2}  # 两次起草,别的什么都没写
+    for command, ticket in (("accept", "T1012"), ("ignore", "T1003")):
+        r = run(["inbox.py", command, ticket], lab)
+        assert (r.returncode, r.stdout) == (0, f"{ticket} → {'sent' if command == 'accept' else 'ignored'}\n")
+    after = every_table()
+    changed = {t: after[t] - waiting[t] for t in after if after[t] != waiting[t]}
+    assert {t: len(r) for t, r in changed.items()} == {"outbox": 1, "review_log": 2}
+    assert all(waiting[t] <= after[t] for t in waiting)  # 只多不少
 
 
 def test_stale_event_asks_for_an_apology_for_the_wait(lab):

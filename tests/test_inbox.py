@@ -10,7 +10,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from conftest import LAB, cut_at, die_at, die_before_checkpoint, drain, free_port, rows, run, write_locked
+from conftest import LAB, checkpoint_bytes, cut_at, die_at, die_before_checkpoint, drain, free_port, rows, run, write_locked
 from openai_stub import OpenAIStub
 
 import inbox as inbox_mod
@@ -98,6 +98,24 @@ def test_several_respond_rounds_then_accept_sends_the_last_redraft(lab):
     assert rows("SELECT body FROM outbox") == [(last,)]
     assert state("T1041")["feedback"] == ["语气再软一点,先道歉", "告诉客户退款申请已提交"]
     assert rows("SELECT COUNT(*) FROM llm_usage WHERE ticket_id = 'T1041'") == [(3,)]  # 起草 1 次 + 重写 2 次
+
+
+def test_pii_in_respond_feedback_is_masked_before_it_is_stored_anywhere(any_lab):
+    """中间件笔记「脱敏在入口做」:意见进模型之前打码还不够。原来收件箱把原文当作 Command(resume=…) 交给 LangGraph,
+    它原样存进 checkpoint 的 writes(__resume__)、一直留着;打码要在交出去之前做。"""
+    queue("T1041")
+    note = "客户留的电话 138-1234-5678,邮箱 caiwu.xie@example.com,身份证 110101199003071234,请提一下会回电"
+    masked = "客户留的电话 138****5678,邮箱 c***@example.com,身份证 110101********1234,请提一下会回电"
+    r = inbox(any_lab, "respond", "T1041", note)
+    assert (r.returncode, r.stdout.startswith("已按意见重写,新草稿: ")) == (0, True)
+    assert inbox(any_lab, "accept", "T1041").stdout == "T1041 → sent\n"
+    assert state("T1041")["feedback"] == [masked]
+    assert rows("SELECT feedback FROM review_log") == [(json.dumps([masked], ensure_ascii=False),)]
+    stored = checkpoint_bytes()
+    for secret in ("138-1234-5678", "caiwu.xie", "110101199003071234"):
+        assert secret.encode() not in stored
+        assert secret not in rows("SELECT body FROM outbox")[0][0]
+    assert masked.encode() in stored  # 查的地方没查错:打过码的意见确实在里面
 
 
 def test_reject_alias_ignores(lab):
@@ -582,6 +600,23 @@ def test_respond_whose_redraft_fails_is_handed_to_the_worker_with_the_feedback_k
     assert rows("SELECT COUNT(*) FROM outbox") == [(0,)]
     assert drain() == [("evt_T1012_created", "waiting_human")]  # worker 从 draft 接着跑,带着意见重写
     assert state("T1012")["feedback"] == ["语气软一点"]
+
+
+def test_respond_whose_redraft_is_refused_for_the_api_key_says_the_worker_retries_not_requeue_dead(lab):
+    """key 错了:事件交回 worker(pending),修好 key 后 worker 自己会再试。原来括号里叫人运行 --requeue-dead:
+    那个命令只放回死信,对这个事件什么都不做,不给事件号时还把别的死信都放回队列。"""
+    queue("T1012", "T9999")
+    with OpenAIStub() as stub:
+        stub.fail["key:sk-wrong"] = (401, "invalid_api_key")
+        r = inbox({**lab, "LLM_API_KEY": "sk-wrong", "LLM_BASE_URL": stub.base_url, "LLM_MAX_RETRIES": "0"},
+                  "respond", "T1012", "语气软一点")
+    why = ("OpenAIAuthenticationError: Error code: 401 - stub says invalid_api_key"
+           "(模型服务拒绝了 API key:检查 LLM_API_KEY,修好后它会自动再试,不用放回)")
+    assert (r.returncode, r.stdout, r.stderr) == (1, "", f"T1012 处理失败({why}),已交回 worker 续跑\n")
+    assert rows("SELECT event_id, status, last_error FROM events ORDER BY event_id") == [
+        ("evt_T1012_created", "pending", why), ("evt_T9999_created", "dead", "PermanentError: 工单不存在:T9999")]
+    assert state("T1012")["feedback"] == ["语气软一点"]
+    assert drain() == [("evt_T1012_created", "waiting_human")]  # 修好了(这里是离线模型):worker 带着意见重写
 
 
 def test_a_decision_the_checkpoint_store_cannot_save_leaves_the_item_in_the_inbox_and_sends_nothing(lab):

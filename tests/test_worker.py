@@ -118,11 +118,13 @@ def test_wrong_api_key_backs_off_then_goes_dead_after_max_attempts_with_a_fix_hi
             w.close()
     (status, attempts, error, not_before), = rows("SELECT status, attempts, last_error, not_before FROM events")
     # OpenAIAuthenticationError 是 langchain-openai 包了一层的 openai.AuthenticationError
-    reason = ("OpenAIAuthenticationError: Error code: 401 - stub says invalid_api_key"
-              "(模型服务拒绝了 API key:检查 LLM_API_KEY,修好后运行 uv run python worker.py --requeue-dead)")
+    failure = "OpenAIAuthenticationError: Error code: 401 - stub says invalid_api_key(模型服务拒绝了 API key:检查 LLM_API_KEY,"
+    reason = failure + "修好后运行 uv run python worker.py --requeue-dead)"
     assert (status, attempts, not_before, error) == ("dead", 3, None, reason)
+    # 还在退避时不叫人 --requeue-dead:那个命令只放回死信,不给事件号时还会把别的死信都放回去,对这个事件什么都不做
+    retrying = failure + "修好后它会自动再试,不用放回)"
     assert capsys.readouterr().out.splitlines() == [
-        f"evt_T1012_created 第 1 次失败 → pending: {reason}", f"evt_T1012_created 第 2 次失败 → pending: {reason}",
+        f"evt_T1012_created 第 1 次失败 → pending: {retrying}", f"evt_T1012_created 第 2 次失败 → pending: {retrying}",
         f"evt_T1012_created 第 3 次失败 → dead: {reason}"]
 
 
@@ -185,6 +187,57 @@ def test_a_new_event_for_a_ticket_whose_draft_is_dead_goes_dead_without_calling_
         assert worker_mod.main(["--requeue-dead", "evt_T1012_created", "evt_T1012_updated"]) == 0
         assert sorted(drain()) == [("evt_T1012_created", "waiting_human"), ("evt_T1012_updated", "done")]
         assert len(stub.requests) == 2
+    assert rows("SELECT COUNT(*) FROM outbox") == [(0,)]
+
+
+def test_a_second_event_for_a_ticket_in_backoff_waits_instead_of_calling_the_model_again(any_lab, monkeypatch,
+                                                                                         capsys):
+    """中间件笔记「重试要有退避和上限」:同一张工单只有一个 thread。第一个事件起草失败、正在退避时,上游又通知一次
+    (新的 event_id),原来第二个事件马上被领走、接着那个失败的 draft 再调一次模型:退避被绕过,五个通知就是五次
+    连着的调用,这张工单总共调了 MAX_ATTEMPTS 以上次。现在它等第一个事件退避完;第一个进了死信,它也跟着进。"""
+    def time_passes():  # 不真等:把退避到期的时间拨到现在
+        conn = store.connect()
+        conn.execute("UPDATE events SET not_before = ? WHERE not_before IS NOT NULL", (store.now(),))
+        conn.close()
+
+    with OpenAIStub() as stub:
+        use_stub(monkeypatch, stub)
+        stub.fail["stub-model"] = (503, "overloaded")
+        add("T1012")
+        assert drain() == [("evt_T1012_created", "pending")]
+        for n in range(4):
+            add("T1012", f"evt_T1012_updated_{n}", "ticket.updated")
+        add("T1041")  # 别的工单不受影响
+        assert drain() == [("evt_T1041_created", "pending")]
+        assert len(stub.requests) == 2
+        assert events() == [("evt_T1012_created", "pending", 1)] + [
+            (f"evt_T1012_updated_{n}", "pending", 0) for n in range(4)] + [("evt_T1041_created", "pending", 1)]
+
+        time_passes()
+        assert drain() == [("evt_T1012_created", "pending"), ("evt_T1041_created", "pending")]
+        assert len(stub.requests) == 4
+        time_passes()
+        assert drain() == [("evt_T1012_created", "dead")] + [
+            (f"evt_T1012_updated_{n}", "dead") for n in range(4)] + [("evt_T1041_created", "dead")]
+        assert len(stub.requests) == 6  # 每张工单 MAX_ATTEMPTS = 3 次,不多
+
+    def reason(n: int) -> str:  # 先进死信的都列出来,放回的命令一次放回整张工单的
+        dead = " ".join(["evt_T1012_created"] + [f"evt_T1012_updated_{k}" for k in range(n)])
+        return (f"同一张工单的 {dead} 在死信里,这个事件不再接着跑;查清原因后运行 "
+                f"uv run python worker.py --requeue-dead {dead} evt_T1012_updated_{n}")
+    assert rows("SELECT event_id, status, attempts, last_error FROM events WHERE event_id LIKE 'evt_T1012_updated%' "
+                "ORDER BY event_id") == [
+        (f"evt_T1012_updated_{n}", "dead", 1, f"PermanentError: {reason(n)}") for n in range(4)]
+    failure = "OpenAIAPIError: Error code: 503 - stub says overloaded"
+    assert capsys.readouterr().out.splitlines() == [
+        f"evt_T1012_created 第 1 次失败 → pending: {failure}",
+        f"evt_T1041_created 第 1 次失败 → pending: {failure}",
+        f"evt_T1012_created 第 2 次失败 → pending: {failure}",
+        f"evt_T1041_created 第 2 次失败 → pending: {failure}",
+        f"evt_T1012_created 第 3 次失败 → dead: {failure}",
+        *(f"evt_T1012_updated_{n} 第 1 次失败 → dead: {reason(n)}" for n in range(4)),
+        f"evt_T1041_created 第 3 次失败 → dead: {failure}",
+    ]
     assert rows("SELECT COUNT(*) FROM outbox") == [(0,)]
 
 
@@ -318,7 +371,7 @@ def test_a_permission_error_backs_off_with_a_fix_hint_instead_of_going_dead_at_o
     (status, attempts, error, not_before), = rows("SELECT status, attempts, last_error, not_before FROM events")
     assert (status, attempts) == ("pending", 1) and not_before > store.now()
     assert error == ("OpenAIPermissionDeniedError: Error code: 403 - stub says permission_denied"
-                     "(模型服务拒绝访问(余额、权限或地区):处理好后运行 uv run python worker.py --requeue-dead)")
+                     "(模型服务拒绝访问(余额、权限或地区):处理好后它会自动再试,不用放回)")
 
 
 def test_another_event_for_a_ticket_already_answered_is_done_without_calling_the_model(lab, monkeypatch):
@@ -964,7 +1017,7 @@ def test_two_claims_racing_for_one_ticket_on_postgres_give_it_to_one_worker(pg_l
     with psycopg.connect(pg_lab["DATABASE_URL"]) as other, \
             psycopg.connect(pg_lab["DATABASE_URL"], autocommit=True) as watcher:  # other 不是 autocommit:领取停在提交之前
         claimed = other.execute(store.sql("CLAIM_SQL").replace("?", "%s"),
-                                ("other-worker", store.now(), store.now())).fetchone()
+                                store.claim_args("other-worker", store.now())).fetchone()
         assert claimed[0] == "evt_a"
         racer = threading.Thread(target=lambda: got.update(event=store.claim("this-worker")))
         racer.start()
