@@ -238,14 +238,23 @@ class Worker:
             if not (ev := store.claim(self.owner)):
                 return
             self.in_hand.add(ev["event_id"])
+            if self.stopping:
+                # 领的途中收到了停止信号:这个事件不算「手上的」,不做,交回。先记进 in_hand 再看:在这之前到的
+                # 第二次 Ctrl-C 看 in_hand 是空的,不抢着退出(说好了马上就退),那就得在这里交回,不能再去等模型
+                self.give_back(ev["event_id"])
+                self.in_hand.discard(ev["event_id"])
+                return
             done.append((ev["event_id"], process(self.graph, ev, self.owner)))
             self.in_hand.discard(ev["event_id"])
 
     def hand_back(self) -> None:
         """立即退出时,把手上还没做完的事件交回队列(这次不算一次失败)。"""
         for event_id in list(self.in_hand):
-            if store.hand_back(event_id, self.owner):
-                print(f"{event_id} 交回队列", file=sys.stderr, flush=True)
+            self.give_back(event_id)
+
+    def give_back(self, event_id: str) -> None:
+        if store.hand_back(event_id, self.owner):  # 两个线程同时交回同一个:只有一个改得成、说一行
+            print(f"{event_id} 交回队列", file=sys.stderr, flush=True)
 
     def run_once(self) -> list[tuple[str, str]]:
         self.requeue()

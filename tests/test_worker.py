@@ -241,6 +241,32 @@ def test_a_second_event_for_a_ticket_in_backoff_waits_instead_of_calling_the_mod
     assert rows("SELECT COUNT(*) FROM outbox") == [(0,)]
 
 
+def test_an_event_claimed_just_as_the_stop_signal_arrives_is_handed_back_not_processed(lab, monkeypatch, capsys):
+    """第一次 Ctrl-C 落在领取的途中:领到的事件还不算「手上的」。原来照样去做(等模型),这时的第二次 Ctrl-C 看到
+    手上没有事件,不抢着退出,worker 要等模型回答才退。现在交回队列(尝试次数不算),不调模型,马上退出。"""
+    add("T1012"), add("T1041")
+    w = worker_mod.Worker()
+    claim = store.claim
+
+    def claim_then_ctrl_c(owner=None):
+        ev = claim(owner)
+        w.stop(signal.SIGINT)
+        return ev
+
+    monkeypatch.setattr(store, "claim", claim_then_ctrl_c)
+    try:
+        assert w.run_once() == []
+    finally:
+        w.close()
+    assert events() == [("evt_T1012_created", "pending", 0), ("evt_T1041_created", "pending", 0)]
+    assert rows("SELECT claimed_by, last_error FROM events") == [(None, None)] * 2
+    out, err = capsys.readouterr()
+    assert (out, err) == ("", "收到停止信号:做完手上的事件就退出(再按一次 Ctrl-C 立即退出,手上的事件交回队列)\n"
+                              "evt_T1012_created 交回队列\n")
+    assert rows("SELECT COUNT(*) FROM llm_usage") == [(0,)]
+    assert thread_history("T1012") == []  # 图一步都没跑
+
+
 def test_a_new_event_for_a_ticket_that_was_missing_when_its_first_event_died_is_processed(lab):
     """死在 load(工单当时还不存在)的不挡:续跑不调模型,工单可能已经建好了。"""
     add("T7777")
