@@ -38,6 +38,9 @@ def _load_dotenv_once() -> None:
         data = (Path.cwd() / ".env").read_bytes()
     except (FileNotFoundError, IsADirectoryError):  # 没有 .env 也行
         return
+    except OSError as e:  # 没有读权限(别的用户建的、权限 600)、符号链接绕成了圈:原来是 traceback
+        _dotenv_problem = f"配置错误:.env 读不了({e.strerror or e})"
+        raise SystemExit(_dotenv_problem) from None
     try:
         text = data.decode("utf-8")  # 开头的 BOM(记事本存的「UTF-8 带 BOM」)python-dotenv 会去掉
     except UnicodeDecodeError as e:

@@ -60,6 +60,7 @@ IMAP_PLAIN_PORT = 143        # 明文 IMAP 的标准端口(IMAP_SSL=0 时的默�
 IMAP_TIMEOUT_S = 30          # 秒(0.1–3600);连接和每条 IMAP 命令最多等多久。crontab 每分钟跑一次,卡住的进程不能越积越多
 MAILBOX = "INBOX"            # 收哪个文件夹
 MAX_BODY_CHARS = 2000        # 字;正文只留前这么多(课文的做法),转发链、签名再长也不进模型
+MAX_SUBJECT_CHARS = 200      # 字;主题也进模型(工单原文是「主题:正文」),只留前这么多,别让超长主题绕过上一项
 TICKET_HASH_LENGTHS = range(6, 41, 2)  # 工单号 M + sha1(Message-ID) 的前 6 位;和别的邮件撞了再加长,直到不撞
 # 邮件里常见的「声明的字符集比实际用的小」:标 gb2312 的信里常有 GBK 才有的字,标 big5 的信里常有香港增补字。
 # 用它们的超集解码,能多认出字,原本就合规的信结果不变。
@@ -238,7 +239,7 @@ def parse(raw: bytes) -> dict:
         return {
             "message_id": mail_event_id(msg, raw),
             "from": address,
-            "subject": header_text(msg.get("Subject")) or "(无主题)",
+            "subject": header_text(msg.get("Subject"))[:MAX_SUBJECT_CHARS] or "(无主题)",
             "body": body_of(msg)[:MAX_BODY_CHARS],
         }
     except BrokenMail:
@@ -375,6 +376,8 @@ def eml_files(paths: list[str]) -> list[Path]:
     """展开命令行给的文件和目录;有一个不存在就整个不做(SetupError),免得做了一半。"""
     files: list[Path] = []
     for given in paths:
+        if not given.strip():  # --eml "$DIR",变量是空的:Path("") 是当前目录,原来会把这里的 .eml 全收进来
+            raise SetupError("--eml 给的路径是空的(要读当前目录,写 --eml .)")
         p = Path(given)
         try:
             if p.is_dir():
@@ -647,7 +650,9 @@ def summary(outcomes: list[Outcome]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = config.ArgumentParser(description="收一次客服邮箱(或离线读 .eml),新邮件变成工单 + 事件")
-    parser.add_argument("--eml", nargs="+", metavar="FILE|DIR", help="离线模式:读这些 .eml 文件或目录,不连邮箱")
+    # extend:--eml 写了两次时两次给的都读(原来只读最后一次的,前面的不声不响地没了)
+    parser.add_argument("--eml", nargs="+", action="extend", metavar="FILE|DIR",
+                        help="离线模式:读这些 .eml 文件或目录,不连邮箱")
     args = parser.parse_args(argv)
     try:
         files = eml_files(args.eml) if args.eml else None

@@ -8,6 +8,7 @@
 发到 WEBHOOK_URL(默认 http://127.0.0.1:8139/hooks/cloudledger),密钥是 WEBHOOK_SECRET。
 服务没起来时说明原因,退出码 1;对方回了非 2xx 时照样打印,退出码 1;请求发出去了、却超时或者连接断了时说
 webhook 可能已经存下了这个事件、再发一次是安全的(会回 duplicate: true),退出码 1;
+Ctrl-C:一行「已中断(Ctrl-C)」,退出码 130(正在等回答的那一次 webhook 可能已经存下了,再发一次是安全的);
 参数不对(工单号是空的、以 - 开头、有字母数字 _ - 以外的字符,重复次数不是正整数)或 WEBHOOK_URL 写错时说明原因,退出码 2;--help 打印用法。
 """
 import hashlib
@@ -122,4 +123,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    config.run(main, sys.argv[1:])  # … | head 提前关掉输出:退出码 141;Ctrl-C:一行、退出码 130

@@ -308,12 +308,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--once", action="store_true", help="把现在能领的事件处理完就退出")
     parser.add_argument("--concurrency", type=int, default=None,
                         help=f"同时处理几个事件(不给时用 WORKER_CONCURRENCY,默认 {CONCURRENCY})")
-    parser.add_argument("--requeue-dead", nargs="*", metavar="EVENT_ID", help="把死信放回队列,不给 id 就是全部")
+    # extend:--requeue-dead 写了两次时 id 合在一起(原来只留最后一次的:前面的 id 不查也不放,最后一个不带 id 的还成了「全部」)
+    parser.add_argument("--requeue-dead", nargs="*", action="extend", metavar="EVENT_ID",
+                        help="把死信放回队列,不给 id 就是全部")
     args = parser.parse_args(argv)
     if args.concurrency is not None and args.concurrency < 1:
         parser.error("--concurrency 至少是 1")
     if args.concurrency is not None and args.concurrency > MAX_CONCURRENCY:
         parser.error(f"--concurrency 最多是 {MAX_CONCURRENCY}")
+    if any(not e.strip() for e in args.requeue_dead or ()):  # --requeue-dead "$ID",变量是空的
+        parser.error("--requeue-dead 后面的事件号不能是空的(不给事件号才是全部)")
     if args.requeue_dead is not None and (args.once or args.concurrency is not None):
         # 原来 --once 被悄悄忽略:以为放回去之后会接着处理,其实只放回了队列
         parser.error("--requeue-dead 只把死信放回队列,不处理事件,不能和 --once、--concurrency 一起用;放回之后再运行 worker")

@@ -4,6 +4,7 @@
     uv run python bench/webhook.py            # 完整:每种 7 轮 × 3000 个请求,1 分钟左右
     uv run python bench/webhook.py --quick    # 冒烟:每种 3 轮 × 500 个请求,10 秒左右
     uv run python bench/webhook.py --parts    # 另外量两个拆开的 webhook,看比空端点多出来的 CPU 花在哪一步
+    uv run python bench/webhook.py --lesson   # 另外量课文的写法(请求里直接写 SQLite),和真 webhook 并排
     uv run python bench/webhook.py --requests 1000 --rounds 5   # 自己定每轮请求数、轮数
 
 你会看到:日期、nproc、Python 版本,然后一张表,每行一种负载(空端点 / 新事件 / 重复投递):
@@ -191,6 +192,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, help=f"轮数(默认 {ROUNDS})")
     parser.add_argument("--parts", action="store_true",
                         help="另外起两个拆开的 webhook(bench/webhook_parts.py),看多出来的 CPU 花在哪一步")
+    parser.add_argument("--lesson", action="store_true",
+                        help="另外起一个课文写法的 webhook(请求里直接写 SQLite,bench/webhook_parts.py lesson)")
     args = parser.parse_args(argv)
     n = args.requests or (QUICK_REQUESTS if args.quick else REQUESTS)
     rounds = args.rounds or (QUICK_ROUNDS if args.quick else ROUNDS)
@@ -204,8 +207,11 @@ def main(argv: list[str] | None = None) -> int:
         env = common.clean_env(**common.lab_env(Path(tmp)), WEBHOOK_SECRET=SECRET)
         ours = Server("webhook:app", env, Path(tmp) / "webhook.log")
         bare = Server("bench.bare_app:app", env, Path(tmp) / "bare.log")
-        parts = {part: Server("bench.webhook_parts:app", {**env, "BENCH_WEBHOOK_PART": part}, Path(tmp) / f"{part}.log")
-                 for part in (PARTS if args.parts else ())}
+        extra = [*(PARTS if args.parts else ()), *(["lesson"] if args.lesson else [])]
+        parts = {part: Server("bench.webhook_parts:app",
+                              {**env, "BENCH_WEBHOOK_PART": part, "BENCH_LESSON_DB": str(Path(tmp) / "lesson.db")},
+                              Path(tmp) / f"{part}.log")
+                 for part in extra}
         try:
             results, acknowledged, wrong = run_rounds(ours, bare, n, rounds, parts)
             rss = {"bare": peak_rss_mb(bare.proc.pid), "new": peak_rss_mb(ours.proc.pid)}
@@ -293,6 +299,8 @@ def report(results, rss, rounds, n, acknowledged, missing, wrong) -> None:
         print("\n没达标:看上表「服务端 CPU ms/请求」一栏,webhook 每个请求比空端点多用的 CPU 就是差距所在。")
     if any(part in results for part in PARTS):
         report_parts(results)
+    if "lesson" in results:
+        report_lesson(results, rss)
     sys.stdout.flush()
 
 
@@ -313,6 +321,24 @@ def report_parts(results: dict[str, list[dict]]) -> None:
         before = cpu
     table(["这一步", "服务端 CPU ms/请求", "比上一步多", "req/s ÷ 空端点(逐轮)"], rows)
     print("服务端 CPU 是 uvicorn 进程和它的写库进程的用户态 + 内核态时间(/proc/<pid>/stat)。")
+
+
+def report_lesson(results: dict[str, list[dict]], rss: dict) -> None:
+    """--lesson:课文的写法(请求里直接写 SQLite)和真 webhook 并排,都除以同一轮的空端点。"""
+    print("\n## 课文的写法(--lesson):请求里直接写 SQLite,每个请求提交一次\n")
+    rows = []
+    for kind, label in (("bare", "空 FastAPI(基线)"), ("lesson", LESSON),
+                        ("new", "webhook.py:新事件(写库进程组提交,每个 202 之前已落盘)")):
+        rs = results[kind]
+        rows.append([label, median(r["rps"] for r in rs), f"{paired_ratio(rs, results['bare']):.2f}",
+                     median(r["p50"] for r in rs), median(r["p99"] for r in rs),
+                     median(r["server_cpu_ms"] for r in rs), rss[kind]])
+    table(["负载", "req/s", "÷ 空端点(逐轮)", "p50 ms", "p99 ms", "服务端 CPU ms/请求", "峰值 RSS MiB"], rows)
+    print("每轮的 req/s(课文的写法):" + "、".join(f"{r['rps']:.0f}" for r in results["lesson"]))
+    print(f"webhook.py ÷ 课文的写法(逐轮):{paired_ratio(results['new'], results['lesson']):.1f} 倍")
+
+
+LESSON = "课文的写法:协程里直接写 SQLite(每个请求连库、提交一次;bench/webhook_parts.py lesson)"
 
 
 if __name__ == "__main__":

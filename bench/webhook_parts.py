@@ -5,12 +5,21 @@ BENCH_WEBHOOK_PART 选一种(每种是一个单独的 uvicorn 进程,代码就�
 - await_only:同上,但先等一个在事件循环下一轮就完成的 future —— 再加上「请求挂起一次、再恢复」的代价
   (回 202 之前要等组提交落盘,请求就一定要挂起一次;FastAPI 的每层中间件都在这条协程链上)。
 和真 webhook 的差就是交给写库进程(event_writer.py)这一步:两个进程之间收发一批、SQLite 插入、落盘。
-(这两个拆开的 webhook 启动时也照样拉起一个写库进程,只是不用它。)
+- lesson(`bench/webhook.py --lesson`):课文的写法做基线 —— 在请求的协程里直接写 SQLite:每个请求连一次库、
+  INSERT OR IGNORE、提交一次(落盘),库是 sqlite3 的默认设置(rollback journal,synchronous=FULL),写的时候整个事件循环停着等。
+  写进 BENCH_LESSON_DB 这个单独的库(和真 webhook 的事件库分开,同一批新事件两边都是新的)。
+(这几个拆开的 webhook 启动时也照样拉起一个写库进程,只是不用它。)
 """
 import asyncio
 import os
+import sqlite3
 
+import store
 import webhook
+
+LESSON_TABLE = """CREATE TABLE IF NOT EXISTS events (
+    event_id TEXT PRIMARY KEY, source TEXT NOT NULL, type TEXT NOT NULL, payload TEXT NOT NULL,
+    status TEXT NOT NULL DEFAULT 'pending', received_at TEXT NOT NULL)"""
 
 
 async def no_store(event: tuple) -> bool:
@@ -23,5 +32,21 @@ async def await_only(event: tuple) -> bool:
     return await future
 
 
-webhook.committer.add = {"no_store": no_store, "await_only": await_only}[os.environ["BENCH_WEBHOOK_PART"]]
+async def lesson(event: tuple) -> bool:
+    conn = sqlite3.connect(os.environ["BENCH_LESSON_DB"], timeout=10)
+    try:
+        with conn:  # 提交(落盘)之后才回 202,和课文一样
+            cur = conn.execute("INSERT OR IGNORE INTO events (event_id, source, type, payload, received_at) "
+                               "VALUES (?, ?, ?, ?, ?)", (*event, store.now()))
+        return cur.rowcount == 1
+    finally:
+        conn.close()
+
+
+PART = os.environ["BENCH_WEBHOOK_PART"]
+if PART == "lesson":
+    with sqlite3.connect(os.environ["BENCH_LESSON_DB"]) as first:
+        first.execute(LESSON_TABLE)
+    first.close()
+webhook.committer.add = {"no_store": no_store, "await_only": await_only, "lesson": lesson}[PART]
 app = webhook.app

@@ -1,9 +1,11 @@
 """配置:每个设置都在 .env.example 里有说明;.env 有就读、环境变量优先、没有也行。"""
 import json
+import os
 import re
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from conftest import LAB, free_port, refused_startup, rows, run
@@ -39,6 +41,7 @@ def test_dotenv_is_read_if_present_and_environment_wins(tmp_path, encoding):
 NOT_UTF8 = "配置错误:.env 不是 UTF-8 编码({}):用编辑器把它另存为 UTF-8"
 UNCLOSED = "配置错误:.env 第 {} 行读不懂:{} 的值以 {} 开头,却没有配对的 {} 结尾(补上它,或者两个都去掉)"
 NOT_NAME_VALUE = "配置错误:.env 第 {} 行读不懂:要写成「名字=值」,注释以 # 开头:名字里不能有空格,值用引号括起来时引号后面只能跟 # 注释"
+LOOP = object()  # 「.env 是一个绕成圈的符号链接」(见 put_dotenv)
 # (退出码, 命令):cwd 不是实验目录(.env 从 cwd 读),所以脚本、样例都写绝对路径
 DOTENV_READERS = ((1, ["worker.py", "--once"]), (1, ["store.py"]), (2, ["cron_jobs.py", "report"]),
                   (1, ["inbox.py", "list"]), (2, ["email_poller.py", "--eml", str(LAB / "samples/01_utf8_plain.eml")]),
@@ -52,6 +55,8 @@ DOTENV_READERS = ((1, ["worker.py", "--once"]), (1, ["store.py"]), (2, ["cron_jo
                  NOT_UTF8.format("开头是 UTF-16 的标记:Windows 记事本存成「Unicode」就是这样"), id="utf-16"),
     pytest.param(b'WEBHOOK_SECRET="my-real-secret\nMAX_ATTEMPTS=3\n', UNCLOSED.format(1, "WEBHOOK_SECRET", '"', '"'),
                  id="unclosed-quote"),
+    # 读不了的 .env(别的用户建的、权限 600;以 root 跑测试时权限拦不住,用绕成圈的符号链接):原来是 OSError 的 traceback
+    pytest.param(LOOP, "配置错误:.env 读不了(Too many levels of symbolic links)", id="symlink-loop"),
 ])
 def test_a_dotenv_that_cannot_be_read_stops_every_program_with_the_reason_and_changes_nothing(lab, tmp_path, content,
                                                                                              message):
@@ -60,7 +65,7 @@ def test_a_dotenv_that_cannot_be_read_stops_every_program_with_the_reason_and_ch
     现在和别的配置错误一样:各个程序按自己的退出码说一行,什么都没做。"""
     here = tmp_path / "here"
     here.mkdir()
-    (here / ".env").write_bytes(content)
+    put_dotenv(here, content)
     env = {k: v for k, v in lab.items() if k != "AMBIENT_NO_DOTENV"}
     # 真发出去了(或者拿默认值去连了)就不是这一行,而是「发不出去:… 连不上」、退出码 1
     env["WEBHOOK_URL"] = f"http://127.0.0.1:{free_port()}/hooks/cloudledger"
@@ -77,14 +82,25 @@ def test_a_dotenv_that_cannot_be_read_stops_every_program_with_the_reason_and_ch
     copy.mkdir()
     for file in (*LAB.glob("*.py"), LAB / "cloudledger_seed.json"):
         shutil.copy(file, copy)
-    (copy / ".env").write_bytes(content)
+    put_dotenv(copy, content)
     (demo_tmp := tmp_path / "demo-tmp").mkdir()
     r = run([str(copy / "demo.py")], {**env, "TMPDIR": str(demo_tmp)}, cwd=copy)
     assert (r.returncode, r.stdout, r.stderr) == (1, "", f"演示没有开始:{message}(改好环境变量或 .env 里的这一项再跑)\n")
     assert list(demo_tmp.iterdir()) == []  # 连临时数据目录都没建
     assert rows("SELECT status, attempts FROM events") == [("pending", 0)]
     assert rows("SELECT COUNT(*) FROM tickets", path=lab["BIZ_DB"]) == tickets  # 邮件没有建工单
-    assert [p.name for p in here.iterdir()] == [".env"] and (here / ".env").read_bytes() == content
+    assert [p.name for p in here.iterdir()] == [".env"]
+    if content is LOOP:
+        assert os.readlink(here / ".env") == ".env"
+    else:
+        assert (here / ".env").read_bytes() == content
+
+
+def put_dotenv(directory: Path, content) -> None:
+    if content is LOOP:
+        (directory / ".env").symlink_to(".env")
+    else:
+        (directory / ".env").write_bytes(content)
 
 
 @pytest.mark.parametrize("content, message", [
@@ -465,7 +481,7 @@ def test_output_closed_early_exits_141_quietly_and_loses_nothing(lab, command):
 
 
 def test_ctrl_c_that_a_program_does_not_handle_itself_is_one_line_and_exit_130(capsys):
-    """config.run() 是 store.py、cron_jobs.py、email_poller.py、worker.py、inbox.py、demo.py 的入口:main() 没有接住的
+    """config.run() 是 store.py、cron_jobs.py、email_poller.py、worker.py、inbox.py、demo.py、send_webhook.py 的入口:main() 没有接住的
     Ctrl-C 原来是 KeyboardInterrupt 的 traceback。"""
     def pressed():
         raise KeyboardInterrupt

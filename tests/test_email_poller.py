@@ -817,11 +817,29 @@ def test_missing_message_id_gives_the_same_id_from_imap_and_from_the_eml_file(im
     # 原来是 traceback、退出码 1(没有读或进入权限的目录也走这一支;测试以 root 运行,权限挡不住它)
     (["--eml", "samples/01_utf8_plain.eml", "x" * 300 + ".eml"], f"读不了 {'x' * 300}.eml:File name too long"),
     (["--eml", "/dev/null"], "不是普通文件或目录:/dev/null"),  # 原来说「找不到」,可它明明在
+    # --eml "$DIR",变量是空的:Path("") 是当前目录,原来在 samples/ 里这样跑,那里的信全成了工单
+    (["--eml", "samples/01_utf8_plain.eml", ""], "--eml 给的路径是空的(要读当前目录,写 --eml .)"),
 ])
 def test_offline_bad_paths_are_rejected_before_anything_is_stored(lab, args, message):
     r = run(["email_poller.py", *args], lab)
     assert (r.returncode, r.stdout, r.stderr) == (2, "", message + "\n")
     nothing_stored()
+
+
+def test_an_empty_eml_path_in_a_folder_of_mails_stores_none_of_them(lab):
+    r = run([str(LAB / "email_poller.py"), "--eml", ""], lab, cwd=LAB / "samples")
+    assert (r.returncode, r.stdout, r.stderr) == (2, "", "--eml 给的路径是空的(要读当前目录,写 --eml .)\n")
+    nothing_stored()
+
+
+def test_eml_given_twice_reads_the_files_of_both(lab):
+    """argparse 原来只留最后一次的 --eml:第一次给的信不声不响地没收,退出码还是 0。"""
+    r = run(["email_poller.py", "--eml", "samples/01_utf8_plain.eml", "--eml=samples/02_gbk_base64.eml"], lab)
+    assert (r.returncode, r.stderr) == (0, "")
+    assert r.stdout.splitlines() == [f"{ticket_of(sample_id('01_utf8_plain.eml'))}  samples/01_utf8_plain.eml",
+                                     f"{ticket_of(sample_id('02_gbk_base64.eml'))}  samples/02_gbk_base64.eml",
+                                     "本次收取 2 封:新工单 2,重复 0,跳过 0,无法解析 0,存储失败 0"]
+    assert len(rows(EVENTS)) == 2
 
 
 def test_different_mails_whose_message_id_is_an_empty_pair_of_brackets_are_not_duplicates(lab, tmp_path):
@@ -1087,6 +1105,18 @@ def test_the_from_header_in_a_missing_sender_reason_is_masked():
 def test_body_is_cut_at_2000_characters():
     parsed = email_poller.parse(mail("<long@x>", "zhang.wei@example.com", "长信", "很" * 5000))
     assert parsed["body"] == "很" * 2000
+
+
+def test_a_subject_is_cut_at_200_characters_and_a_missing_one_is_stored_as_no_subject(lab, tmp_path):
+    """工单原文是「主题:正文」,整个进模型:原来正文只留 2000 字,主题却多长都照存(30 万字的主题照样进了模型)。
+    没有主题的信,工单主题是「(无主题)」,收件箱那一条不会只剩「客户反映:」。"""
+    (tmp_path / "a.eml").write_bytes(mail("<long-subject@x>", "zhang.wei@example.com", "发票" * 3000, "请重开发票。"))
+    (tmp_path / "b.eml").write_bytes(mail("<no-subject@x>", "zhang.wei@example.com", "  ", "凭证导出失败。"))
+    r = run(["email_poller.py", "--eml", str(tmp_path)], lab)
+    assert (r.returncode, r.stderr) == (0, "")
+    assert r.stdout.splitlines()[-1] == "本次收取 2 封:新工单 2,重复 0,跳过 0,无法解析 0,存储失败 0"
+    assert sorted((subject, body) for _, _, subject, body, _ in biz_rows(MAIL_TICKETS)) == [
+        ("(无主题)", "凭证导出失败。"), ("发票" * 100, "请重开发票。")]
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED_SAMPLES))

@@ -201,8 +201,11 @@ def test_notify_item_only_allows_ignore(lab):
     queue("T1010")
     assert rows("SELECT COUNT(*) FROM llm_usage") == [(0,)]  # 没调模型
     listing = inbox(lab, "list").stdout.splitlines()
-    assert listing[0] == "T1010  【通知】[refund] 工单提到「投诉到」,Agent 没有起草回复,请主管看一下"
-    assert listing[2] == "        只能 ignore(看过即可)"
+    assert listing == ["T1010  【通知】[refund] 工单提到「投诉到」,Agent 没有起草回复,请主管看一下",
+                       "        工单:退款申请一个多月无人处理:9 月 3 日我就提交了退款申请，理由是试用期内功能不符合需求，"
+                       "你们官网写明试用期内不满意可以全额退。到现在一个多月了，工单没人跟进，打电话也只说在处理。"
+                       "再不处理我就投诉到12315。",  # 没有草稿可看:给主管看工单原文(已脱敏)
+                       "        只能 ignore(看过即可)"]
     for command, text in (("accept", None), ("edit", "随便回一句"), ("respond", "写个回复")):
         r = inbox(lab, command, "T1010", *([text] if text else []))
         assert (r.returncode, r.stdout) == (1, "")
@@ -573,6 +576,8 @@ def test_list_into_a_pipe_that_is_already_closed_exits_141_quietly_and_records_n
 
 @pytest.mark.parametrize("setting, value, message", [
     ("MAX_REDRAFTS", "-1", "配置错误:MAX_REDRAFTS='-1' 不能小于 0"),
+    ("INBOX_MAX_TEXT_CHARS", "abc", "配置错误:INBOX_MAX_TEXT_CHARS='abc' 不是数字"),
+    ("INBOX_MAX_TEXT_CHARS", "0", "配置错误:INBOX_MAX_TEXT_CHARS='0' 不能小于 1"),
     ("LLM_EXTRA_BODY", "{oops", "配置错误:LLM_EXTRA_BODY 不是合法 JSON:{oops"),
     ("LLM_DEADLINE_S", "inf", "配置错误:LLM_DEADLINE_S='inf' 不是数字"),
     ("LLM_EXTRA_BODY", '"str"', '配置错误:LLM_EXTRA_BODY 应该是 JSON 对象({…}):"str"'),

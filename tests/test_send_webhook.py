@@ -8,7 +8,7 @@ import subprocess
 import sys
 import threading
 import time
-from contextlib import closing
+from contextlib import closing, contextmanager
 from pathlib import Path
 
 import pytest
@@ -141,25 +141,32 @@ def test_a_delivery_the_webhook_does_not_answer_in_time_says_it_may_be_stored_an
     assert rows("SELECT event_id, status, attempts FROM events") == [("evt_T1012_created", "pending", 0)]
 
 
+@contextmanager
+def waiting_for_the_answer(env: dict, proc: subprocess.Popen, url: str, ticket_id: str):
+    """webhook 的写库进程停住(SIGSTOP),send_webhook.py 发出去的请求已经交到它手上、在等回答:给出 (sender, 写库进程号)。
+    出来时写库进程接着跑,把这一批写完。"""
+    (writer,) = writer_pids(proc.pid)
+    os.kill(writer, signal.SIGSTOP)
+    sender = subprocess.Popen([sys.executable, "send_webhook.py", ticket_id], cwd=LAB, env={**env, "WEBHOOK_URL": url},
+                              text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.time() + 30
+        while not unread_in_pipe(writer):  # 这一批已经交给(停住的)写库进程了
+            assert time.time() < deadline and sender.poll() is None, "请求应该已经到了写库进程那里"
+            time.sleep(0.01)
+        yield sender, writer
+    finally:
+        os.kill(writer, signal.SIGCONT)
+
+
 def test_a_delivery_whose_connection_drops_before_the_answer_says_it_may_be_stored_and_it_was(lab):
     """请求已经交给写库进程,webhook 这时被 kill -9,连接断了:原来也说「webhook 服务起来了吗?」。
     其实事件已经存下了(写库进程照样写完这一批):现在说可能已经存下、再发一次是安全的;再发一次回 duplicate,只有一行。"""
     with webhook_server(lab) as (proc, base):
         url = base + "/hooks/cloudledger"
-        (writer,) = writer_pids(proc.pid)
-        os.kill(writer, signal.SIGSTOP)
-        sender = subprocess.Popen([sys.executable, "send_webhook.py", "T1030"], cwd=LAB,
-                                  env={**lab, "WEBHOOK_URL": url}, text=True,
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        try:
-            deadline = time.time() + 30
-            while not unread_in_pipe(writer):  # 这一批已经交给(停住的)写库进程了
-                assert time.time() < deadline and sender.poll() is None, "请求应该已经到了写库进程那里"
-                time.sleep(0.01)
+        with waiting_for_the_answer(lab, proc, url, "T1030") as (sender, writer):
             proc.kill()
             proc.wait(timeout=10)
-        finally:
-            os.kill(writer, signal.SIGCONT)
         out, err = sender.communicate(timeout=60)
         deadline = time.time() + 30
         while store._process_alive(writer):  # 它写完这一批、回话时发现 webhook 不在了,退出
@@ -172,6 +179,30 @@ def test_a_delivery_whose_connection_drops_before_the_answer_says_it_may_be_stor
     with webhook_server(lab) as (_, base):
         again = run(["send_webhook.py", "T1030"], {**lab, "WEBHOOK_URL": base + "/hooks/cloudledger"})
     assert (again.returncode, again.stdout, again.stderr) == (0, "202 {'accepted': True, 'duplicate': True}\n", "")
+    assert rows("SELECT event_id, status, attempts FROM events") == [("evt_T1030_created", "pending", 0)]
+
+
+def test_ctrl_c_while_waiting_for_the_answer_is_one_line_exit_130_and_resending_is_a_duplicate(lab):
+    """原来是一段 KeyboardInterrupt 的 traceback(send_webhook.py 没走 config.run)。"""
+    with webhook_server(lab) as (proc, base):
+        url = base + "/hooks/cloudledger"
+        with waiting_for_the_answer(lab, proc, url, "T1030") as (sender, _):
+            sender.send_signal(signal.SIGINT)
+            out, err = sender.communicate(timeout=30)
+        assert (sender.returncode, out, err) == (130, "", "已中断(Ctrl-C)\n")
+        again = run(["send_webhook.py", "T1030"], {**lab, "WEBHOOK_URL": url})
+    assert (again.returncode, again.stdout, again.stderr) == (0, "202 {'accepted': True, 'duplicate': True}\n", "")
+    assert rows("SELECT event_id, status, attempts FROM events") == [("evt_T1030_created", "pending", 0)]
+
+
+def test_output_closed_early_exits_141_quietly_after_the_delivery_it_made(lab):
+    """send_webhook.py T1030 3 | head -0:原来是 BrokenPipeError 的 traceback、退出码 1。第一次投递存下了,
+    打印它的结果时发现没人看,就不再发了(和 cat、grep 一样,退出码 141)。"""
+    from test_config import into_a_closed_pipe
+
+    with webhook_server(lab) as (_, base):
+        code, err = into_a_closed_pipe(["send_webhook.py", "T1030", "3"], {**lab, "WEBHOOK_URL": base + "/hooks/cloudledger"})
+    assert (code, err) == (141, "")
     assert rows("SELECT event_id, status, attempts FROM events") == [("evt_T1030_created", "pending", 0)]
 
 

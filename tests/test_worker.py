@@ -434,6 +434,22 @@ def test_requeue_dead_puts_dead_events_back_and_refuses_unknown_ids(any_lab):
     assert rows("SELECT status, attempts, not_before FROM events") == [("pending", 0, None)] * 2
 
 
+def test_requeue_dead_given_twice_checks_and_requeues_the_ids_of_both(any_lab):
+    """argparse 原来只留最后一次的 --requeue-dead:前面的 id 不查(写错了也不拦),最后一次不带 id 时还成了「全部放回」。"""
+    add("T9999"), add("T9998"), add("T9997")
+    drain()
+    for args in (["--requeue-dead", "evt_nope", "--requeue-dead", "evt_T9999_created"],
+                 ["--requeue-dead", "evt_nope", "--requeue-dead"]):
+        bad = run(["worker.py", *args], any_lab)
+        assert (bad.returncode, bad.stdout) == (1, ""), args
+        assert bad.stderr == "这些事件不是死信(不存在,或者状态不是 dead),一个都没动: evt_nope\n"
+        assert rows("SELECT status FROM events") == [("dead",)] * 3
+    both = run(["worker.py", "--requeue-dead", "evt_T9999_created", "--requeue-dead", "evt_T9998_created"], any_lab)
+    assert (both.returncode, both.stdout, both.stderr) == (0, "已把 2 个死信放回队列\n", "")
+    assert rows("SELECT event_id, status FROM events ORDER BY event_id") == [
+        ("evt_T9997_created", "dead"), ("evt_T9998_created", "pending"), ("evt_T9999_created", "pending")]
+
+
 def test_the_requeue_command_in_hints_can_be_pasted_into_a_shell_even_for_mail_event_ids(lab):
     """邮件的事件 id 是 <…@…> 形式的 Message-ID:提示里的命令原来不加引号,粘进 bash 就成了重定向(语法错误)。"""
     mail, other = add("T9999", "<w30@example.com>"), add("T9998")
@@ -469,6 +485,8 @@ def test_requeue_dead_on_a_write_locked_database_says_so_in_one_line_and_leaves_
                                    "--concurrency 一起用;放回之后再运行 worker"),
     (["--requeue-dead", "evt_T1012_created", "--concurrency", "4"],
      "worker.py:错误:--requeue-dead 只把死信放回队列,不处理事件,不能和 --once、--concurrency 一起用;放回之后再运行 worker"),
+    # --requeue-dead "$ID",变量是空的:原来说「…一个都没动: 」,后面看不出是哪个
+    (["--requeue-dead", "evt_T1012_created", " "], "worker.py:错误:--requeue-dead 后面的事件号不能是空的(不给事件号才是全部)"),
 ])
 def test_bad_worker_arguments_exit_2_with_usage_and_claim_nothing(lab, args, message):
     add("T1012")
