@@ -167,8 +167,17 @@ def parse_time(value) -> datetime:
 
 
 # ---------------------------------------------------------------- 连接
+# SQLite 的这几种错误(主错误码)不是设置的问题,过一会儿可能就好了:磁盘出错(IOERR)、磁盘满了(FULL)、
+# 别的程序占着库太久(BUSY、LOCKED)
+TEMPORARY_SQLITE_ERRORS = {sqlite3.SQLITE_IOERR: "所在的磁盘满了或者出错了", sqlite3.SQLITE_FULL: "所在的磁盘满了",
+                           sqlite3.SQLITE_BUSY: "被别的程序占着太久", sqlite3.SQLITE_LOCKED: "被别的程序占着太久"}
+
+
 def cannot_open(what: str, setting: str, path: Path, error: Exception) -> str:
-    """SQLite 打不开一个库时给人看的一行:sqlite3 只会说 unable to open database file。"""
+    """SQLite 打不开一个库时给人看的一行:sqlite3 只会说 unable to open database file。
+    看不出设置有什么不对、错误又是 TEMPORARY_SQLITE_ERRORS 里的(比如磁盘满了)时不返回,抛一个带上是哪个库的
+    OperationalError:各个程序照「数据库暂时用不了」处理(常驻的 worker 等着再试,邮件轮询退出码 1、cron 3),
+    不是「设置不对」(原来磁盘满了时邮件轮询以退出码 2 说「事件库打不开」,叫人去查 EVENTS_DB)。"""
     try:
         if not path.parent.is_dir():
             reason = f"目录 {path.parent} 不存在"
@@ -178,6 +187,8 @@ def cannot_open(what: str, setting: str, path: Path, error: Exception) -> str:
             reason = "这个文件不是 SQLite 数据库,指错了文件?"
         elif not os.access(path.parent, os.W_OK):  # 库文件旁边还要建 -wal、-shm(新库连文件本身也要建)
             reason = f"目录 {path.parent} 不能写:没有写权限,或者在只读的文件系统上"
+        elif (why := TEMPORARY_SQLITE_ERRORS.get((getattr(error, "sqlite_errorcode", None) or 0) & 0xFF)) is not None:
+            raise sqlite3.OperationalError(f"{error}:{what} {path} {why}") from error
         else:
             reason = str(error)
     except OSError as e:  # 名字太长之类:连「在不在」都问不了(原来在这里又抛一次,成了 traceback)

@@ -69,6 +69,16 @@ def run(args: list[str], env: dict, timeout: float = 120, input: str | None = No
                 f"标准错误(最后是各线程当时的栈):\n{err[-20000:]}", pytrace=False)
 
 
+# 在 python -c 里接着这一句写:像 python <脚本> 或 python -m <模块> 一样运行 -c 后面的第一个参数(先在 -c 里改点什么)
+RUN_AS_MAIN = ("sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__') if sys.argv[0].endswith('.py') "
+               "else runpy.run_module(sys.argv[0], run_name='__main__', alter_sys=True)")
+# 磁盘满了:这个进程一个字节都写不进任何文件(RLIMIT_FSIZE = 0;SIGXFSZ 不理,write() 就返回 EFBIG,SQLite 说 disk I/O
+# error)。软限制而已,测试可以用 resource.prlimit 给它放开,像腾出了空间。以 root 跑也拦得住,不用挂一个小文件系统。
+# 标准输出、标准错误要是管道(run()、Popen(stdout=PIPE)):写进文件的话,连说明也写不出来
+FULL_DISK = ["-c", "import resource, runpy, signal, sys; signal.signal(signal.SIGXFSZ, signal.SIG_IGN); "
+             "resource.setrlimit(resource.RLIMIT_FSIZE, (0, resource.RLIM_INFINITY)); " + RUN_AS_MAIN]
+
+
 def refused_startup(r: subprocess.CompletedProcess, message: str) -> tuple:
     """uvicorn 的应用启动失败时应有的 (退出码, stdout, stderr):退出码 3,日志里是那句说明,不是 traceback。"""
     pid = r.stderr.partition("[")[2].partition("]")[0]

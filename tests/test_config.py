@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import LAB, free_port, refused_startup, rows, run
+from conftest import FULL_DISK, LAB, RUN_AS_MAIN, free_port, refused_startup, rows, run, write_locked
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 import config
@@ -156,9 +156,7 @@ def test_a_setting_that_is_not_a_number_is_a_clear_error(tmp_path):
 
 
 # 像没运行过 uv sync --extra postgres 一样:psycopg 和 psycopg_pool 都 import 不了,然后照常运行那个命令
-WITHOUT_PSYCOPG = ("import runpy, sys; sys.modules.update(psycopg=None, psycopg_pool=None); sys.argv = sys.argv[1:]; "
-                   "runpy.run_path(sys.argv[0], run_name='__main__') if sys.argv[0].endswith('.py') "
-                   "else runpy.run_module(sys.argv[0], run_name='__main__', alter_sys=True)")
+WITHOUT_PSYCOPG = "import runpy, sys; sys.modules.update(psycopg=None, psycopg_pool=None); " + RUN_AS_MAIN
 NO_PG_DEPS = "设置了 DATABASE_URL,但没装 PostgreSQL 的依赖:运行 uv sync --extra postgres"
 
 
@@ -351,12 +349,83 @@ def test_a_database_server_that_is_not_running_is_temporary_not_a_setting_error(
     cron 的退出码是 3(暂时用不了),不是 2(设置不对)。原来一律说「连不上」、按设置错误退出。"""
     down = ('数据库暂时用不了(OperationalError: connection failed: connection to server at "127.0.0.1", port 1 failed: '
             "Connection refused)")
-    refused_everywhere(lab, "postgresql://postgres@127.0.0.1:1/nowhere", [
-        (1, f"{down},这一轮停下,下次再跑"),
-        (1, f"{down},稍后再运行 uv run python store.py(已经建好的不会重建)"),
-        (3, f"{down},没有出日报,稍后再跑"),
-        (1, f"{down},这次没有做完;稍后再试,做到一半的下次运行 inbox.py 时会按 checkpoint 更正"),
-        (1, f"{down},这一轮一封都没有处理,稍后再跑")])
+    refused_everywhere(lab, "postgresql://postgres@127.0.0.1:1/nowhere", unavailable_everywhere(down))
+
+
+def unavailable_everywhere(said: str) -> list[tuple[int, str]]:
+    """PROGRAMS 各自在「数据库暂时用不了(…)」(said)后面接的话和退出码。"""
+    return [(1, f"{said},这一轮停下,下次再跑"),
+            (1, f"{said},稍后再运行 uv run python store.py(已经建好的不会重建)"),
+            (3, f"{said},没有出日报,稍后再跑"),
+            (1, f"{said},这次没有做完;稍后再试,做到一半的下次运行 inbox.py 时会按 checkpoint 更正"),
+            (1, f"{said},这一轮一封都没有处理,稍后再跑")]
+
+
+def full_disk_under(what: str, path: str) -> str:
+    return f"数据库暂时用不了(OperationalError: disk I/O error:{what} {path} 所在的磁盘满了或者出错了)"
+
+
+def test_a_full_disk_under_the_events_database_is_temporary_not_a_setting_error_and_loses_nothing(lab):
+    """事件库所在的磁盘满了(FULL_DISK):原来每个程序都说「事件库打不开:EVENTS_DB=…(disk I/O error)」,按设置不对退出
+    (邮件轮询、cron 是 2),叫人去查一项没写错的设置。现在和 PostgreSQL 没开着一样是「数据库暂时用不了」,说是哪个库;
+    事件原样留在队列里,邮件没有建工单,腾出空间后照常。"""
+    store.add_event("evt_T1012_created", "webhook", "ticket.created",
+                    '{"id": "evt_T1012_created", "type": "ticket.created", "data": {"ticket_id": "T1012"}}')
+    tickets = rows("SELECT COUNT(*) FROM tickets", path=lab["BIZ_DB"])
+    store.close_connections()  # 别的进程开着这个库时 -shm 已经在了,打开它用不着写;这里要的是一打开就得写
+    full = full_disk_under("事件库", lab["EVENTS_DB"])
+    for command, (code, message) in zip(PROGRAMS, unavailable_everywhere(full), strict=True):
+        r = run([*FULL_DISK, *command], lab)
+        assert (r.returncode, r.stdout, r.stderr) == (code, "", message + "\n"), command
+    r = run([*FULL_DISK, "uvicorn", "webhook:app", "--port", "0"], lab, timeout=60)
+    assert (r.returncode, r.stdout, r.stderr) == refused_startup(r, f"{full},webhook 没有启动:数据库能连上以后再启动")
+    assert rows("SELECT status, attempts FROM events") == [("pending", 0)]
+    assert rows("SELECT COUNT(*) FROM tickets", path=lab["BIZ_DB"]) == tickets
+    r = run(["email_poller.py", "--eml", "samples/01_utf8_plain.eml"], lab)  # 腾出空间之后:同一封信照常收下
+    assert (r.returncode, r.stderr) == (0, "")
+    assert r.stdout.endswith("本次收取 1 封:新工单 1,重复 0,跳过 0,无法解析 0,存储失败 0\n")
+
+
+def test_a_new_events_database_someone_keeps_locked_is_temporary_not_a_setting_error(lab, tmp_path):
+    """有人开着事务占着一个还不是 WAL 的事件库(新库;或者课文建的库,有人在 sqlite3 里改了东西没提交):换日志模式那一下
+    等到 BUSY_TIMEOUT_S 也等不到。原来说「事件库打不开:EVENTS_DB=…(database is locked)」、按设置不对退出。
+    现在是「数据库暂时用不了」,说是哪个库被占着;没有建表,邮件没有建工单,锁放开后照常。"""
+    path = tmp_path / "new-ambient.db"  # lab 的事件库已经是 WAL 了
+    env = {**lab, "EVENTS_DB": str(path), "BUSY_TIMEOUT_S": "0.3"}
+    tickets = rows("SELECT COUNT(*) FROM tickets", path=lab["BIZ_DB"])
+    locked = f"数据库暂时用不了(OperationalError: database is locked:事件库 {path} 被别的程序占着太久)"
+    with write_locked(path):
+        for command, (code, message) in zip(PROGRAMS, unavailable_everywhere(locked), strict=True):
+            r = run(command, env)
+            assert (r.returncode, r.stdout, r.stderr) == (code, "", message + "\n"), command
+    assert rows("SELECT name FROM sqlite_master", path=path) == []
+    assert rows("SELECT COUNT(*) FROM tickets", path=lab["BIZ_DB"]) == tickets
+    r = run(["email_poller.py", "--eml", "samples/01_utf8_plain.eml"], env)
+    assert (r.returncode, r.stderr) == (0, "")
+    assert r.stdout.endswith("本次收取 1 封:新工单 1,重复 0,跳过 0,无法解析 0,存储失败 0\n")
+
+
+def test_a_full_disk_under_the_checkpoint_database_is_temporary_and_the_reply_is_not_lost(lab):
+    """事件库开着(这个测试进程拿着它:-shm 已经在了,别的进程打开它用不着写),checkpoint 库却要写才打得开。
+    原来说「checkpoint 库打不开:CHECKPOINTS_DB=…(disk I/O error)」,常驻的 worker 当设置不对退出。
+    现在是「数据库暂时用不了」:待办还在收件箱里,发件箱是空的;腾出空间后 accept 照常,回复只发一次。"""
+    store.add_event("evt_T1012_created", "webhook", "ticket.created",
+                    '{"id": "evt_T1012_created", "type": "ticket.created", "data": {"ticket_id": "T1012"}}')
+    assert run(["worker.py", "--once"], lab).returncode == 0
+    full = full_disk_under("checkpoint 库", lab["CHECKPOINTS_DB"])
+    r = run([*FULL_DISK, "inbox.py", "accept", "T1012"], lab)
+    assert (r.returncode, r.stdout, r.stderr) == (1, "", f"{full},这次没有做完;稍后再试,做到一半的下次运行 inbox.py "
+                                                         "时会按 checkpoint 更正\n")
+    store.add_event("evt_T1041_created", "webhook", "ticket.created",
+                    '{"id": "evt_T1041_created", "type": "ticket.created", "data": {"ticket_id": "T1041"}}')
+    r = run([*FULL_DISK, "worker.py", "--once"], lab)
+    assert (r.returncode, r.stdout, r.stderr) == (1, "", f"{full},这一轮停下,下次再跑\n")
+    assert rows("SELECT event_id, status, attempts FROM events ORDER BY event_id") == [
+        ("evt_T1012_created", "waiting_human", 1), ("evt_T1041_created", "pending", 0)]
+    assert rows("SELECT COUNT(*) FROM outbox") == [(0,)]
+    r = run(["inbox.py", "accept", "T1012"], lab)
+    assert (r.returncode, r.stderr) == (0, "")
+    assert rows("SELECT ticket_id FROM outbox") == [("T1012",)]
 
 
 @pytest.mark.parametrize("setting, where, reason", [

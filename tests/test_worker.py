@@ -1,6 +1,7 @@
 """worker:原子领取、重试、死信、退避、卡住放回、崩溃续跑。"""
 import json
 import os
+import resource
 import shlex
 import signal
 import sqlite3
@@ -11,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import LAB, cut_at, cut_connections, die_before_checkpoint, drain, rows, run, tcp_proxy, write_locked
+from conftest import FULL_DISK, LAB, cut_at, cut_connections, die_before_checkpoint, drain, rows, run, tcp_proxy, write_locked
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from openai_stub import OpenAIStub
 
@@ -1145,9 +1146,9 @@ def wait_until(condition, what: str, timeout: float = 60) -> None:
         time.sleep(0.05)
 
 
-def start_worker(env: dict) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "worker.py"], cwd=LAB, env={"POLL_SECONDS": "0.2", **env}, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+def start_worker(env: dict, python_args: tuple[str, ...] = ()) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, *python_args, "worker.py"], cwd=LAB, env={"POLL_SECONDS": "0.2", **env},
+                            text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
 STOPPING = "收到停止信号:做完手上的事件就退出(再按一次 Ctrl-C 立即退出,手上的事件交回队列)"
@@ -1231,6 +1232,26 @@ def test_a_running_worker_started_before_the_database_waits_for_it_and_then_work
               "failed: server closed the connection unexpectedly),0.2 秒后再试")
     assert len(waiting) >= 2 and set(waiting) == {closed}, err
     assert last == STOPPING
+
+
+def test_a_running_worker_started_on_a_full_disk_waits_and_works_once_there_is_space(lab):
+    """事件库所在的磁盘满了(FULL_DISK):原来常驻的 worker 说「事件库打不开:EVENTS_DB=…(disk I/O error)」就退出了,
+    腾出空间也没人接着干。现在和数据库没开着一样说一行、隔 POLL_SECONDS 再试;放开限制(腾出空间)之后照常处理。"""
+    add("T1012")
+    store.close_connections()  # 这个进程开着事件库时 -shm 已经在了,worker 打开它用不着写(下面等的时候也不去查)
+    proc = start_worker(lab, tuple(FULL_DISK))
+    try:
+        waited = [proc.stderr.readline() for _ in range(3)]
+        full = f"数据库暂时用不了(OperationalError: disk I/O error:事件库 {lab['EVENTS_DB']} 所在的磁盘满了或者出错了)"
+        assert waited == [f"{full},0.2 秒后再试\n"] * 3
+        assert proc.poll() is None
+        resource.prlimit(proc.pid, resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+        wait_until(lambda: events() == [("evt_T1012_created", "waiting_human", 1)], "腾出空间之后事件没有处理")
+    finally:
+        out, err = stop_worker(proc)
+    assert (proc.returncode, out) == (0, "evt_T1012_created → waiting_human\n")
+    *more_waiting, last = said_besides_offline_model(err)  # 放开限制前可能又试了一两次
+    assert set(more_waiting) <= {f"{full},0.2 秒后再试"} and last == STOPPING, err
 
 
 def catches(pid: int, sig: int) -> bool:
