@@ -26,6 +26,9 @@ from llm import (classify, deadline, deadline_s, get_llm, llm_settings, mask_pii
                  without_control_chars)
 
 MAX_REDRAFTS = 3  # 轮(至少 0);一张工单最多让 Agent 按意见重写几次(每次都要再调一次模型,花钱也耗人的耐心)
+# 字(至少 200);工单原文(「主题:正文」,已脱敏)最多给模型这么多。邮件建的工单本来就不到 2201 字(主题 200 + 正文 2000);
+# 业务库里直接建的工单(网页表单里贴了一整段日志)原来整个进提示词:几十万字时模型说 400,事件进死信,还按字数花钱
+MAX_TICKET_CHARS = 4000
 NOTIFY_WORDS = ("律师", "起诉", "投诉到")  # 练习 5:出现这些词不起草,只通知主管
 FINISHED = ("sent", "already_sent", "ignored")
 
@@ -34,10 +37,15 @@ def max_redrafts() -> int:
     return settings.integer("MAX_REDRAFTS", MAX_REDRAFTS, minimum=0)
 
 
+def max_ticket_chars() -> int:
+    return settings.integer("MAX_TICKET_CHARS", MAX_TICKET_CHARS, minimum=200)
+
+
 def check_settings() -> None:
     """跑图要用的设置都读一遍,不对就以 SystemExit 退出。worker 领事件之前、收件箱拿走待办之前调用:
     不然要等节点跑到一半才发现,事件停在 processing、白用一次尝试。"""
     max_redrafts()
+    max_ticket_chars()
     llm_settings()
     deadline_s()
 
@@ -86,9 +94,16 @@ def needs_supervisor(text: str) -> str | None:
     return next((w for w in NOTIFY_WORDS if w in text), None)
 
 
+def for_the_model(text: str) -> str:
+    """工单原文只给模型前 MAX_TICKET_CHARS 个字,截了就说截了多少。只截提示词:状态里留着整段(已脱敏),
+    「律师」写在几千字之后也照样转给主管;截在脱敏之后,截断处不会露出半个手机号。"""
+    limit = max_ticket_chars()
+    return text if len(text) <= limit else f"{text[:limit]}……(工单太长,后面 {len(text) - limit} 字没有给你)"
+
+
 def build_prompt(state: TicketState) -> str:
     prompt = ("你是云簿 CloudLedger 的客服。请给下面的工单分类,并起草一封给客户的回复。\n\n"
-              f"工单 {state['ticket_id']}:{state['ticket_text']}\n")
+              f"工单 {state['ticket_id']}:{for_the_model(state['ticket_text'])}\n")
     if state.get("kind") == "ticket.stale":
         prompt += "\n这张工单已经等了很久没人回复:回复开头先为久等道歉,再说明进展。\n"
     if notes := state.get("feedback"):

@@ -50,7 +50,7 @@ TRANSIENT_ERRORS = (openai.RateLimitError, openai.APITimeoutError, openai.APICon
 # 还在队列里(401/403 走退避:换了 key 就好,别把积压悄悄烧成死信)就什么都不用做。400/404/422 直接死信(worker.PERMANENT_ERRORS)。
 REQUEUE = "运行 uv run python worker.py --requeue-dead"
 RETRIES = "它会自动再试,不用放回"
-BAD_REQUEST = "模型服务说请求不对:检查 LLM_MODEL、LLM_EXTRA_BODY,或者工单太长,修好后{then}"
+BAD_REQUEST = "模型服务说请求不对:检查 LLM_MODEL、LLM_EXTRA_BODY,或者 MAX_TICKET_CHARS 对这个模型太大,修好后{then}"
 HINTS = {
     openai.AuthenticationError: "模型服务拒绝了 API key:检查 LLM_API_KEY,修好后{then}",
     openai.PermissionDeniedError: "模型服务拒绝访问(余额、权限或地区):处理好后{then}",

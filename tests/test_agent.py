@@ -37,6 +37,12 @@ def inbox_item(ticket_id: str) -> dict:
         conn.close()
 
 
+def set_body(ticket_id: str, body: str) -> None:
+    conn = store.connect(store.biz_target())
+    conn.execute("UPDATE tickets SET body = ? WHERE id = ?", (body, ticket_id))
+    conn.close()
+
+
 def test_offline_model_answers_structured_output_with_a_tool_call(lab):
     model = llm.get_llm()
     assert isinstance(model, llm.OfflineChatModel)
@@ -164,9 +170,7 @@ def test_control_characters_in_a_ticket_are_dropped_before_the_graph_and_kept_in
     """PostgreSQL 的 checkpoint(JSONB)不收 \\u0000:原来这样的工单每次都写不进 checkpoint,失败三次进死信。
     NUL 只可能在 SQLite 的业务库里(PostgreSQL 的 TEXT 本来就存不了),别的控制字符两种库都可能有。"""
     body = "被扣了两次\x00款\x07,\n请退一笔。\t谢谢" if store.dialect() == "sqlite" else "被扣了两次款\x07,\n请退一笔。\t谢谢"
-    conn = store.connect(store.biz_target())
-    conn.execute("UPDATE tickets SET body = ? WHERE id = 'T1012'", (body,))
-    conn.close()
+    set_body("T1012", body)
     assert queue_and_run("T1012") == [("evt_T1012_created", "waiting_human")]
     graph, conn = open_graph()
     try:
@@ -175,6 +179,35 @@ def test_control_characters_in_a_ticket_are_dropped_before_the_graph_and_kept_in
         conn.close()
     assert text == store.ticket("T1012")["subject"] + ":被扣了两次款,\n请退一笔。\t谢谢"  # 换行和制表符留着
     assert store.ticket("T1012")["body"] == body
+
+
+def test_a_long_ticket_is_cut_for_the_model_after_masking_and_still_drafted(lab, monkeypatch):
+    """业务库里直接建的工单可能很长(网页表单里贴了一整段日志):原来整段进提示词,几十万字时模型说 400、事件进死信。
+    现在只给模型前 MAX_TICKET_CHARS 个字,并说截了多少;先脱敏再截,截断处的手机号不会露出前几位。"""
+    monkeypatch.setenv("MAX_TICKET_CHARS", "300")
+    head = store.ticket("T1012")["subject"] + ":导出报表失败,日志如下:"
+    lead = head + "x" * (295 - len(head))  # 手机号从第 295 个字开始,跨过第 300 个字
+    set_body("T1012", lead[len(store.ticket("T1012")["subject"]) + 1:] + "13812345678" + "。重试" * 100_000)
+    with OpenAIStub() as stub:
+        real_model(monkeypatch, stub)
+        assert queue_and_run("T1012") == [("evt_T1012_created", "waiting_human")]
+        (request,) = stub.requests
+    rest = 11 - 5 + 3 * 100_000  # 截掉的:手机号(打码后)的后 6 个字和后面的日志
+    prompt = ("你是云簿 CloudLedger 的客服。请给下面的工单分类,并起草一封给客户的回复。\n\n"
+              f"工单 T1012:{lead}138**……(工单太长,后面 {rest} 字没有给你)\n")
+    assert [m["content"] for m in request["body"]["messages"]] == [prompt]
+    assert store.ticket("T1012")["body"].endswith("13812345678" + "。重试" * 100_000)  # 业务库里的原文不动
+
+
+def test_a_lawyer_mentioned_after_the_cut_still_goes_to_the_supervisor_without_a_model_call(lab, monkeypatch):
+    """只截提示词,不截状态里的工单原文:「律师」写在几千字的日志后面,照样不起草、转给主管。"""
+    monkeypatch.setenv("MAX_TICKET_CHARS", "300")
+    set_body("T1012", "日志" * 2000 + "再不解决我们就找律师")
+    with OpenAIStub() as stub:
+        real_model(monkeypatch, stub)
+        assert queue_and_run("T1012") == [("evt_T1012_created", "waiting_human")]
+        assert stub.requests == []
+    assert inbox_item("T1012")["action_request"]["action"] == "notify_supervisor"
 
 
 @pytest.mark.parametrize("text, masked", [

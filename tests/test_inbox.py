@@ -576,6 +576,7 @@ def test_list_into_a_pipe_that_is_already_closed_exits_141_quietly_and_records_n
 
 @pytest.mark.parametrize("setting, value, message", [
     ("MAX_REDRAFTS", "-1", "配置错误:MAX_REDRAFTS='-1' 不能小于 0"),
+    ("MAX_TICKET_CHARS", "4k", "配置错误:MAX_TICKET_CHARS='4k' 不是数字"),
     ("INBOX_MAX_TEXT_CHARS", "abc", "配置错误:INBOX_MAX_TEXT_CHARS='abc' 不是数字"),
     ("INBOX_MAX_TEXT_CHARS", "0", "配置错误:INBOX_MAX_TEXT_CHARS='0' 不能小于 1"),
     ("LLM_EXTRA_BODY", "{oops", "配置错误:LLM_EXTRA_BODY 不是合法 JSON:{oops"),

@@ -141,7 +141,7 @@ def test_transient_server_errors_are_retried_inside_one_attempt(lab, monkeypatch
     assert events() == [("evt_T1012_created", "waiting_human", 1)]
 
 
-BAD_REQUEST_HINT = "模型服务说请求不对:检查 LLM_MODEL、LLM_EXTRA_BODY,或者工单太长,修好后运行 uv run python worker.py --requeue-dead"
+BAD_REQUEST_HINT = "模型服务说请求不对:检查 LLM_MODEL、LLM_EXTRA_BODY,或者 MAX_TICKET_CHARS 对这个模型太大,修好后运行 uv run python worker.py --requeue-dead"
 
 
 @pytest.mark.parametrize("status, kind, reason", [
@@ -982,6 +982,7 @@ def test_durability_exit_worker_killed_inside_draft_starts_the_ticket_over(any_l
     ("POLL_SECONDS", "0", "配置错误:POLL_SECONDS='0' 不能小于 0.01"),
     ("WORKER_CONCURRENCY", "0", "配置错误:WORKER_CONCURRENCY='0' 不能小于 1"),
     ("MAX_REDRAFTS", "two", "配置错误:MAX_REDRAFTS='two' 不是数字"),
+    ("MAX_TICKET_CHARS", "100", "配置错误:MAX_TICKET_CHARS='100' 不能小于 200"),
     ("BUSY_TIMEOUT_S", "-1", "配置错误:BUSY_TIMEOUT_S='-1' 不能小于 0"),
     ("LLM_TIMEOUT_S", "0", "配置错误:LLM_TIMEOUT_S='0' 不能小于 0.1"),
     ("LLM_MAX_RETRIES", "-1", "配置错误:LLM_MAX_RETRIES='-1' 不能小于 0"),
