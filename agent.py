@@ -22,7 +22,7 @@ from typing_extensions import TypedDict
 
 import config as settings
 import store
-from llm import (classify, deadline, deadline_s, get_llm, llm_settings, mask_pii, simplified,
+from llm import (FEEDBACK_HEADER, classify, deadline, deadline_s, get_llm, llm_settings, mask_pii, simplified,
                  without_control_chars)
 
 MAX_REDRAFTS = 3  # 轮(至少 0);一张工单最多让 Agent 按意见重写几次(每次都要再调一次模型,花钱也耗人的耐心)
@@ -107,7 +107,7 @@ def build_prompt(state: TicketState) -> str:
     if state.get("kind") == "ticket.stale":
         prompt += "\n这张工单已经等了很久没人回复:回复开头先为久等道歉,再说明进展。\n"
     if notes := state.get("feedback"):
-        prompt += "\n客服主管对上一版草稿的意见,必须照改:\n" + "\n".join(f"- {n}" for n in notes) + "\n"
+        prompt += f"\n{FEEDBACK_HEADER}\n" + "\n".join(f"- {n}" for n in notes) + "\n"
     return prompt
 
 

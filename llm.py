@@ -352,12 +352,18 @@ def classify(text: str) -> str:
     return "other"
 
 
+# agent.build_prompt 里主管意见那一节的开头:离线模型靠它把意见和工单原文分开
+FEEDBACK_HEADER = "客服主管对上一版草稿的意见,必须照改:"
+
+
 def offline_draft(prompt: str) -> dict:
     """从 agent.py 拼的提示词里读出工单和意见,写一份符合 Draft 规则的草稿(≤150 字,不写金额)。"""
     lines = prompt.splitlines()
     ticket = next((ln.split(":", 1)[1] for ln in lines if ln.startswith("工单 ") and ":" in ln), prompt)
     subject = ticket.split(":", 1)[0].strip()
-    notes = [ln[2:].strip() for ln in lines if ln.startswith("- ")]
+    # 意见只在最后那一节里:工单原文也可能有「- 」开头的行(客户列的一二三条),原来被当成意见照抄进了回复
+    _, header, feedback = prompt.rpartition(f"\n{FEEDBACK_HEADER}\n")
+    notes = [ln[2:].strip() for ln in feedback.splitlines() if ln.startswith("- ")] if header else []
     category = classify(ticket)
     opening = "您好,"
     if any(w in prompt for w in ("等了", "久等")):

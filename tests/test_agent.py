@@ -73,6 +73,16 @@ def test_the_offline_model_reads_traditional_characters_and_apologizes_only_once
     assert again["reply"] == f"您好,让您久等了,非常抱歉。{llm.REPLIES['invoice']}感谢您的耐心。"
 
 
+def test_offline_model_does_not_take_the_customers_bullet_lines_for_supervisor_notes():
+    """工单原文里「- 」开头的行是客户列的一二三条:原来离线模型把它们当成主管意见照抄进回复
+    (「您好,抬头写成了旧公司名。税号少了一位。」),模板回复没了。意见只在提示词最后那一节里。"""
+    state = {"ticket_id": "T1012", "ticket_text": "发票开错了:请帮忙处理:\n- 抬头写成了旧公司名\n- 税号少了一位"}
+    assert llm.offline_draft(build_prompt(state)) == {
+        "category": "invoice", "summary": "客户反映:发票开错了", "reply": f"您好,{llm.REPLIES['invoice']}感谢您的耐心。"}
+    again = llm.offline_draft(build_prompt({**state, "feedback": ["告诉客户今天重开"]}))
+    assert again["reply"] == "您好,今天重开。给您添麻烦了。"
+
+
 def test_real_chatopenai_path_end_to_end_with_extra_body(lab, monkeypatch):
     with OpenAIStub() as stub:
         real_model(monkeypatch, stub, LLM_EXTRA_BODY='{"thinking": {"type": "disabled"}}')
