@@ -462,8 +462,14 @@ def unavailable_errors() -> tuple[type[Exception], ...]:
 
 def unavailable(error: Exception) -> str:
     """遇上 unavailable_errors() 时给人看的那一行的开头:「数据库暂时用不了(类型名: 原文第一行)」。
-    psycopg 的错误常带好几行 DETAIL / HINT,日志和终端里只留第一行。各个程序在后面接上自己接下来怎么办。"""
+    psycopg 的错误常带好几行 DETAIL / HINT,日志和终端里只留第一行。各个程序在后面接上自己接下来怎么办。
+    SQLite 的库文件只能读时(READONLY)补一句查什么:等多久都不会好,要人去改(原来只有英文的 readonly database)。"""
+    if (getattr(error, "sqlite_errorcode", None) or 0) & 0xFF == sqlite3.SQLITE_READONLY:
+        return f"数据库暂时用不了({first_line(error)}:{READ_ONLY_HINT})"
     return f"数据库暂时用不了({first_line(error)})"
+
+
+READ_ONLY_HINT = "库文件只能读:查一下它的写权限、是不是在只读的文件系统上、有没有被 chattr +i 锁住"
 
 
 def first_line(error: Exception) -> str:

@@ -405,6 +405,35 @@ def test_a_new_events_database_someone_keeps_locked_is_temporary_not_a_setting_e
     assert r.stdout.endswith("本次收取 1 封:新工单 1,重复 0,跳过 0,无法解析 0,存储失败 0\n")
 
 
+def test_a_read_only_events_database_says_what_to_check_and_loses_nothing(lab):
+    """事件库文件只能读(别的用户建的、权限 444、只读的文件系统):SQLite 退回只读打开,写的时候才说
+    attempt to write a readonly database。原来只有这句英文;现在说查什么。以 root 跑测试时权限拦不住,
+    用 chattr +i(不可改)造一个连 root 都写不了的文件。事件和邮件都原样留着。"""
+    store.add_event("evt_T1012_created", "webhook", "ticket.created",
+                    '{"id": "evt_T1012_created", "type": "ticket.created", "data": {"ticket_id": "T1012"}}')
+    store.close_connections()
+    said = ("数据库暂时用不了(OperationalError: attempt to write a readonly database:库文件只能读:查一下它的写权限、"
+            "是不是在只读的文件系统上、有没有被 chattr +i 锁住)")
+    subprocess.run(["chattr", "+i", lab["EVENTS_DB"]], check=True)
+    try:
+        worker = run(["worker.py", "--once"], lab)
+        scan = run(["cron_jobs.py", "scan"], lab)
+        mail = run(["email_poller.py", "--eml", "samples/01_utf8_plain.eml"], lab)
+        reading = [run(command, lab) for command in (["cron_jobs.py", "report"], ["inbox.py", "list"], ["store.py"])]
+    finally:
+        subprocess.run(["chattr", "-i", lab["EVENTS_DB"]], check=True)
+    assert (worker.returncode, worker.stdout, worker.stderr) == (1, "", f"{said},这一轮停下,下次再跑\n")
+    assert (scan.returncode, scan.stdout, scan.stderr) == (
+        3, "", f"{said},scan 没有做完,稍后再跑(同一天重跑不会重复入队)\n")
+    assert (mail.returncode, mail.stdout, mail.stderr) == (
+        1, "本次收取 1 封:新工单 0,重复 0,跳过 0,无法解析 0,存储失败 1\n",
+        f"存储失败,修好后重跑这条命令,已经存好的会显示 duplicate:{said}  samples/01_utf8_plain.eml\n")
+    assert [(r.returncode, r.stderr) for r in reading] == [(0, "")] * 3  # 只读的操作照常能用
+    assert "队列深度:1 个事件等 worker 处理(pending)\n" in reading[0].stdout
+    assert reading[1].stdout == "收件箱是空的\n"
+    assert rows("SELECT event_id, status, attempts FROM events") == [("evt_T1012_created", "pending", 0)]
+
+
 def test_a_full_disk_under_the_checkpoint_database_is_temporary_and_the_reply_is_not_lost(lab):
     """事件库开着(这个测试进程拿着它:-shm 已经在了,别的进程打开它用不着写),checkpoint 库却要写才打得开。
     原来说「checkpoint 库打不开:CHECKPOINTS_DB=…(disk I/O error)」,常驻的 worker 当设置不对退出。
