@@ -169,7 +169,7 @@ def parse_time(value) -> datetime:
 # ---------------------------------------------------------------- 连接
 # SQLite 的这几种错误(主错误码)不是设置的问题,过一会儿可能就好了:磁盘出错(IOERR)、磁盘满了(FULL)、
 # 别的程序占着库太久(BUSY、LOCKED)
-TEMPORARY_SQLITE_ERRORS = {sqlite3.SQLITE_IOERR: "所在的磁盘满了或者出错了", sqlite3.SQLITE_FULL: "所在的磁盘满了",
+TEMPORARY_SQLITE_ERRORS = {sqlite3.SQLITE_IOERR: "所在的磁盘满了或者出错了", sqlite3.SQLITE_FULL: "所在的磁盘满了或者出错了",
                            sqlite3.SQLITE_BUSY: "被别的程序占着太久", sqlite3.SQLITE_LOCKED: "被别的程序占着太久"}
 
 
