@@ -221,6 +221,23 @@ def interrupts_as_usual() -> None:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
+def ignore_stop_signals() -> None:
+    """从这里起 Ctrl-C、SIGTERM 都不理。要退出、正在收拾时用:`uv run` 会把发给整个进程组的信号(终端外的 Ctrl-C、
+    systemd 停服务、kill -- -PGID)再转发一次,进程收到两次。第二次落在收拾的途中,收拾就断在一半(临时目录没删);
+    落在解释器退出的途中更糟:Python 这时把装过的处理函数换回默认,进程被信号直接结束,退出码成了 143 / 130。
+    「不理」(SIG_IGN)在退出途中也不会被换回来。"""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
+def interrupt_once(_signum=None, _frame=None) -> None:
+    """停止信号的处理函数:第一次像 Ctrl-C 一样抛 KeyboardInterrupt,之后的都不理(见 ignore_stop_signals)。"""
+    ignore_stop_signals()
+    raise KeyboardInterrupt
+
+
 def run(main, *args) -> None:
     """sys.exit(main(*args)),再加两种不该有 traceback 的退出:
     - 看输出的一方提前走了(… | head):照 Python 文档 signal 一节的做法安静退出,退出码 141,和被 SIGPIPE 结束的

@@ -11,6 +11,7 @@
 """
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -123,6 +124,9 @@ def main(argv: list[str]) -> int:
         print(USAGE, file=sys.stderr)
         return 2
     keep = bool(argv)
+    # Ctrl-C 只算一次:`uv run python demo.py` 在终端外收到发给整个进程组的 SIGINT 时,uv 还会再转发一次;
+    # 原来第二次落在下面的 finally 里,临时数据目录有一半的时候没删掉
+    signal.signal(signal.SIGINT, config.interrupt_once)
     os.chdir(LAB)  # 和每一步一样在实验目录里读 .env
     # 演示总是用临时目录里的 SQLite:环境变量或 .env 里设了 DATABASE_URL 也不碰那个 PostgreSQL
     # (设成空串:空串算没设置,.env 也不会覆盖已经存在的环境变量)

@@ -27,7 +27,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 def stop_while_importing(_signum, _frame) -> None:
     """下面导入 openai、LangGraph 要几秒(慢的机器上五六秒):这期间的 Ctrl-C / SIGTERM 也说一行、退出码 0。
-    原来 SIGTERM 是退出码 143、一句话没有,Ctrl-C 是从 openai 的导入里冒出来的一段 traceback。什么都还没碰。"""
+    原来 SIGTERM 是退出码 143、一句话没有,Ctrl-C 是从 openai 的导入里冒出来的一段 traceback。什么都还没碰。
+    uv run 转发来的第二个信号不理:不然这一行可能说两遍。"""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     print("收到停止信号:还没开始领事件,退出", file=sys.stderr, flush=True)
     os._exit(0)
 
@@ -322,13 +325,14 @@ def main(argv: list[str] | None = None) -> int:
         # 原来 --once 被悄悄忽略:以为放回去之后会接着处理,其实只放回了队列
         parser.error("--requeue-dead 只把死信放回队列,不处理事件,不能和 --once、--concurrency 一起用;放回之后再运行 worker")
     worker = None
-    # 导入时装的 stop_while_importing 换掉:从这里起 Ctrl-C 是 KeyboardInterrupt,SIGTERM 也当它(见下面 except)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, stop_before_start)
+    # 导入时装的 stop_while_importing 换掉:从这里起 Ctrl-C、SIGTERM 都是 KeyboardInterrupt(见下面 except),
+    # 只抛一次:uv run 转发来的第二个信号原来落在 except 里(「Exception ignored … KeyboardInterrupt」)或者退出途中(退出码 143)
+    signal.signal(signal.SIGINT, config.interrupt_once)
+    signal.signal(signal.SIGTERM, config.interrupt_once)
     try:
         if args.requeue_dead is not None:
             return requeue_dead(args.requeue_dead)
-        # start() 在数据库用不了时一直等着再试:这期间 SIGTERM 也能停下它(上面装好的 stop_before_start)
+        # start() 在数据库用不了时一直等着再试:这期间 SIGTERM 也能停下它(上面装好的 interrupt_once)
         worker = start(args)
         signal.signal(signal.SIGTERM, worker.stop)
         signal.signal(signal.SIGINT, worker.stop)
@@ -348,14 +352,12 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.flush(), sys.stderr.flush()
         os._exit(0)
     finally:
+        # 要退出了:再来的停止信号(uv run 转发的那一次)不理。原来空闲的 worker 收到发给整个进程组的 SIGTERM,
+        # 第二个信号常落在解释器退出的途中,Python 这时已把处理函数换回默认:退出码 143,而不是说好的 0
+        config.ignore_stop_signals()
         if worker:
             worker.close()
     return 0
-
-
-def stop_before_start(_signum, _frame) -> None:
-    """Worker 建好之前收到 SIGTERM:和 Ctrl-C 一样从正在等的地方跳出来(main() 说一行、退出码 0)。"""
-    raise KeyboardInterrupt
 
 
 def start(args) -> Worker:

@@ -125,12 +125,15 @@ def test_demo_with_an_unknown_argument_shows_usage_and_runs_nothing(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize("whole_group", [True, False], ids=["ctrl-c-in-a-terminal", "kill-int-to-demo-only"])
-def test_ctrl_c_in_the_middle_of_the_demo_says_one_line_and_leaves_no_server_or_data_behind(tmp_path, whole_group):
+@pytest.mark.parametrize("whole_group, again", [(True, False), (False, False), (True, True)],
+                         ids=["ctrl-c-in-a-terminal", "kill-int-to-demo-only", "forwarded-again-like-uv-run"])
+def test_ctrl_c_in_the_middle_of_the_demo_says_one_line_and_leaves_no_server_or_data_behind(tmp_path, whole_group,
+                                                                                            again):
     """在终端里按 Ctrl-C:SIGINT 发给整个前台进程组(demo、它起的 webhook 服务、正在跑的那一步);kill -INT 只发给 demo,
     它起的进程要它自己收。webhook 服务起来、正要发第一个 webhook 时按下:一行「已中断(Ctrl-C)」、退出码 130,
     没有 traceback;webhook 服务停了(端口空出来),临时数据目录删了,进程组里一个进程都不剩。
-    原来这只在 config.run 的单元测试里量过。"""
+    原来这只在 config.run 的单元测试里量过。again:之后每 10 毫秒再给 demo 发一次,直到它退出 —— uv run 在终端外
+    会把发给进程组的 SIGINT 再转发一次;原来第二次落在收拾的途中,临时数据目录有一半的时候留了下来。"""
     env = {k: v for k, v in os.environ.items() if k not in ("LLM_API_KEY", "EVENTS_DB", "CHECKPOINTS_DB", "BIZ_DB")}
     proc = subprocess.Popen([sys.executable, "demo.py"], cwd=LAB, env={**env, "TMPDIR": str(tmp_path)}, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
@@ -143,6 +146,9 @@ def test_ctrl_c_in_the_middle_of_the_demo_says_one_line_and_leaves_no_server_or_
         port = next(int(x.split("--port ")[1]) for x in seen if x.startswith("$ uv run uvicorn"))
         assert list(tmp_path.iterdir()) != []  # 临时数据目录这时还在
         os.killpg(proc.pid, signal.SIGINT) if whole_group else proc.send_signal(signal.SIGINT)
+        while again and proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+            time.sleep(0.01)
         out, err = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:

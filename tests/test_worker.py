@@ -1255,6 +1255,49 @@ def test_a_running_worker_started_on_a_full_disk_waits_and_works_once_there_is_s
     assert set(more_waiting) <= {f"{full},0.2 秒后再试"} and last == STOPPING, err
 
 
+def signal_until_it_exits(proc: subprocess.Popen, sig: int) -> tuple[str, str]:
+    """一个接一个地发 sig(每 10 毫秒),直到它退出:像 uv run 把发给整个进程组的信号再转发一次,
+    而且保证有一个正好落在收拾、退出的途中。返回 (stdout, stderr)。"""
+    deadline = time.time() + 60
+    while proc.poll() is None:
+        assert time.time() < deadline, "发了一分钟信号还没退出"
+        proc.send_signal(sig)
+        time.sleep(0.01)
+    return proc.communicate(timeout=60)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_an_idle_worker_signalled_again_and_again_still_exits_0_with_one_line(lab, sig):
+    """uv run python worker.py,停止信号发给整个进程组(systemd、kill -- -PGID;终端外的 Ctrl-C):worker 收到两次。
+    原来空闲的 worker 第二次常落在解释器退出的途中,Python 已把处理函数换回默认,进程被信号结束(退出码 143 / 130);
+    现在要退出时不再理停止信号:退出码 0,只说一行。"""
+    add("T1012")
+    proc = start_worker(lab)
+    try:
+        assert proc.stdout.readline() == "evt_T1012_created → waiting_human\n"  # 做完了,空着
+    finally:
+        out, err = signal_until_it_exits(proc, sig)
+    assert (proc.returncode, out) == (0, "")
+    assert said_besides_offline_model(err) == [STOPPING]
+    assert events() == [("evt_T1012_created", "waiting_human", 1)]
+
+
+def test_a_worker_waiting_for_a_full_disk_signalled_again_and_again_exits_0_with_one_line(lab):
+    """还在等数据库(这里是磁盘满了)时收到一连串 SIGTERM:原来第二个在 except 里又抛 KeyboardInterrupt(一段
+    「Exception ignored … KeyboardInterrupt」),或者落在退出途中(退出码 143)。现在:一行、退出码 0,事件没动。"""
+    add("T1012")
+    store.close_connections()
+    proc = start_worker(lab, tuple(FULL_DISK))
+    try:
+        assert proc.stderr.readline().endswith(",0.2 秒后再试\n")
+    finally:
+        out, err = signal_until_it_exits(proc, signal.SIGTERM)
+    *waiting, last = err.splitlines()
+    assert (proc.returncode, out, last) == (0, "", "收到停止信号:还没开始领事件,退出")
+    assert all(line.endswith(",0.2 秒后再试") for line in waiting), err
+    assert events() == [("evt_T1012_created", "pending", 0)]
+
+
 def catches(pid: int, sig: int) -> bool:
     """这个进程已经为 sig 装了处理函数(/proc/<pid>/status 的 SigCgt 位图)。"""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
