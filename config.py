@@ -214,10 +214,12 @@ def quit_quietly_while_importing(message: str) -> None:
 
 
 def interrupts_as_usual() -> None:
-    """quit_quietly_while_importing() 之后:Ctrl-C 回到 KeyboardInterrupt,SIGTERM 回到默认的直接结束。"""
+    """quit_quietly_while_importing() 之后:Ctrl-C 抛一次 KeyboardInterrupt(interrupt_once),之后的 Ctrl-C 都不理,
+    SIGTERM 回到默认的直接结束。程序接住 KeyboardInterrupt 之后要收拾(收件箱把拿走的事件放回该在的地方),只要几毫秒;
+    人连按两下、或者 uv run 把发给进程组的 SIGINT 再转发一次,第二个原来打断了收拾:事件留在 processing。"""
     import signal
 
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGINT, interrupt_once)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
@@ -243,7 +245,14 @@ def run(main, *args) -> None:
     - 看输出的一方提前走了(… | head):照 Python 文档 signal 一节的做法安静退出,退出码 141,和被 SIGPIPE 结束的
       cat、grep 一样。stdout 先指到 /dev/null:Python 退出时还要再冲一次缓冲区,不然又是一段「Exception ignored」。
       冲缓冲区放在这里(而不是退出时),写不出去才会在这里被发现。
-    - main() 自己没有接住的 Ctrl-C:一行「已中断(Ctrl-C)」、退出码 130。做到一半的都是一个个事务,没有提交的不算。"""
+    - main() 自己没有接住的 Ctrl-C:一行「已中断(Ctrl-C)」、退出码 130。做到一半的都是一个个事务,没有提交的不算。
+      Ctrl-C 只抛一次(interrupt_once):连按两下、或者 uv run 再转发一次的 SIGINT 原来落在收拾或退出的途中,
+      进程被信号结束(退出码 -2)。SIGINT 本来就被忽略(从脚本里放到后台跑)时照旧不理;自己装了处理函数的程序
+      (worker、收件箱)不受影响。"""
+    import signal
+
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        signal.signal(signal.SIGINT, interrupt_once)
     try:
         code = main(*args)
         sys.stdout.flush()

@@ -11,7 +11,6 @@
 """
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -124,9 +123,6 @@ def main(argv: list[str]) -> int:
         print(USAGE, file=sys.stderr)
         return 2
     keep = bool(argv)
-    # Ctrl-C 只算一次:`uv run python demo.py` 在终端外收到发给整个进程组的 SIGINT 时,uv 还会再转发一次;
-    # 原来第二次落在下面的 finally 里,临时数据目录有一半的时候没删掉
-    signal.signal(signal.SIGINT, config.interrupt_once)
     os.chdir(LAB)  # 和每一步一样在实验目录里读 .env
     # 演示总是用临时目录里的 SQLite:环境变量或 .env 里设了 DATABASE_URL 也不碰那个 PostgreSQL
     # (设成空串:空串算没设置,.env 也不会覆盖已经存在的环境变量)
@@ -177,7 +173,7 @@ def main(argv: list[str]) -> int:
         final = show("select event_id, status, attempts from events", events_db)
         outbox = show("select ticket_id, body from outbox", events_db)
         show("select ticket_id, action, draft = final, feedback from review_log", events_db)
-    finally:
+    finally:  # 这时再来的 Ctrl-C(uv run 转发的那一次)不会打断收拾:config.run 让 Ctrl-C 只抛一次
         if server is not None:
             server.terminate()
             server.wait(timeout=10)

@@ -814,10 +814,15 @@ def test_list_hands_a_dead_workers_event_back_with_the_crash_mark_so_a_crash_loo
     assert rows("SELECT COUNT(*) FROM llm_usage") == [(1,)]  # 被杀的那一次;没有再调
 
 
-def test_ctrl_c_while_respond_waits_for_the_redraft_hands_it_to_the_worker_in_one_line(lab):
+@pytest.mark.parametrize("again_and_again", [False, True], ids=["once", "again-and-again"])
+def test_ctrl_c_while_respond_waits_for_the_redraft_hands_it_to_the_worker_in_one_line(lab, again_and_again):
     """respond 正在等模型重写,人等不及按了 Ctrl-C。原来带着 traceback 退出,事件留在 processing,之后被 worker 当成
     崩溃放回(起草用满了次数的就进死信)。现在意见已经写下:一行说明、退出码 1,事件交回 worker(尝试次数从头算),
-    worker 照意见重写,新草稿回到收件箱。"""
+    worker 照意见重写,新草稿回到收件箱。
+    人连按几下(或者 uv run 把发给进程组的 SIGINT 再转发一次):原来第二下打断了交回,一行「已中断(Ctrl-C)」、
+    进程被信号结束,事件留在 processing;现在第一下之后的都不理,结果和按一下一样。"""
+    from test_worker import signal_until_it_exits
+
     queue("T1012")
     with OpenAIStub(delay=30) as stub:
         env = {**lab, "LLM_API_KEY": "sk-test", "LLM_BASE_URL": stub.base_url}
@@ -828,8 +833,11 @@ def test_ctrl_c_while_respond_waits_for_the_redraft_hands_it_to_the_worker_in_on
             while not stub.requests:
                 assert time.time() < deadline and proc.poll() is None, "respond 没有去调模型"
                 time.sleep(0.05)
-            proc.send_signal(signal.SIGINT)
-            out, err = proc.communicate(timeout=30)
+            if again_and_again:
+                out, err = signal_until_it_exits(proc, signal.SIGINT)
+            else:
+                proc.send_signal(signal.SIGINT)
+                out, err = proc.communicate(timeout=30)
         finally:
             proc.kill()
     assert (proc.returncode, out, err) == (1, "", "T1012 这次被中断(Ctrl-C),已交回 worker 续跑\n")

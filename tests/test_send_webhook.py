@@ -142,13 +142,13 @@ def test_a_delivery_the_webhook_does_not_answer_in_time_says_it_may_be_stored_an
 
 
 @contextmanager
-def waiting_for_the_answer(env: dict, proc: subprocess.Popen, url: str, ticket_id: str):
+def waiting_for_the_answer(env: dict, proc: subprocess.Popen, url: str, ticket_id: str, **popen):
     """webhook 的写库进程停住(SIGSTOP),send_webhook.py 发出去的请求已经交到它手上、在等回答:给出 (sender, 写库进程号)。
-    出来时写库进程接着跑,把这一批写完。"""
+    出来时写库进程接着跑,把这一批写完。popen:另外给 subprocess.Popen 的参数。"""
     (writer,) = writer_pids(proc.pid)
     os.kill(writer, signal.SIGSTOP)
     sender = subprocess.Popen([sys.executable, "send_webhook.py", ticket_id], cwd=LAB, env={**env, "WEBHOOK_URL": url},
-                              text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                              text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, **popen)
     try:
         deadline = time.time() + 30
         while not unread_in_pipe(writer):  # 这一批已经交给(停住的)写库进程了
@@ -182,16 +182,40 @@ def test_a_delivery_whose_connection_drops_before_the_answer_says_it_may_be_stor
     assert rows("SELECT event_id, status, attempts FROM events") == [("evt_T1030_created", "pending", 0)]
 
 
-def test_ctrl_c_while_waiting_for_the_answer_is_one_line_exit_130_and_resending_is_a_duplicate(lab):
-    """原来是一段 KeyboardInterrupt 的 traceback(send_webhook.py 没走 config.run)。"""
+@pytest.mark.parametrize("again_and_again", [False, True], ids=["once", "again-and-again"])
+def test_ctrl_c_while_waiting_for_the_answer_is_one_line_exit_130_and_resending_is_a_duplicate(lab, again_and_again):
+    """原来是一段 KeyboardInterrupt 的 traceback(send_webhook.py 没走 config.run)。
+    连按几下(或者 uv run 把发给进程组的 SIGINT 再转发一次):原来第二下落在退出途中,进程被信号结束(退出码 -2);
+    config.run 让 Ctrl-C 只抛一次,之后的不理:和按一下一样。"""
+    from test_worker import signal_until_it_exits
+
     with webhook_server(lab) as (proc, base):
         url = base + "/hooks/cloudledger"
         with waiting_for_the_answer(lab, proc, url, "T1030") as (sender, _):
-            sender.send_signal(signal.SIGINT)
-            out, err = sender.communicate(timeout=30)
+            if again_and_again:
+                out, err = signal_until_it_exits(sender, signal.SIGINT)
+            else:
+                sender.send_signal(signal.SIGINT)
+                out, err = sender.communicate(timeout=30)
         assert (sender.returncode, out, err) == (130, "", "已中断(Ctrl-C)\n")
         again = run(["send_webhook.py", "T1030"], {**lab, "WEBHOOK_URL": url})
     assert (again.returncode, again.stdout, again.stderr) == (0, "202 {'accepted': True, 'duplicate': True}\n", "")
+    assert rows("SELECT event_id, status, attempts FROM events") == [("evt_T1030_created", "pending", 0)]
+
+
+def test_started_with_ctrl_c_ignored_like_a_background_job_it_still_ignores_it_and_delivers(lab):
+    """脚本里 `uv run python send_webhook.py T1030 &`:shell 让后台的程序不理 SIGINT。config.run 让 Ctrl-C 只抛一次,
+    但本来就不理的照旧不理:收到 SIGINT 也接着等,回答来了照常打印 202,事件存了一行。"""
+    with webhook_server(lab) as (proc, base):
+        url = base + "/hooks/cloudledger"
+        with waiting_for_the_answer(lab, proc, url, "T1030",
+                                    preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) as (sender, _):
+            for _ in range(5):
+                sender.send_signal(signal.SIGINT)
+                time.sleep(0.05)
+            assert sender.poll() is None, "不理 SIGINT 的程序被 Ctrl-C 停下了"
+        out, err = sender.communicate(timeout=60)
+    assert (sender.returncode, out, err) == (0, "202 {'accepted': True, 'duplicate': False}\n", "")
     assert rows("SELECT event_id, status, attempts FROM events") == [("evt_T1030_created", "pending", 0)]
 
 
