@@ -12,6 +12,7 @@ import io
 import math
 import os
 import re
+import signal
 import sys
 from functools import lru_cache
 from pathlib import Path
@@ -198,29 +199,35 @@ def _chinese_usage(text: str) -> str:
 # ---------------------------------------------------------------- 程序入口
 INTERRUPTED = "已中断(Ctrl-C)"
 
+# 进程启动时 SIGINT 是不是本来就被忽略:shell 脚本里用 & 放到后台的程序就是这样(没有作业控制的 shell 让后台作业不理
+# SIGINT,uv run 也照样传下去),终端上的 Ctrl-C 是给前台那个命令的,不该停下它。在导入这个模块时读,也就是在任何程序
+# 装自己的处理函数之前(worker、收件箱都先导入 config)
+SIGINT_IGNORED_AT_START = signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+
+
+def handle_stop_signals(on_sigint, on_sigterm) -> None:
+    """装停止信号的处理函数。SIGINT 本来就被忽略的(见 SIGINT_IGNORED_AT_START)照旧不理,只装 SIGTERM。"""
+    signal.signal(signal.SIGTERM, on_sigterm)
+    if not SIGINT_IGNORED_AT_START:
+        signal.signal(signal.SIGINT, on_sigint)
+
 
 def quit_quietly_while_importing(message: str) -> None:
     """在慢的导入(openai、LangGraph,慢的机器上要好几秒)之前调用:这期间按 Ctrl-C(或者收到 SIGTERM)说一行 message、
     退出码 130(SIGTERM 是 143),不出 traceback —— 人按 Ctrl-C 多半就落在这几秒里。导入完了 main() 开头调
     interrupts_as_usual() 换回来,之后的 Ctrl-C 是 KeyboardInterrupt,由各个程序自己收拾(见 run())。"""
-    import signal
-
     def stop(signum, _frame):
         print(message, file=sys.stderr, flush=True)
         os._exit(128 + signum)
 
-    signal.signal(signal.SIGINT, stop)
-    signal.signal(signal.SIGTERM, stop)
+    handle_stop_signals(stop, stop)
 
 
 def interrupts_as_usual() -> None:
     """quit_quietly_while_importing() 之后:Ctrl-C 抛一次 KeyboardInterrupt(interrupt_once),之后的 Ctrl-C 都不理,
     SIGTERM 回到默认的直接结束。程序接住 KeyboardInterrupt 之后要收拾(收件箱把拿走的事件放回该在的地方),只要几毫秒;
     人连按两下、或者 uv run 把发给进程组的 SIGINT 再转发一次,第二个原来打断了收拾:事件留在 processing。"""
-    import signal
-
-    signal.signal(signal.SIGINT, interrupt_once)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    handle_stop_signals(interrupt_once, signal.SIG_DFL)
 
 
 def ignore_stop_signals() -> None:
@@ -228,8 +235,6 @@ def ignore_stop_signals() -> None:
     systemd 停服务、kill -- -PGID)再转发一次,进程收到两次。第二次落在收拾的途中,收拾就断在一半(临时目录没删);
     落在解释器退出的途中更糟:Python 这时把装过的处理函数换回默认,进程被信号直接结束,退出码成了 143 / 130。
     「不理」(SIG_IGN)在退出途中也不会被换回来。"""
-    import signal
-
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
@@ -248,9 +253,7 @@ def run(main, *args) -> None:
     - main() 自己没有接住的 Ctrl-C:一行「已中断(Ctrl-C)」、退出码 130。做到一半的都是一个个事务,没有提交的不算。
       Ctrl-C 只抛一次(interrupt_once):连按两下、或者 uv run 再转发一次的 SIGINT 原来落在收拾或退出的途中,
       进程被信号结束(退出码 -2)。SIGINT 本来就被忽略(从脚本里放到后台跑)时照旧不理;自己装了处理函数的程序
-      (worker、收件箱)不受影响。"""
-    import signal
-
+      (worker、收件箱)这里不动,它们用 handle_stop_signals() 装,本来不理的也照旧不理。"""
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
         signal.signal(signal.SIGINT, interrupt_once)
     try:

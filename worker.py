@@ -24,24 +24,24 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import config  # 只用标准库,导入很快:要在装信号处理之前导入(它记下 SIGINT 原来是不是被忽略)
+
 
 def stop_while_importing(_signum, _frame) -> None:
     """下面导入 openai、LangGraph 要几秒(慢的机器上五六秒):这期间的 Ctrl-C / SIGTERM 也说一行、退出码 0。
     原来 SIGTERM 是退出码 143、一句话没有,Ctrl-C 是从 openai 的导入里冒出来的一段 traceback。什么都还没碰。
     uv run 转发来的第二个信号不理:不然这一行可能说两遍。"""
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    config.ignore_stop_signals()
     print("收到停止信号:还没开始领事件,退出", file=sys.stderr, flush=True)
     os._exit(0)
 
 
 if __name__ == "__main__":
-    signal.signal(signal.SIGTERM, stop_while_importing)
-    signal.signal(signal.SIGINT, stop_while_importing)
+    # 从脚本里用 & 放到后台跑的 worker 本来就不理 SIGINT:照旧不理,只听 SIGTERM(见 config.handle_stop_signals)
+    config.handle_stop_signals(stop_while_importing, stop_while_importing)
 
 import openai  # noqa: E402 —— 上面先装好信号处理,再做慢的导入
 
-import config  # noqa: E402
 import store  # noqa: E402
 from agent import FINISHED, PermanentError, known_new, open_graph, thread_of  # noqa: E402
 from agent import check_settings as graph_settings  # noqa: E402
@@ -327,15 +327,13 @@ def main(argv: list[str] | None = None) -> int:
     worker = None
     # 导入时装的 stop_while_importing 换掉:从这里起 Ctrl-C、SIGTERM 都是 KeyboardInterrupt(见下面 except),
     # 只抛一次:uv run 转发来的第二个信号原来落在 except 里(「Exception ignored … KeyboardInterrupt」)或者退出途中(退出码 143)
-    signal.signal(signal.SIGINT, config.interrupt_once)
-    signal.signal(signal.SIGTERM, config.interrupt_once)
+    config.handle_stop_signals(config.interrupt_once, config.interrupt_once)
     try:
         if args.requeue_dead is not None:
             return requeue_dead(args.requeue_dead)
         # start() 在数据库用不了时一直等着再试:这期间 SIGTERM 也能停下它(上面装好的 interrupt_once)
         worker = start(args)
-        signal.signal(signal.SIGTERM, worker.stop)
-        signal.signal(signal.SIGINT, worker.stop)
+        config.handle_stop_signals(worker.stop, worker.stop)
         worker.run_once() if args.once else worker.run()
     except store.unavailable_errors() as e:  # --once 中途,或者一开始就用不了;常驻模式运行中自己等着再试
         print(f"{store.unavailable(e)},这一轮停下,下次再跑", file=sys.stderr, flush=True)

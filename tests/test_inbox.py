@@ -849,6 +849,39 @@ def test_ctrl_c_while_respond_waits_for_the_redraft_hands_it_to_the_worker_in_on
     assert (listing.returncode, listing.stdout, listing.stderr) == (0, T1012_ITEM.replace("您好,", SORRY), "")
 
 
+def test_respond_started_with_ctrl_c_ignored_like_a_background_job_still_ignores_it_and_prints_the_new_draft(lab):
+    """脚本里 `uv run python inbox.py respond T1012 "先道歉" &`:shell 让后台的程序不理 SIGINT。原来收件箱导入时装了
+    自己的处理函数,把「不理」盖掉了:导入途中的 Ctrl-C 让它什么都没做就退出(退出码 130),等重写时的让它把事件交回。
+    现在照旧不理:导入时、等模型时各收到几次 SIGINT,照常打印新草稿,待办回到收件箱。"""
+    queue("T1012")
+    draft = T1012_ITEM.splitlines()[1].removeprefix("        草稿:").replace("您好,", SORRY)
+    with OpenAIStub(delay=2) as stub:
+        env = {**lab, "LLM_API_KEY": "sk-test", "LLM_BASE_URL": stub.base_url}
+        proc = subprocess.Popen([sys.executable, "inbox.py", "respond", "T1012", "先道歉"], cwd=LAB, env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+        try:
+            for _ in range(5):  # 落在启动、导入 LangGraph 的途中
+                proc.send_signal(signal.SIGINT)
+                time.sleep(0.05)
+            deadline = time.time() + 30
+            while not stub.requests:
+                assert time.time() < deadline and proc.poll() is None, "respond 没有去调模型"
+                time.sleep(0.05)
+            for _ in range(5):  # 在等模型重写
+                proc.send_signal(signal.SIGINT)
+                time.sleep(0.05)
+            assert proc.poll() is None, "不理 SIGINT 的收件箱被 Ctrl-C 停下了"
+            out, err = proc.communicate(timeout=60)
+        finally:
+            proc.kill()
+    assert (proc.returncode, out, err) == (0, f"已按意见重写,新草稿: {draft}\n", "")
+    assert rows("SELECT status, attempts, claimed_by FROM events") == [("waiting_human", 1, None)]
+    assert state("T1012")["feedback"] == ["先道歉"]
+    listing = inbox(lab, "list")
+    assert (listing.returncode, listing.stdout, listing.stderr) == (0, T1012_ITEM.replace("您好,", SORRY), "")
+
+
 def test_inbox_killed_after_the_answer_is_saved_but_before_review_used_it_asks_again_and_the_new_answer_wins(any_lab):
     """accept 的回答已经写进 checkpoint(__resume__),review 还没用它跑完就被杀:命令没有打印结果,人不知道做没做成。
     下一次 list 把同一条待办原样放回收件箱;worker 不碰它;人再给的回答盖掉旧的,只发一封。"""

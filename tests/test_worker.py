@@ -1147,9 +1147,9 @@ def wait_until(condition, what: str, timeout: float = 60) -> None:
         time.sleep(0.05)
 
 
-def start_worker(env: dict, python_args: tuple[str, ...] = ()) -> subprocess.Popen:
+def start_worker(env: dict, python_args: tuple[str, ...] = (), **popen) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, *python_args, "worker.py"], cwd=LAB, env={"POLL_SECONDS": "0.2", **env},
-                            text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                            text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, **popen)
 
 
 STOPPING = "收到停止信号:做完手上的事件就退出(再按一次 Ctrl-C 立即退出,手上的事件交回队列)"
@@ -1264,6 +1264,30 @@ def signal_until_it_exits(proc: subprocess.Popen, sig: int) -> tuple[str, str]:
         proc.send_signal(sig)
         time.sleep(0.01)
     return proc.communicate(timeout=60)
+
+
+def test_a_worker_started_with_ctrl_c_ignored_like_a_background_job_keeps_working_and_stops_on_sigterm(lab):
+    """脚本里 `uv run python worker.py &`:shell 让后台的程序不理 SIGINT,终端上的 Ctrl-C 是给前台命令的。原来 worker
+    导入时、开始领事件时都装了自己的 SIGINT 处理函数,把「不理」盖掉了:导入途中的 Ctrl-C 让它一句话都没说就退出,
+    之后的让它停下。现在照旧不理:导入时、处理完一个事件闲着时各收到几次 SIGINT,接着处理新来的事件;SIGTERM 照常停。"""
+    add("T1012")
+    proc = start_worker(lab, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    try:
+        for _ in range(5):  # 落在启动、导入 openai / LangGraph 的途中
+            proc.send_signal(signal.SIGINT)
+            time.sleep(0.05)
+        assert proc.stdout.readline() == "evt_T1012_created → waiting_human\n"
+        for _ in range(5):  # 闲着、在等下一个事件
+            proc.send_signal(signal.SIGINT)
+            time.sleep(0.05)
+        add("T1041")
+        assert proc.stdout.readline() == "evt_T1041_created → waiting_human\n"
+        assert proc.poll() is None
+    finally:
+        out, err = stop_worker(proc)
+    assert (proc.returncode, out) == (0, "")
+    assert said_besides_offline_model(err) == [STOPPING]
+    assert events() == [("evt_T1012_created", "waiting_human", 1), ("evt_T1041_created", "waiting_human", 1)]
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
