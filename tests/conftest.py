@@ -21,6 +21,22 @@ for _name in ("LLM_API_KEY", "LLM_FALLBACK_MODEL", "DATABASE_URL", "SLACK_WEBHOO
 
 import store  # noqa: E402
 
+# 测试里起的程序都当是在终端前台跑的:Ctrl-C(SIGINT)到得了它们。pytest 本身被放到后台跑(脚本里 `… &`)时继承了
+# 「不理 SIGINT」,子进程又继承下去,worker、收件箱就照旧不理(它们该这样),按 Ctrl-C 的测试就测不到东西。
+# 「从后台跑、本来就不理」的情形由各自的测试在子进程里自己设(preexec_fn)
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+@pytest.fixture(autouse=True)
+def stop_signals_restored():
+    """在 pytest 进程里直接调 worker.main() 的测试会装上 worker 的处理函数,退出时换成「不理」(config.ignore_stop_signals)。
+    不换回来,之后起的子进程都继承「不理 SIGINT」,被当成从脚本里放到后台跑的:按 Ctrl-C 的测试失败,pytest 自己也按不停。"""
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    yield
+    for sig, handler in before.items():
+        signal.signal(sig, handler)
+
 
 @pytest.fixture
 def lab(tmp_path, monkeypatch):
