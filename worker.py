@@ -303,7 +303,9 @@ class Worker:
         # 原来先 print 后 set,看到这一行马上再按一次 Ctrl-C,第二次被当成第一次,这一行说了两遍,worker 不退出
         self.stopping = True
         self._wake.put(signum)
-        print("收到停止信号:做完手上的事件就退出(再按一次 Ctrl-C 立即退出,手上的事件交回队列)", file=sys.stderr, flush=True)
+        # 从脚本里放到后台跑、本来就不理 Ctrl-C 的 worker(config.SIGINT_IGNORED_AT_START):「再按一次 Ctrl-C」对它没用,不说
+        hint = "" if config.SIGINT_IGNORED_AT_START else "(再按一次 Ctrl-C 立即退出,手上的事件交回队列)"
+        print(f"收到停止信号:做完手上的事件就退出{hint}", file=sys.stderr, flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:

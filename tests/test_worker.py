@@ -1269,7 +1269,8 @@ def signal_until_it_exits(proc: subprocess.Popen, sig: int) -> tuple[str, str]:
 def test_a_worker_started_with_ctrl_c_ignored_like_a_background_job_keeps_working_and_stops_on_sigterm(lab):
     """脚本里 `uv run python worker.py &`:shell 让后台的程序不理 SIGINT,终端上的 Ctrl-C 是给前台命令的。原来 worker
     导入时、开始领事件时都装了自己的 SIGINT 处理函数,把「不理」盖掉了:导入途中的 Ctrl-C 让它一句话都没说就退出,
-    之后的让它停下。现在照旧不理:导入时、处理完一个事件闲着时各收到几次 SIGINT,接着处理新来的事件;SIGTERM 照常停。"""
+    之后的让它停下。现在照旧不理:导入时、处理完一个事件闲着时各收到几次 SIGINT,接着处理新来的事件;SIGTERM 照常停,
+    停下时那一行不再说「再按一次 Ctrl-C 立即退出」(对它没用)。"""
     add("T1012")
     proc = start_worker(lab, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     try:
@@ -1286,7 +1287,7 @@ def test_a_worker_started_with_ctrl_c_ignored_like_a_background_job_keeps_workin
     finally:
         out, err = stop_worker(proc)
     assert (proc.returncode, out) == (0, "")
-    assert said_besides_offline_model(err) == [STOPPING]
+    assert said_besides_offline_model(err) == ["收到停止信号:做完手上的事件就退出"]
     assert events() == [("evt_T1012_created", "waiting_human", 1), ("evt_T1041_created", "waiting_human", 1)]
 
 
