@@ -8,6 +8,7 @@
 review 什么都不写:恢复时这个节点会从头重跑;写库的事(发信、记 ignore)放在它后面各自的节点里。
 send 靠 outbox 的 UNIQUE 幂等:重跑一次只会得到 already_sent;ignore 按工单号去重。
 """
+from contextlib import contextmanager
 from typing import Literal
 
 from langchain_core.callbacks import UsageMetadataCallbackHandler
@@ -284,6 +285,16 @@ def open_graph(durable: bool = False):
 
     saver.get_tuple = get_tuple  # 只在这一个对象上换,别处的 saver 不受影响
     return builder.compile(checkpointer=saver), conn
+
+
+@contextmanager
+def opened_graph(durable: bool = False):
+    """with opened_graph() as graph: …  用完一次就关连接(收件箱命令、测试);常驻的 worker 用 open_graph。"""
+    graph, conn = open_graph(durable)
+    try:
+        yield graph
+    finally:
+        conn.close()
 
 
 # worker 跑一张工单之前先 get_state 看它的 thread(等人?做完了?崩在半路?)。看到的是空的,就从头跑:这时在

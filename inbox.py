@@ -40,7 +40,7 @@ if __name__ == "__main__":
 from langgraph.types import Command  # noqa: E402
 
 import store  # noqa: E402
-from agent import FINISHED, allowed, check_settings, open_graph, thread_of  # noqa: E402
+from agent import FINISHED, allowed, check_settings, opened_graph, thread_of  # noqa: E402
 from llm import describe, mask_pii  # noqa: E402
 
 INBOX_USER = ""  # 谁在用收件箱(几个人共用时区分);空 = 「登录名@主机名」
@@ -357,21 +357,20 @@ def main(argv: list[str] | None = None) -> int:
         return usage(problem)
 
     check_settings()  # 配置错了现在就退出:待办还没被拿走,不会卡在 processing
-    conn = None
     try:
         store.init()
-        graph, conn = open_graph(durable=True)  # 人的决定等落盘之后才发信
-        missing = tidy(graph, say_missing=command != "restart")
-        if command == "list":
-            show_list(graph, missing)
-            if missing:
-                return 1  # 有待办没列出来:脚本里分得清
-        elif command == "restart":
-            restart(list(dict.fromkeys(a.strip() for a in args[1:])), missing)
-        elif (ticket_id := args[1].strip()) in missing:
-            raise Refused(f"{ticket_id} 在 checkpoint 库里找不到,没有处理(见上一行)")
-        else:
-            act(graph, command, ticket_id, args[2].strip() if command in NEEDS_TEXT else "")
+        with opened_graph(durable=True) as graph:  # 人的决定等落盘之后才发信
+            missing = tidy(graph, say_missing=command != "restart")
+            if command == "list":
+                show_list(graph, missing)
+                if missing:
+                    return 1  # 有待办没列出来:脚本里分得清
+            elif command == "restart":
+                restart(list(dict.fromkeys(a.strip() for a in args[1:])), missing)
+            elif (ticket_id := args[1].strip()) in missing:
+                raise Refused(f"{ticket_id} 在 checkpoint 库里找不到,没有处理(见上一行)")
+            else:
+                act(graph, command, ticket_id, args[2].strip() if command in NEEDS_TEXT else "")
     except Refused as e:
         print(e, file=sys.stderr)
         return 1
@@ -379,9 +378,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{store.unavailable(e)},这次没有做完;稍后再试,做到一半的下次运行 inbox.py 时会按 checkpoint 更正",
               file=sys.stderr)
         return 1
-    finally:
-        if conn is not None:
-            conn.close()
     return 0
 
 

@@ -110,10 +110,9 @@ def refused_startup(r: subprocess.CompletedProcess, message: str) -> tuple:
 #   "writes:<channel>=<值>":只在这个键的值是它时(字符串),比如 writes:outcome=ignored 是 ignore 节点的结果。
 DIE_AT = """
 import os, runpy, sys
-from agent import open_graph
-graph, conn = open_graph()
-saver_class = type(graph.checkpointer)
-conn.close()
+from agent import opened_graph
+with opened_graph() as graph:
+    saver_class = type(graph.checkpointer)
 action, _, spec = sys.argv.pop(1).rpartition("@")
 kind, _, where = spec.partition(":")
 def strike():

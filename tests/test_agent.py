@@ -10,7 +10,7 @@ from openai_stub import OpenAIStub
 
 import llm
 import store
-from agent import Draft, build_prompt, open_graph, thread_of
+from agent import Draft, build_prompt, opened_graph, thread_of
 
 
 def queue_and_run(*tickets: str) -> list[tuple[str, str]]:
@@ -30,11 +30,8 @@ def real_model(monkeypatch, stub: OpenAIStub, **extra) -> None:
 
 
 def inbox_item(ticket_id: str) -> dict:
-    graph, conn = open_graph()
-    try:
+    with opened_graph() as graph:
         return graph.get_state(thread_of(ticket_id)).interrupts[0].value
-    finally:
-        conn.close()
 
 
 def set_body(ticket_id: str, body: str) -> None:
@@ -182,11 +179,8 @@ def test_control_characters_in_a_ticket_are_dropped_before_the_graph_and_kept_in
     body = "被扣了两次\x00款\x07,\n请退一笔。\t谢谢" if store.dialect() == "sqlite" else "被扣了两次款\x07,\n请退一笔。\t谢谢"
     set_body("T1012", body)
     assert queue_and_run("T1012") == [("evt_T1012_created", "waiting_human")]
-    graph, conn = open_graph()
-    try:
+    with opened_graph() as graph:
         text = graph.get_state(thread_of("T1012")).values["ticket_text"]
-    finally:
-        conn.close()
     assert text == store.ticket("T1012")["subject"] + ":被扣了两次款,\n请退一笔。\t谢谢"  # 换行和制表符留着
     assert store.ticket("T1012")["body"] == body
 
@@ -292,13 +286,10 @@ def test_pii_in_a_reviewers_feedback_is_masked_before_the_redraft(lab, monkeypat
         real_model(monkeypatch, stub)
         queue_and_run("T1041")
         stub.requests.clear()
-        graph, conn = open_graph()
-        try:
+        with opened_graph() as graph:
             graph.invoke(Command(resume={"type": "response", "args": "客户留的电话 138-1234-5678,请提一下会回电"}),
                          thread_of("T1041"))
             feedback = graph.get_state(thread_of("T1041")).values["feedback"]
-        finally:
-            conn.close()
         prompts = "\n".join(m["content"] for r in stub.requests for m in r["body"]["messages"])
     assert "138****5678" in prompts and "138-1234-5678" not in prompts
     assert feedback == ["客户留的电话 138****5678,请提一下会回电"]  # checkpoint 和 review_log 里存的也是打过码的
@@ -408,9 +399,8 @@ def test_the_graph_itself_refuses_an_unusable_answer_and_asks_again_without_keep
 
     monkeypatch.setenv("MAX_REDRAFTS", "1")
     queue_and_run("T1012")
-    graph, conn = open_graph()
     cfg = thread_of("T1012")
-    try:
+    with opened_graph() as graph:
         graph.invoke(Command(resume={"type": "response", "args": "先道歉"}), cfg)
         item = inbox_item("T1012")
         assert item["config"]["allow_respond"] is False
@@ -431,8 +421,6 @@ def test_the_graph_itself_refuses_an_unusable_answer_and_asks_again_without_keep
         assert rows("SELECT COUNT(*) FROM outbox") == [(0,)]
         done = graph.invoke(Command(resume={"type": "accept", "args": None}), cfg)
         assert (done["outcome"], done["decision"]) == ("sent", "accept")
-    finally:
-        conn.close()
     assert rows("SELECT ticket_id, body FROM outbox") == [("T1012", redrafted)]
 
 
@@ -449,13 +437,10 @@ def test_every_model_call_of_a_ticket_is_traced_under_the_ticket_id_as_session(l
             self.sessions.append((metadata["session_id"], metadata["langfuse_session_id"], metadata["thread_id"]))
 
     recorder = Recorder()
-    graph, conn = open_graph()
-    try:
+    with opened_graph() as graph:
         cfg = {**thread_of("T1012", "evt_T1012_created"), "callbacks": [recorder]}
         graph.invoke({"ticket_id": "T1012", "kind": "ticket.created"}, cfg)
         graph.invoke(Command(resume={"type": "response", "args": "先道歉"}), cfg)  # 重写一轮
-    finally:
-        conn.close()
     assert recorder.sessions == [("T1012", "T1012", "ticket-T1012")] * 2
 
 

@@ -16,7 +16,7 @@ from openai_stub import OpenAIStub
 from test_scale import accept_twice_at_once, add_tickets, handled, queue
 from test_worker import catches, wait_until
 
-from agent import open_graph, thread_of
+from agent import opened_graph, thread_of
 
 EVENTS = 200
 WORKERS = 3
@@ -83,8 +83,7 @@ def test_random_kill_9_loses_nothing_duplicates_nothing_and_resumes_where_it_sto
     finished = [e for out in outputs for e in handled(out)]
     assert len(finished) == len(set(finished))  # 事件表里没有哪个事件被两个 worker 都做完
 
-    graph, conn = open_graph()
-    try:
+    with opened_graph() as graph:
         for t in tickets:
             nexts = [h.next for h in graph.get_state_history(thread_of(t))]
             sources = [h.metadata["source"] for h in graph.get_state_history(thread_of(t))]
@@ -92,8 +91,5 @@ def test_random_kill_9_loses_nothing_duplicates_nothing_and_resumes_where_it_sto
                 assert sources.count("input") == 1 and nexts.count(("load",)) == 1, t
             else:  # exit:只有停在收件箱时写下的那一个;被杀的运行没留下半截 thread
                 assert nexts == [("review",)], t
-
-    finally:
-        conn.close()
     accept_twice_at_once(tickets)
     assert rows("SELECT COUNT(*), COUNT(DISTINCT ticket_id) FROM outbox") == [(EVENTS, EVENTS)]

@@ -15,7 +15,7 @@ from openai_stub import OpenAIStub
 
 import inbox as inbox_mod
 import store
-from agent import open_graph, send, thread_of
+from agent import opened_graph, send, thread_of
 
 T1041_FEEDBACK = "这张已确认是重复扣款,直接告诉客户退款申请已提交、原路退回,别写金额"
 T1041_EDIT = "您好,已确认 10 月 8 日的 INV-2026-0123 是重复扣款,退款申请已提交,会原路退回,到账时间以支付渠道为准。给您添麻烦了。"
@@ -42,11 +42,8 @@ def inbox(env, *args, **kw) -> subprocess.CompletedProcess:
 
 
 def state(ticket_id: str) -> dict:
-    graph, conn = open_graph()
-    try:
+    with opened_graph() as graph:
         return graph.get_state(thread_of(ticket_id)).values
-    finally:
-        conn.close()
 
 
 def test_four_decisions_end_as_in_the_lesson(any_lab):
@@ -459,12 +456,9 @@ def lose_checkpoints(env: dict, *tickets: str) -> None:
     """checkpoint 丢了:不给工单号时整个库丢了(SQLite 的 checkpoints.db 被删掉,PostgreSQL 的 checkpoint 表被清空);
     给了就只丢这几张工单的 thread。"""
     if tickets:
-        graph, conn = open_graph()
-        try:
+        with opened_graph() as graph:
             for t in tickets:
                 graph.checkpointer.delete_thread(thread_of(t)["configurable"]["thread_id"])
-        finally:
-            conn.close()
     elif "DATABASE_URL" in env:
         conn = store.connect()
         try:
@@ -740,7 +734,7 @@ def test_list_and_actions_reconcile_after_a_resume_that_crashed_before_the_statu
     dead.wait()
     owner = f"{store.socket.gethostname()}:{dead.pid}"
     script = ("import sys; sys.path.insert(0, '.'); from langgraph.types import Command; "
-              "from agent import open_graph, thread_of; g, c = open_graph(); "
+              "from agent import opened_graph, thread_of\nwith opened_graph() as g: "
               "g.invoke(Command(resume={'type': 'accept', 'args': None}), thread_of('T1012'))")
     assert subprocess.run([sys.executable, "-c", script], cwd=LAB, env=any_lab).returncode == 0
     conn = store.connect()
@@ -948,11 +942,8 @@ def test_inbox_killed_while_redrafting_is_finished_by_the_worker_with_the_feedba
     assert (listing.returncode, listing.stdout, listing.stderr) == (0, redraft, "")
     # 模型调用:第一版、被杀的那次重写(回答了,结果没存下)、worker 续跑的重写
     assert rows("SELECT COUNT(*) FROM llm_usage") == [(3,)]
-    graph, conn = open_graph()
-    try:
+    with opened_graph() as graph:
         sources = [s.metadata["source"] for s in graph.get_state_history(thread_of("T1012"))]
-    finally:
-        conn.close()
     assert sources.count("input") == 1  # 没有从头再来
     accept = inbox(any_lab, "accept", "T1012")
     assert (accept.returncode, accept.stdout, accept.stderr) == (0, "T1012 → sent\n", "")

@@ -74,14 +74,11 @@ def on_postgres(monkeypatch, url: str):
 
 def history(thread_id: str) -> list[tuple[str, str, int]]:
     """这个 thread 的 checkpoint,新的在前:(checkpoint id, 怎么来的, 第几步)。怎么来的是 input 的,是一次从头开始的运行。"""
-    from agent import open_graph
+    from agent import opened_graph
 
-    graph, conn = open_graph()
-    try:
+    with opened_graph() as graph:
         return [(s.config["configurable"]["checkpoint_id"], s.metadata["source"], s.metadata["step"])
                 for s in graph.checkpointer.list({"configurable": {"thread_id": thread_id}})]
-    finally:
-        conn.close()
 
 
 @pytest.fixture

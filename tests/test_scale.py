@@ -14,7 +14,7 @@ from openai_stub import OpenAIStub
 
 import store
 import worker as worker_mod
-from agent import open_graph, thread_of
+from agent import opened_graph, thread_of
 
 STOP_LINE = "收到停止信号:做完手上的事件就退出(再按一次 Ctrl-C 立即退出,手上的事件交回队列)\n"
 
@@ -40,18 +40,11 @@ def queue(tickets: list[str]) -> None:
 
 def accept_twice_at_once(tickets: list[str]) -> None:
     """每张工单同时批准两次(两个人同时点):回复也只能发一次,outbox 的 UNIQUE 说了算。"""
-    graph, conn = open_graph()
-
-    def accept(ticket_id: str) -> None:
+    with opened_graph() as graph, ThreadPoolExecutor(8) as pool:
         # 不吞异常:两次恢复都不该出错(后到的看到的要么是已经做完的 thread,要么和先到的一起跑到 send,
         # 由 outbox 的 UNIQUE 只留一行);出了错 pool.map 会把它抛出来,测试失败
-        graph.invoke(Command(resume={"type": "accept", "args": None}), thread_of(ticket_id))
-
-    try:
-        with ThreadPoolExecutor(8) as pool:
-            list(pool.map(accept, tickets * 2))
-    finally:
-        conn.close()
+        list(pool.map(lambda t: graph.invoke(Command(resume={"type": "accept", "args": None}), thread_of(t)),
+                      tickets * 2))
 
 
 def start_workers(env: dict, n: int, *args: str) -> list[subprocess.Popen]:

@@ -19,7 +19,7 @@ from openai_stub import OpenAIStub
 import llm
 import store
 import worker as worker_mod
-from agent import open_graph, thread_of
+from agent import opened_graph, thread_of
 
 
 def add(ticket_id: str, event_id: str | None = None, kind: str = "ticket.created") -> str:
@@ -35,11 +35,14 @@ def events() -> list[tuple]:
 
 def thread_history(ticket_id: str) -> list:
     """这张工单的 thread 的全部 checkpoint,新的在前。"""
-    graph, conn = open_graph()
-    try:
+    with opened_graph() as graph:
         return list(graph.get_state_history(thread_of(ticket_id)))
-    finally:
-        conn.close()
+
+
+def checkpointer_class() -> type:
+    """这次跑的是 SqliteSaver 还是 PostgresSaver(any_lab 两样都跑)。"""
+    with opened_graph() as graph:
+        return type(graph.checkpointer)
 
 
 def use_stub(monkeypatch, stub: OpenAIStub, retries: int = 0) -> None:
@@ -76,11 +79,8 @@ def test_malformed_payload_is_dead_at_once_without_touching_the_graph(lab, capsy
     assert rows("SELECT status, attempts, last_error FROM events") == [("dead", 1, f"PermanentError: {reason}")]
     assert capsys.readouterr().out == f"evt_bad 第 1 次失败 → dead: {reason}\n"
     assert rows("SELECT COUNT(*) FROM llm_usage") == [(0,)]
-    graph, conn = open_graph()
-    try:
+    with opened_graph() as graph:
         assert list(graph.checkpointer.list(None)) == []  # 没有哪张工单的 thread 被建出来
-    finally:
-        conn.close()
     assert rows("SELECT COUNT(*) FROM outbox") == [(0,)]
 
 
@@ -407,11 +407,8 @@ def test_another_event_for_a_ticket_already_answered_is_done_without_calling_the
 
     add("T1012")
     assert drain() == [("evt_T1012_created", "waiting_human")]
-    graph, conn = open_graph()
-    try:
+    with opened_graph() as graph:
         graph.invoke(Command(resume={"type": "accept", "args": None}), thread_of("T1012"))
-    finally:
-        conn.close()
     store.set_status("evt_T1012_created", "done")
     with OpenAIStub() as stub:
         use_stub(monkeypatch, stub)
@@ -632,35 +629,29 @@ def test_an_event_whose_worker_died_on_its_last_attempt_goes_dead_instead_of_loo
     assert rows("SELECT status, attempts FROM events WHERE event_id = 'evt_T1012_created'") == [("waiting_human", 1)]
 
 
+def finish_after_taken_meanwhile(ticket_id: str) -> str:
+    """别的机器上的 worker(slow-host:1)领了这张工单的事件,慢到超过 STALE_MINUTES,事件被放回队列、
+    又被 other-host:2 领走;这时 slow-host:1 才做完。返回它的 process() 的结果。"""
+    add(ticket_id)
+    ev = store.claim("slow-host:1")
+    conn = store.connect()
+    conn.execute("UPDATE events SET claimed_by = 'other-host:2'")
+    conn.close()
+    with opened_graph() as graph:
+        return worker_mod.process(graph, ev, "slow-host:1")
+
+
 def test_a_slow_worker_whose_event_was_requeued_and_taken_meanwhile_leaves_its_status_to_the_new_owner(any_lab, capsys):
     """别的机器上的 worker 慢到超过 STALE_MINUTES,事件被放回队列、又被另一个 worker 领走:
     慢的那个做完时不去覆盖状态,说一声;状态由接手的 worker 改。"""
-    add("T1012")
-    ev = store.claim("slow-host:1")
-    conn = store.connect()
-    conn.execute("UPDATE events SET claimed_by = 'other-host:2'")  # 放回队列后被 other-host:2 领走了
-    conn.close()
-    graph, conn = open_graph()
-    try:
-        assert worker_mod.process(graph, ev, "slow-host:1") == "waiting_human"
-    finally:
-        conn.close()
+    assert finish_after_taken_meanwhile("T1012") == "waiting_human"
     assert capsys.readouterr().out == "evt_T1012_created → waiting_human(这期间事件被放回了队列,状态留给接手的 worker 改)\n"
     assert rows("SELECT status, attempts, claimed_by, last_error FROM events") == [("processing", 1, "other-host:2", None)]
 
 
 def test_a_slow_worker_whose_failed_event_was_taken_meanwhile_says_so_instead_of_claiming_it_is_dead(any_lab, capsys):
     """同上,但慢的那个是失败(工单不存在,本该进死信):原来照样说「→ dead」,表里其实没改、事件还在接手的人手里。"""
-    add("T9999")
-    ev = store.claim("slow-host:1")
-    conn = store.connect()
-    conn.execute("UPDATE events SET claimed_by = 'other-host:2'")
-    conn.close()
-    graph, conn = open_graph()
-    try:
-        assert worker_mod.process(graph, ev, "slow-host:1") == "dead"
-    finally:
-        conn.close()
+    assert finish_after_taken_meanwhile("T9999") == "dead"
     assert capsys.readouterr().out == (
         "evt_T9999_created 第 1 次失败 → dead(这期间事件被放回了队列,状态留给接手的 worker 改): 工单不存在:T9999\n")
     assert rows("SELECT status, attempts, claimed_by, last_error FROM events") == [("processing", 1, "other-host:2", None)]
@@ -787,11 +778,8 @@ def test_worker_killed_after_a_node_saved_its_result_resumes_after_that_node(any
     add("T1012")
     die_before_checkpoint(any_lab, step, "worker.py", "--once")
     assert events() == [("evt_T1012_created", "processing", 1)]
-    graph, conn = open_graph()
-    try:
+    with opened_graph() as graph:
         snap = graph.get_state(thread_of("T1012"))
-    finally:
-        conn.close()
     assert snap.next == () and [t.name for t in snap.tasks] == [done_node]  # 这就是看起来「没有下一步」的样子
 
     loads: list[str] = []
@@ -810,9 +798,7 @@ def test_crashed_thread_is_resumed_and_waiting_thread_is_left_alone(any_lab, mon
     """常见误区:把「中断」和「崩溃」当成一回事。等人的 thread 跳过,崩溃的 thread 续跑。
     另外数了 checkpoint 真正被读了几次:新工单只读一次(worker 的 get_state 已经看到 thread 是空的,
     LangGraph 开跑时不再读第二遍);崩在半路的 thread 照常读出来续跑。标记不写进 checkpoint 的 metadata。"""
-    graph, conn = open_graph()
-    saver_class = type(graph.checkpointer)  # SqliteSaver 或 PostgresSaver
-    conn.close()
+    saver_class = checkpointer_class()
     reads = []
     real_read = saver_class.get_tuple
     monkeypatch.setattr(saver_class, "get_tuple",
@@ -908,9 +894,7 @@ def test_inbox_checkpoints_wait_for_the_disk_but_worker_checkpoints_do_not(any_l
 
 def count_checkpoint_writes(monkeypatch) -> list[str]:
     """数 checkpointer 真正写了几次(put 是一个 checkpoint,put_writes 是一个节点交出的一组写入)。"""
-    graph, conn = open_graph()
-    saver_class = type(graph.checkpointer)  # SqliteSaver 或 PostgresSaver
-    conn.close()
+    saver_class = checkpointer_class()
     writes: list[str] = []
     for name in ("put", "put_writes"):
         real = getattr(saver_class, name)
