@@ -8,6 +8,7 @@ SystemExit("配置错误:…") 退出,说是哪一行:不会有哪一项悄悄�
 这里还有 worker.py、cron_jobs.py、email_poller.py 共用的命令行解析器 ArgumentParser:argparse 的提示换成中文。
 """
 import argparse
+import encodings.idna
 import io
 import math
 import os
@@ -127,12 +128,31 @@ def url(name: str, default: str = "", *, secret: bool = False) -> str:
         parts.port  # noqa: B018 —— 端口不是数字、超出范围时这里抛 ValueError
         ok = parts.scheme in ("http", "https") and bool(parts.hostname)
         problem = "" if ok else "要以 http:// 或 https:// 开头,后面是主机名"
+        if ok and (bad_host := hostname_problem(parts.hostname)):
+            problem = "主机名" + bad_host
     except ValueError as e:
         problem = str(e)
     if problem:
         shown = raw[:16] + "…" if secret and len(raw) > 16 else raw
         raise SystemExit(f"配置错误:{name}={shown!r} 不是合法的网址({problem})")
     return raw
+
+
+def hostname_problem(host: str) -> str:
+    """主机名 idna 编不出来时说明原因,编得出来时是空串。连网时 socket 要先把主机名编成 idna:a..b、.a、超过 63 个字符的
+    一段、U+0080 这样的控制字符,不在读设置时拦下,就要等到真的去连时才是一个 UnicodeError 的 traceback
+    (worker 还把它当成暂时性错误,每领一次事件用掉一次尝试)。"""
+    try:
+        host.encode("idna")
+        return ""
+    except UnicodeError:
+        pass
+    for label in re.split("[.\u3002\uff0e\uff61]", host):  # idna 认的四种点
+        try:
+            encodings.idna.nameprep(label)
+        except UnicodeError:
+            return f"有域名里不允许的字符:{label!r}"
+    return "有一段是空的(连着两个点、以点开头)或者超过 63 个字符"
 
 
 def path(name: str, default_filename: str) -> Path:

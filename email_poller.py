@@ -493,6 +493,8 @@ def host_problem(host: str) -> str | None:
         return f"里带了端口:写成 IMAP_HOST={name} 和 IMAP_PORT={port}"
     if any(ch.isspace() or ch == "/" for ch in host):
         return "不是合法的主机名:里面不能有空格或 /"
+    if problem := config.hostname_problem(host):  # imap..qq.com、.imap.qq.com:原来是 traceback
+        return "不是合法的主机名:" + problem
     return None
 
 
@@ -531,9 +533,6 @@ def open_mailbox(s: ImapSettings) -> imaplib.IMAP4:
             imap = imaplib.IMAP4_SSL(s.host, s.port, ssl_context=context, timeout=s.timeout)
         else:
             imap = imaplib.IMAP4(s.host, s.port, timeout=s.timeout)
-    except UnicodeError as e:  # imap..qq.com、.imap.qq.com、超过 63 个字符的一段:idna 编不出来,原来是 traceback
-        raise SetupError(f"IMAP_HOST={s.host!r} 不是合法的主机名:有一段是空的(连着两个点、以点开头)"
-                         "或者超过 63 个字符") from e
     except ssl.SSLCertVerificationError as e:
         raise MailboxError(f"IMAP 服务器 {where} 的证书校验失败:{e.verify_message}"
                            "(自建邮箱用私有 CA 的,把 CA 证书路径写进 IMAP_CAFILE)") from e

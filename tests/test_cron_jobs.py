@@ -198,6 +198,10 @@ def test_worker_drafts_an_apologising_follow_up_for_stale_tickets(lab):
      "配置错误:SLACK_WEBHOOK_URL='http://[::1/serv…' 不是合法的网址(Invalid IPv6 URL)"),
     (["report"], {"SLACK_WEBHOOK_URL": "hooks.slack.com/services/T000/B000/SECRETTOKEN"}, 2,
      "配置错误:SLACK_WEBHOOK_URL='hooks.slack.com/…' 不是合法的网址(要以 http:// 或 https:// 开头,后面是主机名)"),
+    # idna 编不出来的主机名:原来日报打印完才是一个 UnicodeError traceback、退出码 1
+    (["report"], {"SLACK_WEBHOOK_URL": "https://hooks..slack.com/services/T000/B000/SECRETTOKEN"}, 2,
+     "配置错误:SLACK_WEBHOOK_URL='https://hooks..s…' 不是合法的网址(主机名有一段是空的(连着两个点、以点开头)"
+     "或者超过 63 个字符)"),
 ])
 def test_bad_arguments_and_settings_exit_2_before_anything_is_printed_or_enqueued(lab, tmp_path, args, env, code,
                                                                                   message):

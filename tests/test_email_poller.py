@@ -586,6 +586,7 @@ def test_connection_lost_while_marking_a_stored_mail_read_loses_nothing_and_the_
     ({"IMAP_HOST": "imap.qq.com:993"}, "IMAP_HOST='imap.qq.com:993' 里带了端口:写成 IMAP_HOST=imap.qq.com 和 IMAP_PORT=993"),
     ({"IMAP_HOST": "[::1]"}, "IMAP_HOST='[::1]' 的 IPv6 地址不加方括号(写成 IMAP_HOST=::1 这样),端口写进 IMAP_PORT"),
     ({"IMAP_HOST": "imap qq.com"}, "IMAP_HOST='imap qq.com' 不是合法的主机名:里面不能有空格或 /"),
+    ({"IMAP_HOST": "imap\x80.qq.com"}, "IMAP_HOST='imap\\x80.qq.com' 不是合法的主机名:有域名里不允许的字符:'imap\\x80'"),
 ])
 def test_bad_settings_are_named_and_nothing_is_stored(imap_env, imap_server, change, message):
     imap_server.append(ZHANG)

@@ -79,6 +79,9 @@ def test_help_prints_usage_and_sends_nothing(lab, flag):
     ("127.0.0.1:8139/hooks/cloudledger", "要以 http:// 或 https:// 开头,后面是主机名"),
     ("ftp://127.0.0.1/hooks", "要以 http:// 或 https:// 开头,后面是主机名"),
     ("http://", "要以 http:// 或 https:// 开头,后面是主机名"),
+    # idna 编不出来的主机名:原来是连接时的 UnicodeError traceback、退出码 1
+    ("http://a..b/hooks", "主机名有一段是空的(连着两个点、以点开头)或者超过 63 个字符"),
+    ("http://hooks\x80.example/hooks", "主机名有域名里不允许的字符:'hooks\\x80'"),
 ])
 def test_malformed_webhook_url_is_a_clear_error_and_nothing_is_sent(lab, url, problem):
     r = run(["send_webhook.py", "T1012"], {**lab, "WEBHOOK_URL": url})

@@ -977,6 +977,9 @@ def test_durability_exit_worker_killed_inside_draft_starts_the_ticket_over(any_l
     ("LLM_BASE_URL", "api.deepseek.com", "配置错误:LLM_BASE_URL='api.deepseek.com' 不是合法的网址"
                                          "(要以 http:// 或 https:// 开头,后面是主机名)"),
     ("LLM_FALLBACK_BASE_URL", "http://[::1", "配置错误:LLM_FALLBACK_BASE_URL='http://[::1' 不是合法的网址(Invalid IPv6 URL)"),
+    # 原来领到事件、连模型时才是 UnicodeError,当成暂时性错误,每次都用掉一次尝试
+    ("LLM_BASE_URL", "https://api..deepseek.com", "配置错误:LLM_BASE_URL='https://api..deepseek.com' 不是合法的网址"
+                                                  "(主机名有一段是空的(连着两个点、以点开头)或者超过 63 个字符)"),
     ("WORKER_CONCURRENCY", "1000000000", "配置错误:WORKER_CONCURRENCY='1000000000' 不能大于 256"),  # 原来开十亿个线程
     # 输入法打成了全角:原来每次发请求都是 UnicodeEncodeError,重试三次进死信
     ("LLM_API_KEY", "sk-abc１２３", "配置错误:LLM_API_KEY 的第 7 个字符不是英文半角的字母、数字或符号(全角字符、空格或换行?):"
