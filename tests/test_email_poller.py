@@ -724,11 +724,12 @@ def test_tls_poll_trusts_only_a_verified_certificate(imap_env, imap_server, tmp_
 
 
 def test_ssl_to_a_plain_imap_port_fails_the_handshake_clearly(imap_env, imap_server):
+    imap_server.append(ZHANG)
     r = run(["email_poller.py"], {**imap_env, "IMAP_SSL": "1"})
     assert (r.returncode, r.stdout) == (3, "")
     assert r.stderr.startswith(f"和 IMAP 服务器 127.0.0.1:{imap_server.port} 的 TLS 握手失败:")
     assert r.stderr.endswith("(这个端口是不是不支持 SSL 直连?)\n") and len(r.stderr.splitlines()) == 1
-    nothing_stored()
+    nothing_stored(imap_server, [101])  # 信还是未读,下次设对了照常收
 
 
 # ---------------------------------------------------------------- 离线 .eml:各种真实邮件
