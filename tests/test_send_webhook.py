@@ -398,3 +398,22 @@ def test_store_refuses_a_business_database_without_its_tables_and_leaves_it_as_i
                         "cloudledger.db);确定这个文件没用了,才删掉它再运行 uv run python store.py,就会新建一份\n")
     assert other.read_bytes() == before
     assert rows("SELECT body FROM notes", path=other) == [("别弄丢我",)]
+
+
+def test_a_business_database_without_its_tables_stops_worker_scan_and_mail_and_touches_nothing(lab, tmp_path):
+    """BIZ_DB 指到一个别的 SQLite 库:worker、定时扫描、邮件轮询一启动就说缺哪几张表、去运行 store.py(那里说怎么修);
+    事件不领、不入队,那个库一个字节都不变。"""
+    store.add_event("evt_T1012_created", "webhook", "ticket.created",
+                    '{"id": "evt_T1012_created", "type": "ticket.created", "data": {"ticket_id": "T1012"}}')
+    other = tmp_path / "notes.db"
+    with closing(sqlite3.connect(other)) as conn, conn:
+        conn.execute("CREATE TABLE notes (body TEXT)")
+        conn.execute("INSERT INTO notes VALUES ('别弄丢我')")
+    before = other.read_bytes()
+    message = f"业务库 {other} 里没有表:customers、tickets(运行 uv run python store.py,它说怎么修)\n"
+    for command, code in ((["worker.py", "--once"], 1), (["cron_jobs.py", "scan"], 2),
+                          (["email_poller.py", "--eml", "samples"], 2)):
+        r = run(command, {**lab, "BIZ_DB": str(other)})
+        assert (r.returncode, r.stdout, r.stderr) == (code, "", message), command
+    assert other.read_bytes() == before
+    assert rows("SELECT event_id, status, attempts FROM events") == [("evt_T1012_created", "pending", 0)]
