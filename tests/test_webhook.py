@@ -560,6 +560,18 @@ def test_event_writer_answers_each_batch_and_survives_a_bad_line(lab):
     assert rows("SELECT event_id, ticket_id, status FROM events") == [("evt_demo", "T1012", "pending")]
 
 
+@pytest.mark.parametrize("where, why", [("nowhere/events.db", "目录 {dir} 不存在"), (".", "这是一个目录,不是文件")])
+def test_event_writer_with_an_unusable_events_db_says_why_and_answers_no_batch(lab, tmp_path, where, why):
+    """单独运行时 EVENTS_DB 指错了:一行原因、退出码 1,喂进去的那一批没有回「写好了」,也没建出目录或文件。"""
+    path = tmp_path / where
+    batch = json.dumps([["evt_demo", "webhook", "ticket.created", json.dumps({"data": {"ticket_id": "T1012"}})]])
+    r = run(["event_writer.py"], {**lab, "EVENTS_DB": str(path)}, input=batch + "\n")
+    reason = why.format(dir=path.parent)
+    assert (r.returncode, r.stdout, r.stderr) == (1, "", f"事件库打不开:EVENTS_DB={path.resolve()}({reason})\n")
+    assert not (tmp_path / "nowhere").exists()
+    assert rows("SELECT COUNT(*) FROM events") == [(0,)]
+
+
 def test_event_writer_demo_command_copied_from_the_file_works(lab):
     """学员从 event_writer.py 文件开头照抄那条 echo 命令(源文件里的样子,不是 help() 渲染后的):
     以前 docstring 不是 raw 字符串,源文件里写的是 \\\\",抄下来喂进去只得到 JSONDecodeError。"""
