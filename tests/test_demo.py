@@ -94,6 +94,58 @@ def test_demo_that_does_not_match_the_lesson_says_so_and_with_keep_where_the_dat
     assert (data / "ambient.db").exists()
 
 
+def lab_copy(tmp_path, broken: str, extra: str) -> "os.PathLike":
+    """实验目录的一份拷贝(只拷程序和数据文件),broken 这个文件的开头插进 extra:让演示的某一步真的失败,
+    其余照常是真进程、真 HTTP。"""
+    import shutil
+    copy = tmp_path / "lab"
+    shutil.copytree(LAB, copy, ignore=shutil.ignore_patterns(".*", "tests", "bench", "__pycache__", "*.db*", "cron.log"))
+    (copy / broken).write_text(extra + "\n" + (copy / broken).read_text())
+    return copy
+
+
+def demo_in(copy, tmp_path) -> tuple[subprocess.CompletedProcess, int]:
+    """在拷贝里跑 demo.py,临时数据目录建在 tmp_path/tmp 下;返回结果和它用的 webhook 端口。"""
+    env = {k: v for k, v in os.environ.items() if k not in ("LLM_API_KEY", "EVENTS_DB", "CHECKPOINTS_DB", "BIZ_DB")}
+    (tmp_path / "tmp").mkdir()
+    r = run([str(copy / "demo.py")], {**env, "TMPDIR": str(tmp_path / "tmp")}, cwd=copy, timeout=300)
+    port = int(next(line for line in r.stdout.splitlines() if line.startswith("$ uv run uvicorn")).split()[-1])
+    return r, port
+
+
+def port_is_free(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) != 0
+
+
+def test_a_step_that_fails_stops_the_demo_with_its_exit_code_and_leaves_no_server_or_data(tmp_path):
+    """webhook 服务已经起来、第一次发 webhook 的那一步退出码不是 0(这里是拷贝里的 send_webhook.py 被改坏了):
+    这一步的输出照样打出来,最后一行说是哪个退出码,退出码 1;后面的步骤不跑,webhook 服务停了,临时数据目录删了。"""
+    copy = lab_copy(tmp_path, "send_webhook.py", 'raise SystemExit("发送失败(测试改坏的)")')
+    r, port = demo_in(copy, tmp_path)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert r.stdout.endswith("\n## 终端 2:发 webhook T1012(连发两次,模拟上游重试)\n$ uv run python send_webhook.py T1012 2\n"
+                             "发送失败(测试改坏的)\n")
+    assert r.stderr == "演示中断:这一步的退出码是 1\n"
+    assert "worker.py" not in r.stdout
+    assert port_is_free(port)
+    assert list((tmp_path / "tmp").iterdir()) == []
+
+
+def test_a_webhook_server_that_cannot_start_stops_the_demo_with_its_error_and_leaves_no_data(tmp_path):
+    """uvicorn 起 webhook 服务时导入失败(拷贝里的 webhook.py 只在 uvicorn 进程里抛错;演示自己导入它读设置时不抛):
+    演示说「webhook 服务没起来」并带上服务的报错,退出码 1;一个 webhook 都没发,临时数据目录删了。"""
+    copy = lab_copy(tmp_path, "webhook.py",
+                    'import sys\nif "uvicorn" in sys.modules:\n    raise RuntimeError("webhook 起不来(测试改坏的)")')
+    r, port = demo_in(copy, tmp_path)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert r.stdout.endswith(f"\n## 终端 1:起 webhook 服务\n$ uv run uvicorn webhook:app --port {port}\n")
+    assert r.stderr.startswith("webhook 服务没起来:\n")
+    assert r.stderr.rstrip("\n").endswith("RuntimeError: webhook 起不来(测试改坏的)")
+    assert port_is_free(port)
+    assert list((tmp_path / "tmp").iterdir()) == []
+
+
 def test_demo_with_a_bad_setting_says_which_one_before_running_any_step(tmp_path):
     """原来要跑完建库、起服务、发 webhook 几步,到 worker 那一步才因为设置不对停下;现在一步都不跑。"""
     env = {k: v for k, v in os.environ.items() if k not in ("LLM_API_KEY", "EVENTS_DB", "CHECKPOINTS_DB", "BIZ_DB")}
