@@ -337,6 +337,69 @@ def test_a_missing_or_lesson_built_events_database_is_named_and_left_alone(lab, 
         nothing_moved(url, monkeypatch, snapshot())
 
 
+NOT_SQLITE = b"this is not a SQLite database, just text that somebody saved under the name\n" * 20
+
+
+def test_a_checkpoint_file_that_is_not_sqlite_stops_the_move_and_nothing_is_moved(sqlite_lab_in_use, pg_url,
+                                                                                 monkeypatch, tmp_path):
+    """CHECKPOINTS_DB 指到一个不是 SQLite 的文件(指错了,或者拷坏了):一行说是哪个文件、什么都没搬,退出码 2;
+    那个文件不动,SQLite 事件库也没记下搬走。"""
+    lab, before = sqlite_lab_in_use
+    bad = tmp_path / "checkpoints-copy.db"
+    bad.write_bytes(NOT_SQLITE)
+    with pg_schema() as url:
+        r = from_sqlite({**lab, "DATABASE_URL": url, "CHECKPOINTS_DB": str(bad)})
+        assert (r.returncode, r.stderr) == (2, f"没有搬:{bad} 打不开:DatabaseError: file is not a database。什么都没搬\n")
+        nothing_moved(url, monkeypatch, before)
+    assert bad.read_bytes() == NOT_SQLITE
+    assert moved_mark(lab["EVENTS_DB"]) == ([], [])
+
+
+def test_an_events_file_that_is_not_sqlite_stops_the_move_and_is_left_as_it_was(lab, pg_url, monkeypatch, tmp_path):
+    bad = tmp_path / "ambient-copy.db"
+    bad.write_bytes(NOT_SQLITE)
+    with pg_schema() as url:
+        r = from_sqlite({**lab, "DATABASE_URL": url, "EVENTS_DB": str(bad)})
+        assert (r.returncode, r.stderr) == (2, f"没有搬:{bad} 打不开:DatabaseError: file is not a database。什么都没搬\n")
+        nothing_moved(url, monkeypatch, snapshot())
+    assert bad.read_bytes() == NOT_SQLITE
+
+
+def test_a_row_postgres_cannot_store_stops_the_move_and_nothing_is_moved(sqlite_lab_in_use, pg_url, monkeypatch):
+    """SQLite 的 TEXT 里可以有 NUL 字符,PostgreSQL 的不行:说是哪种错,什么都没搬(不是搬了一半)。"""
+    lab, _ = sqlite_lab_in_use
+    with store.opened() as conn:
+        conn.execute("INSERT INTO outbox (ticket_id, body, sent_by, sent_at) VALUES ('T1041', ?, 'human', ?)",
+                     ("您好\x00", store.now()))
+    before = snapshot()
+    with pg_schema() as url:
+        r = from_sqlite({**lab, "DATABASE_URL": url})
+        assert (r.returncode, r.stderr) == (
+            2, "没有搬:有一行搬不进 PostgreSQL(DataError: PostgreSQL text fields cannot contain NUL (0x00) bytes):"
+               "什么都没搬\n")
+        nothing_moved(url, monkeypatch, before)
+    assert moved_mark(lab["EVENTS_DB"]) == ([], [])
+
+
+def test_an_unreadable_business_database_stops_the_move_when_a_ticket_must_be_copied(lab, pg_url, monkeypatch):
+    """PostgreSQL 的业务表已经建好(设着 DATABASE_URL 运行过 store.py),之后 BIZ_DB 坏了;要搬的事件里有一张工单
+    PostgreSQL 那边没有,得从 BIZ_DB 拷:读不了就说清楚,什么都没搬。"""
+    add("T1012"), add("T9999")
+    before = snapshot()
+    with pg_schema() as url:
+        assert run(["store.py"], {**lab, "DATABASE_URL": url}).returncode == 0
+        with open(lab["BIZ_DB"], "wb") as f:
+            f.write(NOT_SQLITE)
+        r = from_sqlite({**lab, "DATABASE_URL": url})
+        assert (r.returncode, r.stderr) == (
+            2, f"没有搬:业务库 {lab['BIZ_DB']} 读不了(DatabaseError: file is not a database),搬过去的事件要用的工单(T9999)"
+               "拷不过去。什么都没搬\n")
+        nothing_moved(url, monkeypatch, before)
+    assert moved_mark(lab["EVENTS_DB"]) == ([], [])
+    with open(lab["BIZ_DB"], "rb") as f:
+        assert f.read() == NOT_SQLITE
+
+
 def test_connections_cut_in_the_middle_of_the_move_leave_nothing_moved_and_the_rerun_moves_it_all(
         sqlite_lab_in_use, pg_url, monkeypatch, capsys):
     """搬到一半(第 5 个 checkpoint)PostgreSQL 断了:一行说明、退出码 1,那边什么都没留下;再运行一次全部搬过去。"""
