@@ -146,6 +146,21 @@ def test_a_webhook_server_that_cannot_start_stops_the_demo_with_its_error_and_le
     assert list((tmp_path / "tmp").iterdir()) == []
 
 
+def test_a_webhook_server_that_hangs_at_startup_stops_the_demo_after_30_seconds_and_is_stopped(tmp_path):
+    """uvicorn 起 webhook 服务时卡住(拷贝里的 webhook.py 在 uvicorn 进程里睡 10 分钟):演示等 30 秒,说没起来,
+    退出码 1;卡住的服务被停掉(端口空着,没有留下进程),临时数据目录删了。"""
+    copy = lab_copy(tmp_path, "webhook.py", 'import sys, time\nif "uvicorn" in sys.modules:\n    time.sleep(600)')
+    started = time.monotonic()
+    r, port = demo_in(copy, tmp_path)
+    assert (r.returncode, r.stderr) == (1, "webhook 服务 30 秒内没起来\n"), r.stdout + r.stderr
+    assert 30 <= time.monotonic() - started < 120
+    assert r.stdout.endswith(f"\n## 终端 1:起 webhook 服务\n$ uv run uvicorn webhook:app --port {port}\n")
+    assert port_is_free(port)
+    leftover = subprocess.run(["pgrep", "-f", f"uvicorn webhook:app --port {port} "], capture_output=True, text=True)
+    assert leftover.stdout == ""
+    assert list((tmp_path / "tmp").iterdir()) == []
+
+
 def test_demo_with_a_bad_setting_says_which_one_before_running_any_step(tmp_path):
     """原来要跑完建库、起服务、发 webhook 几步,到 worker 那一步才因为设置不对停下;现在一步都不跑。"""
     env = {k: v for k, v in os.environ.items() if k not in ("LLM_API_KEY", "EVENTS_DB", "CHECKPOINTS_DB", "BIZ_DB")}
