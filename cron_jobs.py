@@ -102,7 +102,7 @@ def build_report(numbers: dict | None = None, moment: datetime | None = None) ->
              f"事件状态:{by_status}",
              f"队列深度:{by_status.get('pending', 0)} 个事件等 worker 处理(pending)"]
     if oldest := n["oldest_waiting"]:
-        hours = (moment - store.parse_time(oldest["updated_at"])).total_seconds() / 3600
+        hours = (moment - store.parse_time(oldest["waiting_since"])).total_seconds() / 3600
         lines.append(f"收件箱里等得最久的:{oldest['event_id']},已等 {hours:.1f} 小时{alert_note(hours)}"
                      f"(收件箱共 {by_status.get('waiting_human', 0)} 条)")
     else:

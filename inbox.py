@@ -237,9 +237,6 @@ def act(graph, command: str, ticket_id: str, text: str) -> None:
             raise Refused(f"{ticket_id} 是通知类待办,Agent 没有起草回复,不能 {command};只能 {ok}(看过即可)")
         rounds = len(snap.values.get("feedback", []))
         raise Refused(f"{ticket_id} 已经按意见重写了 {rounds} 次,到上限了,不能再 respond;现在可以:{ok}")
-    # 拿走时 updated_at 改成现在(卡住检查靠它);放回收件箱(respond 重写、没发出去)时还用进收件箱的那个时间:
-    # 客户还在等,日报的「等得最久」不能因为有人碰过一下就从零算起(课文的 respond 不碰事件表,时间也不变)
-    back_in_inbox = ev["updated_at"]
     if not store.take_for_review(ev["event_id"]):
         if any(e["event_id"] == ev["event_id"] for e in store.events_by_status("waiting_human")):
             raise busy(ticket_id)  # 待办还在,是同一张工单的另一个事件在 worker 手里
@@ -250,10 +247,10 @@ def act(graph, command: str, ticket_id: str, text: str) -> None:
             draft = graph.get_state(cfg).interrupts[0].value["action_request"]["args"].get("reply")
             seen = None if draft is None else store.seen_draft(ticket_id, viewer())
         except KeyboardInterrupt:  # 拿走了、还没开始处理:原样放回收件箱(原来是 traceback,事件留在 processing)
-            store.set_status(ev["event_id"], "waiting_human", owner=store.inbox_owner(), updated_at=back_in_inbox)
+            store.set_status(ev["event_id"], "waiting_human", owner=store.inbox_owner())
             raise Refused(f"{ticket_id} 这次被中断(Ctrl-C),仍在收件箱里") from None
         if seen is not None and seen != fingerprint(draft):
-            store.set_status(ev["event_id"], "waiting_human", owner=store.inbox_owner(), updated_at=back_in_inbox)
+            store.set_status(ev["event_id"], "waiting_human", owner=store.inbox_owner())
             raise Refused(f"{ticket_id} 的草稿在你上次看过之后被改写了(有人 respond 过),这次没有发;"
                           "先 uv run python inbox.py list 看看新草稿,再决定")
     try:
@@ -273,7 +270,7 @@ def act(graph, command: str, ticket_id: str, text: str) -> None:
         if status == "pending":
             store.hand_to_worker(ev["event_id"], owner, what)
         elif status == "waiting_human":
-            store.set_status(ev["event_id"], status, what, owner=owner, updated_at=back_in_inbox)
+            store.set_status(ev["event_id"], status, what, owner=owner)
         else:
             store.set_status(ev["event_id"], status, owner=owner)
             # 节点都走完了(回复已进发件箱 / ignore 已记下),报错的是途中某一次 checkpoint 写入:照实说结果
@@ -283,7 +280,7 @@ def act(graph, command: str, ticket_id: str, text: str) -> None:
         where = "仍在收件箱里" if status == "waiting_human" else "已交回 worker 续跑"
         raise Refused(f"{ticket_id} {f'这次{what}' if interrupted else f'处理失败({what})'},{where}") from e
     if "__interrupt__" in result:
-        store.set_status(ev["event_id"], "waiting_human", owner=store.inbox_owner(), updated_at=back_in_inbox)
+        store.set_status(ev["event_id"], "waiting_human", owner=store.inbox_owner())
         item = result["__interrupt__"][0].value
         rounds = len(snap.values.get("feedback", []))
         if command != "respond" or len(graph.get_state(cfg).values.get("feedback", [])) == rounds:

@@ -62,7 +62,8 @@ CREATE TABLE IF NOT EXISTS events (
     updated_at   {time} NOT NULL,
     not_before   {time},                    -- 练习 3:失败后退避,这个时间之前不领
     ticket_id    TEXT,                      -- 从 payload 里取出来,同一张工单不会被两个 worker 同时处理
-    claimed_by   TEXT                       -- 谁在处理:主机名:进程号@启动时刻,用来判断「卡住」还是「还在跑」
+    claimed_by   TEXT,                      -- 谁在处理:主机名:进程号@启动时刻，用来判断「卡住」还是「还在跑」(这一行注释里不能有半角逗号:SQLite 删掉下一列时会把它当成列之间的逗号)
+    waiting_since {time}                    -- 第一次进收件箱的时刻,之后不变:日报的「等得最久」从它算起
 );
 CREATE INDEX IF NOT EXISTS events_status ON events (status, received_at);
 CREATE TABLE IF NOT EXISTS outbox (
@@ -105,7 +106,11 @@ ONE_PROCESSING_PER_TICKET = """
 CREATE UNIQUE INDEX IF NOT EXISTS events_one_processing_per_ticket ON events (ticket_id) WHERE status = 'processing'
 """
 # 旧版 ambient.db(照课文建的)缺这些列:init() 会补上,已有数据不动
-ADDED_COLUMNS = {"not_before": "TEXT", "ticket_id": "TEXT", "claimed_by": "TEXT"}
+ADDED_COLUMNS = {"not_before": "TEXT", "ticket_id": "TEXT", "claimed_by": "TEXT", "waiting_since": "TEXT"}
+# PostgreSQL 上只有 waiting_since 是后加的(有 PostgreSQL 的版本之前没有它):init() 查到缺了才补,
+# 不缺时不执行 ALTER TABLE(它要拿整张表的排它锁,每个程序启动都拿一次会和正在领事件的 worker 互相等)
+PG_HAS_WAITING_SINCE = ("SELECT 1 FROM information_schema.columns WHERE table_schema = current_schema() "
+                        "AND table_name = 'events' AND column_name = 'waiting_since'")
 
 # 两种数据库只在这里不一样。SQLite 是默认;设了 DATABASE_URL=postgresql://… 就换成 PostgreSQL(练习 6)。
 DIALECTS = {
@@ -361,6 +366,8 @@ def init() -> None:
             with transaction() as conn:
                 conn.execute("SELECT pg_advisory_xact_lock(?)", (SCHEMA_LOCK,))  # 几个 worker 同时第一次启动
                 conn.executescript(sql("SCHEMA"))
+                if not conn.execute(PG_HAS_WAITING_SINCE).fetchone():
+                    conn.execute(f"ALTER TABLE events ADD COLUMN waiting_since {DIALECTS['postgres']['time']}")
                 conn.execute(ONE_PROCESSING_PER_TICKET)
         return
     try:
@@ -881,15 +888,21 @@ def _unless_ticket_taken(conn, query: str, args: tuple):
 
 
 def set_status(event_id: str, status: str, error: str | None = None, *, not_before: str | None = None,
-               owner: str | None = None, expect: str | None = None, updated_at=None) -> bool:
+               owner: str | None = None, expect: str | None = None) -> bool:
     """改状态。给了 owner 时只改「还在这个进程手里」的事件:卡住被放回队列、又被别人领走的,不去覆盖;
-    给了 expect 时只在当前状态是它的时候才改。updated_at 默认是现在;收件箱把待办放回 waiting_human 时
-    给它原来的时间,日报「等得最久」算的还是它第一次进收件箱以来的时间。返回改没改成。"""
+    给了 expect 时只在当前状态是它的时候才改。进收件箱(waiting_human)时记下 waiting_since,已经记过的不改:
+    respond 重写、收件箱命令失败交回 worker 续跑、之后再回到收件箱,客户一直在等,日报的「等得最久」不从零算。
+    返回改没改成。"""
     assert status in STATUSES, status
+    moment = now()
     query = "UPDATE events SET status = ?, last_error = ?, not_before = ?, updated_at = ?"
+    args = [status, error, not_before, moment]
+    if status == "waiting_human":
+        query += ", waiting_since = COALESCE(waiting_since, ?)"
+        args.append(moment)
     query += ", claimed_by = NULL" if status != "processing" else ""
     query += " WHERE event_id = ?"
-    args = [status, error, not_before, updated_at or now(), event_id]
+    args.append(event_id)
     if owner is not None:
         query += " AND status = 'processing' AND claimed_by = ?"
         args.append(owner)
@@ -1206,7 +1219,7 @@ def build_biz_db(path: Path, today: date | None = None) -> None:
 # 事件库里要搬的表和列。自增的 id 不搬:PostgreSQL 自己编号(别处没有引用它)
 MOVED_COLUMNS = {
     "events": ("event_id", "source", "kind", "payload", "status", "attempts", "last_error", "received_at",
-               "updated_at", "not_before", "ticket_id", "claimed_by"),
+               "updated_at", "not_before", "ticket_id", "claimed_by", "waiting_since"),
     "outbox": ("ticket_id", "body", "sent_by", "sent_at"),
     "review_log": ("ticket_id", "category", "draft", "final", "action", "feedback", "created_at"),
     "inbox_seen": ("ticket_id", "viewer", "draft_sha", "seen_at"),
@@ -1550,8 +1563,9 @@ def report_numbers(recent_since: datetime | None = None) -> dict:
     with opened() as conn:
         by_status = conn.execute("SELECT status, COUNT(*) FROM events GROUP BY status").fetchall()
         oldest = conn.execute(
-            "SELECT event_id, ticket_id, updated_at FROM events WHERE status = 'waiting_human' "
-            "ORDER BY updated_at, event_id LIMIT 1"
+            # 升级前就在收件箱里的待办没有 waiting_since:用 updated_at(那时收件箱也是这样保留它的)
+            "SELECT event_id, ticket_id, COALESCE(waiting_since, updated_at) AS waiting_since FROM events "
+            "WHERE status = 'waiting_human' ORDER BY COALESCE(waiting_since, updated_at), event_id LIMIT 1"
         ).fetchone()
         dead = conn.execute(
             "SELECT event_id, last_error FROM events WHERE status = 'dead' ORDER BY updated_at, event_id"

@@ -999,28 +999,56 @@ def test_accept_of_a_draft_someone_else_rewrote_since_your_list_is_refused_until
     assert rows("SELECT status FROM events") == [("done",)]
 
 
+def entered_inbox_hours_ago(**hours: float) -> dict[str, str]:
+    """把这几张工单的待办改成几小时前进的收件箱(waiting_since);返回 {工单: 进收件箱的时刻}。"""
+    entered = {ticket: store.minutes_from_now(-h * 60) for ticket, h in hours.items()}
+    for ticket, moment in entered.items():
+        rows("UPDATE events SET waiting_since = ? WHERE ticket_id = ? RETURNING event_id", (moment, ticket))
+    return entered
+
+
+def report_still_counts_from(entered: dict[str, str], env: dict) -> None:
+    """待办都还在收件箱里,进收件箱的时刻没变;日报说等得最久的是 T1041(50 小时),该提醒值班的人了。"""
+    waiting = rows("SELECT ticket_id, status, waiting_since FROM events ORDER BY ticket_id")
+    assert [(t, s, store.parse_time(u)) for t, s, u in waiting] == [
+        (t, "waiting_human", store.parse_time(entered[t])) for t in sorted(entered)]
+    report = run(["cron_jobs.py", "report"], env)
+    assert report.returncode == 0, report.stderr
+    assert ("收件箱里等得最久的:evt_T1041_created,已等 50.0 小时(超过 24 小时,该提醒值班的人了)(收件箱共 2 条)"
+            in report.stdout.splitlines())
+
+
 def test_respond_and_a_refused_accept_leave_the_waiting_time_in_the_daily_report_where_it_was(any_lab):
     """T1041 进收件箱 50 小时、T1012 30 小时。乙 respond T1041、甲的 accept 因为草稿变了没发出:T1041 还在收件箱里,
     客户还在等,日报的「等得最久」还是它、还是 50 小时(课文的 respond 不碰事件表)。原来两次都把时间改成了现在,
     日报说等得最久的是 T1012。"""
     jia, yi = {**any_lab, "INBOX_USER": "甲"}, {**any_lab, "INBOX_USER": "乙"}
     queue("T1041", "T1012")
-    entered = {"T1041": store.minutes_from_now(-50 * 60), "T1012": store.minutes_from_now(-30 * 60)}
-    for ticket, moment in entered.items():
-        rows("UPDATE events SET updated_at = ? WHERE ticket_id = ? RETURNING event_id", (moment, ticket))
+    entered = entered_inbox_hours_ago(T1041=50, T1012=30)
     assert inbox(jia, "list").stdout == T1041_ITEM + T1012_ITEM
     respond = inbox(yi, "respond", "T1041", "语气再软一点,先道歉")
     assert (respond.returncode, respond.stdout) == (0, f"已按意见重写,新草稿: {T1041_FIRST_REDRAFT}\n")
     refused = inbox(jia, "accept", "T1041")
     assert (refused.returncode, refused.stdout, refused.stderr) == (1, "", NOT_THE_DRAFT_YOU_SAW)
 
-    waiting = rows("SELECT ticket_id, status, updated_at FROM events ORDER BY ticket_id")
-    assert [(t, s, store.parse_time(u)) for t, s, u in waiting] == [
-        (t, "waiting_human", store.parse_time(entered[t])) for t in ("T1012", "T1041")]
-    report = run(["cron_jobs.py", "report"], any_lab)
-    assert report.returncode == 0, report.stderr
-    assert ("收件箱里等得最久的:evt_T1041_created,已等 50.0 小时(超过 24 小时,该提醒值班的人了)(收件箱共 2 条)"
-            in report.stdout.splitlines())
+    report_still_counts_from(entered, any_lab)
+
+
+def test_a_respond_the_worker_has_to_finish_keeps_the_waiting_time_in_the_daily_report(any_lab):
+    """T1041 进收件箱 50 小时了。乙 respond 时模型连不上:交回 worker,worker 重写完又放回收件箱。客户一直在等,
+    日报的「等得最久」还是 T1041、还是 50 小时。原来 worker 放回收件箱时把时间改成了现在,日报说它只等了 0 小时,
+    超过 24 小时的提醒也没了。"""
+    yi = {**any_lab, "INBOX_USER": "乙"}
+    queue("T1041", "T1012")
+    entered = entered_inbox_hours_ago(T1041=50, T1012=30)
+    dead_model = {"LLM_API_KEY": "sk-test", "LLM_BASE_URL": f"http://127.0.0.1:{free_port()}/v1", "LLM_MAX_RETRIES": "0"}
+    r = inbox({**yi, **dead_model}, "respond", "T1041", "语气再软一点,先道歉")
+    assert (r.returncode, r.stdout) == (1, "")
+    assert r.stderr == "T1041 处理失败(OpenAIConnectionError: Connection error.),已交回 worker 续跑\n"
+    assert drain() == [("evt_T1041_created", "waiting_human")]  # worker 带着意见重写完,放回收件箱
+    assert state("T1041")["feedback"] == ["语气再软一点,先道歉"]
+
+    report_still_counts_from(entered, any_lab)
 
 
 def test_whoever_asked_for_the_redraft_or_never_listed_can_accept_it(lab):

@@ -39,7 +39,7 @@ def snapshot() -> dict:
     for table in TABLES:
         columns = columns_of(table)
         got = rows(f"SELECT {', '.join(columns)} FROM {table} ORDER BY {columns[0]}, {columns[1]}")
-        out[table] = [tuple(store.parse_time(v) if c.endswith(("_at", "not_before")) and v else v
+        out[table] = [tuple(store.parse_time(v) if c.endswith(("_at", "not_before", "_since")) and v else v
                             for c, v in zip(columns, r)) for r in got]
     return out
 
