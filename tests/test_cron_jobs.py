@@ -15,7 +15,7 @@ import pytest
 
 import cron_jobs
 import store
-from conftest import LAB, cut_connections, rows, run, write_locked
+from conftest import LAB, cut_connections, drain, rows, run, write_locked
 
 SEED = json.loads((LAB / "cloudledger_seed.json").read_text(encoding="utf-8"))
 EVENTS = "SELECT event_id, source, kind, payload, status FROM events ORDER BY received_at, event_id"
@@ -158,6 +158,33 @@ def test_scan_leaves_out_replied_ignored_and_already_queued_tickets(any_lab):
     assert again.stdout.splitlines() == ["超过 20 天还开着的工单 9 张,其中没回复过的 8 张,本次入队 0 个",
                                          "没有入队的:今天已经入过队 4 张,已在队列或收件箱里 3 张,客服选了不回 1 张"]
     assert [e[0] for e in rows(EVENTS) if e[0].endswith(today())] == new
+
+
+def test_the_next_days_scan_enqueues_what_the_limit_left_out_and_the_report_flags_yesterdays_waiting_reminders(
+        any_lab, monkeypatch):
+    """课文自测 4:id 带日期,明天还没处理的再提醒一次。第一天 --limit 5 入队 5 张、worker 起草进收件箱,另外 4 张没轮上。
+    第二天的扫描换了日期:没轮上的 4 张入队;昨天那 5 张的跟进还在收件箱里等人,不再起草第二份(一张工单一个 thread),
+    第二天的日报说它们等了一天多、该提醒值班的人了。"""
+    day1 = today()
+    first = run(["cron_jobs.py", "scan"], any_lab)
+    assert first.stdout.splitlines() == ["超过 20 天还开着的工单 9 张,其中没回复过的 9 张,本次入队 5 个",
+                                         "没有入队的:超出 --limit 5 4 张"]
+    reminded = ["T1029", "T1020", "T1010", "T1007", "T1022"]
+    assert drain() == [(stale_event(t, day1)[0], "waiting_human") for t in reminded]
+
+    real_now = store.now
+    monkeypatch.setattr(store, "now", lambda: store.stamp(store.parse_time(real_now()) + timedelta(days=1)))
+    day2 = today()
+    assert day2 == (date.fromisoformat(day1) + timedelta(days=1)).isoformat()
+    assert cron_jobs.scan()["enqueued"] == ["T1002", "T1031", "T1011", "T1038"]
+    assert [e[0] for e in rows(EVENTS) if e[0].endswith(day2)] == [
+        stale_event(t, day2)[0] for t in ("T1002", "T1031", "T1011", "T1038")]
+    assert rows("SELECT COUNT(*) FROM events") == [(9,)]  # 收件箱里的 5 张没有第二个事件
+
+    moment = store.parse_time(real_now()) + timedelta(hours=25)
+    report = cron_jobs.build_report(moment=moment).splitlines()
+    assert (f"收件箱里等得最久的:cron:stale:T1029:{day1},已等 25.0 小时(超过 24 小时,该提醒值班的人了)(收件箱共 5 条)"
+            in report)
 
 
 def test_worker_drafts_an_apologising_follow_up_for_stale_tickets(lab):
