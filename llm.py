@@ -47,7 +47,7 @@ TRANSIENT_ERRORS = (openai.RateLimitError, openai.APITimeoutError, openai.APICon
 
 
 # 这几种重试解决不了,要人去修;last_error 里说清楚先查什么、修好后怎么办({then}):事件进了死信就是把它放回来,
-# 还在队列里(401/403 走退避:换了 key 就好,别把积压悄悄烧成死信)就什么都不用做。400/404/422 直接死信(worker.PERMANENT_ERRORS)。
+# 还在队列里(401/402/403 走退避:换了 key、充了值就好,别把积压悄悄烧成死信)就什么都不用做。400/404/413/422 直接死信(worker.is_permanent)。
 REQUEUE = "运行 uv run python worker.py --requeue-dead"
 RETRIES = "它会自动再试,不用放回"
 BAD_REQUEST = "模型服务说请求不对:检查 LLM_MODEL、LLM_EXTRA_BODY,或者 MAX_TICKET_CHARS 对这个模型太大,修好后{then}"
@@ -58,6 +58,19 @@ HINTS = {
     openai.BadRequestError: BAD_REQUEST,
     openai.UnprocessableEntityError: BAD_REQUEST,
 }
+# openai 没有单独的异常类、只认得出状态码的两种
+STATUS_HINTS = {
+    # DeepSeek(默认的服务)余额不足回 402:和 401/403 一样走退避,充上值就接着跑,不用放回
+    402: "模型服务说余额不足:充值后{then}",
+    # 请求体太大(模型服务或中间的代理限制了大小):同样的请求再发多少次都一样,worker 直接死信
+    413: "模型服务说请求太大:调小 MAX_TICKET_CHARS(或者放宽代理的请求大小限制),修好后{then}",
+}
+REQUEST_TOO_LARGE = 413
+
+
+def status_of(error: Exception) -> int | None:
+    """模型服务回的 HTTP 状态码;不是 HTTP 错误(连不上、超时、我们自己判的)时是 None。"""
+    return getattr(error, "status_code", None) if isinstance(error, openai.APIStatusError) else None
 
 
 def describe(error: Exception, *, dead: bool = True) -> str:
@@ -65,7 +78,8 @@ def describe(error: Exception, *, dead: bool = True) -> str:
     dead:事件是不是进了死信。还在队列里的(401 退避中、收件箱交回 worker)不叫人 --requeue-dead:那个命令只放回死信,
     不给事件号时会把别的死信都放回去,对它却什么都没做。"""
     text = f"{type(error).__name__}: {error}"
-    hint = next((h.format(then=REQUEUE if dead else RETRIES) for cls, h in HINTS.items() if isinstance(error, cls)), None)
+    hint = next((h for cls, h in HINTS.items() if isinstance(error, cls)), None) or STATUS_HINTS.get(status_of(error))
+    hint = hint and hint.format(then=REQUEUE if dead else RETRIES)
     if hint is None and isinstance(error, TRANSIENT_ERRORS) and (backup := config.get("LLM_FALLBACK_MODEL")):
         # with_fallbacks 两个都失败时抛的是主模型的错误:说一声备用模型也试过了
         hint = f"备用模型 {backup} 也没有成功,稍后自动再试"

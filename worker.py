@@ -45,7 +45,7 @@ import openai  # noqa: E402 —— 上面先装好信号处理,再做慢的导�
 import store  # noqa: E402
 from agent import FINISHED, PermanentError, known_new, open_graph, thread_of  # noqa: E402
 from agent import check_settings as graph_settings  # noqa: E402
-from llm import describe, mask_pii  # noqa: E402
+from llm import REQUEST_TOO_LARGE, describe, mask_pii, status_of  # noqa: E402
 
 MAX_ATTEMPTS = 3            # 次(1–20);暂时性失败最多试几次,之后进死信
 STALE_MINUTES = 10          # 分钟(0–525600);processing 超过这么久、处理它的进程也不在了,就放回队列(可以是 0 或小数)
@@ -63,8 +63,12 @@ MAX_CONCURRENCY = 256       # 个;每个都是一个线程,再多也只是一起
 CHECKPOINT_DURABILITY = "async"
 DURABILITIES = ("async", "exit", "sync")
 
-# 重试多少次都没用的错误:直接死信。模型说「你的请求不对」(400/404/422)也算。
+# 重试多少次都没用的错误:直接死信。模型说「你的请求不对」(400/404/422)、「请求太大」(413,没有单独的异常类)也算。
 PERMANENT_ERRORS = (PermanentError, openai.BadRequestError, openai.NotFoundError, openai.UnprocessableEntityError)
+
+
+def is_permanent(error: Exception) -> bool:
+    return isinstance(error, PERMANENT_ERRORS) or status_of(error) == REQUEST_TOO_LARGE
 
 
 def payload_ticket(ev: dict) -> str:
@@ -177,7 +181,7 @@ def process(graph, ev: dict, owner: str) -> str:
         status = handle(graph, ev)
     except Exception as e:  # noqa: BLE001 —— 任何错误都要落到事件表里,不能让 worker 死掉
         failed = e
-        status = "dead" if isinstance(e, PERMANENT_ERRORS) or ev["attempts"] >= max_attempts() else "pending"
+        status = "dead" if is_permanent(e) or ev["attempts"] >= max_attempts() else "pending"
         not_before = store.minutes_from_now(backoff_minutes(ev["attempts"])) if status == "pending" else None
     why = failed and describe(failed, dead=status == "dead")
     kept = store.set_status(ev["event_id"], status, why, not_before=not_before, owner=owner)

@@ -149,6 +149,9 @@ BAD_REQUEST_HINT = "模型服务说请求不对:检查 LLM_MODEL、LLM_EXTRA_BOD
     (404, "model_not_found", "OpenAIModelNotFoundError: Error code: 404 - stub says model_not_found"
      "(模型服务说找不到:多半是 LLM_MODEL 或 LLM_BASE_URL 写错了,修好后运行 uv run python worker.py --requeue-dead)"),
     (422, "unprocessable_entity", f"UnprocessableEntityError: Error code: 422 - stub says unprocessable_entity({BAD_REQUEST_HINT})"),
+    # openai 没有 413 的异常类:原来按暂时性错误退避,同样大的请求再发两次才进死信,也没说怎么修
+    (413, "request_too_large", "APIStatusError: Error code: 413 - stub says request_too_large(模型服务说请求太大:"
+     "调小 MAX_TICKET_CHARS(或者放宽代理的请求大小限制),修好后运行 uv run python worker.py --requeue-dead)"),
 ])
 def test_request_the_model_rejects_as_invalid_is_dead_at_once_with_what_to_fix(lab, monkeypatch, capsys, status, kind, reason):
     """模型说「你的请求不对」(400/404/422):重试也不会好,直接死信,一次都不重试;last_error 和打印的一行说清
@@ -399,6 +402,22 @@ def test_a_permission_error_backs_off_with_a_fix_hint_instead_of_going_dead_at_o
     assert (status, attempts) == ("pending", 1) and not_before > store.now()
     assert error == ("OpenAIPermissionDeniedError: Error code: 403 - stub says permission_denied"
                      "(模型服务拒绝访问(余额、权限或地区):处理好后它会自动再试,不用放回)")
+
+
+def test_insufficient_balance_backs_off_with_a_top_up_hint(lab, monkeypatch):
+    """DeepSeek 余额不足回 402(openai 没有这个状态码的异常类):和 403 一样走退避、不快速重试;原来 last_error 里
+    只有 APIStatusError 一行,没说是余额的事。"""
+    with OpenAIStub() as stub:
+        use_stub(monkeypatch, stub, retries=2)
+        stub.fail["stub-model"] = (402, "insufficient_balance")
+        add("T1012")
+        assert drain() == [("evt_T1012_created", "pending")]
+        assert len(stub.requests) == 1
+    (status, attempts, error, not_before), = rows("SELECT status, attempts, last_error, not_before FROM events")
+    assert (status, attempts) == ("pending", 1) and not_before > store.now()
+    assert error == ("APIStatusError: Error code: 402 - stub says insufficient_balance"
+                     "(模型服务说余额不足:充值后它会自动再试,不用放回)")
+    assert rows("SELECT COUNT(*) FROM outbox") == [(0,)]
 
 
 def test_another_event_for_a_ticket_already_answered_is_done_without_calling_the_model(lab, monkeypatch):
