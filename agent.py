@@ -30,6 +30,10 @@ MAX_REDRAFTS = 3  # 轮(至少 0);一张工单最多让 Agent 按意见重写几
 # 字(至少 200);工单原文(「主题:正文」,已脱敏)最多给模型这么多。邮件建的工单本来就不到 2201 字(主题 200 + 正文 2000);
 # 业务库里直接建的工单(网页表单里贴了一整段日志)原来整个进提示词:几十万字时模型说 400,事件进死信,还按字数花钱
 MAX_TICKET_CHARS = 4000
+# 字(1 起);人给的文字(edit 的回复、respond 的意见)最多这么长,设置名是 INBOX_MAX_TEXT_CHARS。草稿本来不到 150 字:
+# 再长多半是多粘贴了一段(整封邮件往来),edit 会原样发给客户,respond 会在之后每次重写时都进提示词、按 token 花钱。
+# 收件箱在命令行上先拦;绕过收件箱直接恢复 thread 的(Agent Inbox、自己拼的 Command),review 也照这个数拦
+MAX_TEXT_CHARS = 2000
 NOTIFY_WORDS = ("律师", "起诉", "投诉到")  # 练习 5:出现这些词不起草,只通知主管
 FINISHED = ("sent", "already_sent", "ignored")
 
@@ -42,11 +46,16 @@ def max_ticket_chars() -> int:
     return settings.integer("MAX_TICKET_CHARS", MAX_TICKET_CHARS, minimum=200)
 
 
+def max_text_chars() -> int:
+    return settings.integer("INBOX_MAX_TEXT_CHARS", MAX_TEXT_CHARS, minimum=1)
+
+
 def check_settings() -> None:
     """跑图要用的设置都读一遍,不对就以 SystemExit 退出。worker 领事件之前、收件箱拿走待办之前调用:
     不然要等节点跑到一半才发现,事件停在 processing、白用一次尝试。"""
     max_redrafts()
     max_ticket_chars()
+    max_text_chars()
     llm_settings()
     deadline_s()
 
@@ -211,6 +220,9 @@ def answer_problem(answer, item: dict) -> str | None:
         return "edit 要带改好的回复全文(args.args.reply,不能为空)"
     if kind == "response" and not (isinstance(answer.get("args"), str) and answer["args"].strip()):
         return "response 要带给 Agent 的意见(args,不能为空)"
+    text = edited_reply(answer) if kind == "edit" else answer["args"] if kind == "response" else ""
+    if len(text.strip()) > (limit := max_text_chars()):
+        return f"{kind} 的文字有 {len(text.strip())} 个字,最多 {limit} 个(INBOX_MAX_TEXT_CHARS)"
     return None
 
 

@@ -40,13 +40,11 @@ if __name__ == "__main__":
 from langgraph.types import Command  # noqa: E402
 
 import store  # noqa: E402
-from agent import FINISHED, allowed, check_settings, opened_graph, thread_of  # noqa: E402
+from agent import FINISHED, allowed, check_settings, max_text_chars, opened_graph, thread_of  # noqa: E402
 from llm import describe, mask_pii  # noqa: E402
 
 INBOX_USER = ""  # 谁在用收件箱(几个人共用时区分);空 = 「登录名@主机名」
 SEEN_WAIT_S = 0.5  # 秒;list 记「你看到的是哪一版」时最多等别人的写锁这么久,等不到就不记(accept 时会请你再 list),list 照常显示
-MAX_TEXT_CHARS = 2000  # 字(1 起);edit 的回复、respond 的意见最多这么长。草稿本来不到 150 字:再长多半是多粘贴了一段
-                       # (整封邮件往来),edit 会原样发给客户,respond 会在之后每次重写时都进提示词、按 token 花钱
 
 USAGE = __doc__.split("运行:")[1].split("你会看到")[0].rstrip()
 ALIASES = {"approve": "accept", "reject": "ignore"}  # LangChain 1.x HumanInTheLoopMiddleware 的叫法
@@ -306,10 +304,6 @@ def utf8(arg: str) -> bool:
 def blank(text: str) -> bool:
     """没有一个看得见的字:只有空白(含全角空格)、控制字符、零宽字符(\\u200b、\\ufeff 这类格式字符)。"""
     return all(c.isspace() or unicodedata.category(c) in ("Cc", "Cf", "Zs", "Zl", "Zp") for c in text)
-
-
-def max_text_chars() -> int:
-    return config.integer("INBOX_MAX_TEXT_CHARS", MAX_TEXT_CHARS, minimum=1)
 
 
 def bad_argument(command: str, args: list[str]) -> str | None:

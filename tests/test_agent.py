@@ -424,6 +424,33 @@ def test_the_graph_itself_refuses_an_unusable_answer_and_asks_again_without_keep
     assert rows("SELECT ticket_id, body FROM outbox") == [("T1012", redrafted)]
 
 
+def test_the_graph_refuses_over_long_text_from_any_client_before_it_reaches_the_model(lab, monkeypatch):
+    """绕过收件箱(它在命令行上先拦)直接恢复 thread,交来 40 万字的意见:原来照样进了提示词,真的模型服务会回 400、
+    事件进死信,还按字数花钱。现在 review 按 INBOX_MAX_TEXT_CHARS 拦下、再问一次,模型一次都没调;edit 也一样。"""
+    from langgraph.types import Command
+
+    queue_and_run("T1012")
+    cfg = thread_of("T1012")
+    item = inbox_item("T1012")
+    calls = rows("SELECT COUNT(*) FROM llm_usage")
+    with opened_graph() as graph:
+        for answer, problem in [
+            ({"type": "response", "args": "请改短" * 100000}, "response 的文字有 300000 个字,最多 2000 个(INBOX_MAX_TEXT_CHARS)"),
+            ({"type": "edit", "args": {"action": "send_reply", "args": {"reply": "您好" + "。" * 1999}}},
+             "edit 的文字有 2001 个字,最多 2000 个(INBOX_MAX_TEXT_CHARS)"),
+        ]:
+            result = graph.invoke(Command(resume=answer), cfg)
+            assert [i.value for i in result["__interrupt__"]] == [
+                {**item, "description": f"{item['description']}(上一个回答不能用:{problem})"}]
+            assert graph.get_state(cfg).values["feedback"] == []
+        assert rows("SELECT COUNT(*) FROM llm_usage") == calls  # 模型一次都没调
+        assert rows("SELECT COUNT(*) FROM outbox") == [(0,)]
+        monkeypatch.setenv("INBOX_MAX_TEXT_CHARS", "300000")  # 放宽了就照常重写
+        result = graph.invoke(Command(resume={"type": "response", "args": "请改短" * 100000}), cfg)
+        assert graph.get_state(cfg).values["feedback"] == ["请改短" * 100000]
+        assert "__interrupt__" in result
+
+
 def test_every_model_call_of_a_ticket_is_traced_under_the_ticket_id_as_session(lab):
     """课文「上线以后」:trace 的 session id 用工单号。LangSmith、Langfuse 都是回调,读的就是这里的 metadata。"""
     from langchain_core.callbacks import BaseCallbackHandler

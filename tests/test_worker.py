@@ -1000,6 +1000,8 @@ def test_durability_exit_worker_killed_inside_draft_starts_the_ticket_over(any_l
     ("LLM_BASE_URL", "https://api..deepseek.com", "配置错误:LLM_BASE_URL='https://api..deepseek.com' 不是合法的网址"
                                                   "(主机名有一段是空的(连着两个点、以点开头)或者超过 63 个字符)"),
     ("WORKER_CONCURRENCY", "1000000000", "配置错误:WORKER_CONCURRENCY='1000000000' 不能大于 256"),  # 原来开十亿个线程
+    # 收件箱交回的 thread 由 worker 接着跑 review,它也按这个数检查人给的文字
+    ("INBOX_MAX_TEXT_CHARS", "0", "配置错误:INBOX_MAX_TEXT_CHARS='0' 不能小于 1"),
     # 输入法打成了全角:原来每次发请求都是 UnicodeEncodeError,重试三次进死信
     ("LLM_API_KEY", "sk-abc１２３", "配置错误:LLM_API_KEY 的第 7 个字符不是英文半角的字母、数字或符号(全角字符、空格或换行?):"
                                     "API key 里只有这些;重新从模型服务的控制台复制一遍"),
