@@ -251,13 +251,14 @@ def _build(temperature, api_key, model, base_url, extra_body, fallback_model, fa
         return cls(model=name, base_url=url, api_key=key, temperature=temperature,
                    extra_body=extra, timeout=timeout, max_retries=retries, http_client=client)
 
-    primary = chat(ChatOpenAI, model, base_url, api_key)
     if not fallback_model:
-        return primary
+        return chat(ChatOpenAI, model, base_url, api_key)
     # 主模型遇到暂时性错误(重试也没救回来)时切备用模型;参数错误、鉴权错误不切,切了也一样错。
     # 备用模型自己的非暂时性错误(它的 key、模型名、地址配错了)变成 BackupFailed,也在这里接住:
     # 这时抛出的是主模型的暂时性错误,事件照常退避,不会因为备用模型配错了就进死信
-    backup = chat(_backup_chat_class(ChatOpenAI), fallback_model, fallback_url, fallback_key)
+    primary_class, backup_class = _fallback_chat_classes(ChatOpenAI)
+    primary = chat(primary_class, model, base_url, api_key)
+    backup = chat(backup_class, fallback_model, fallback_url, fallback_key)
     return primary.with_fallbacks([backup], exceptions_to_handle=(*TRANSIENT_ERRORS, BackupFailed))
 
 
@@ -266,8 +267,18 @@ class BackupFailed(Exception):
 
 
 @lru_cache(maxsize=1)
-def _backup_chat_class(chat_openai: type) -> type:
-    """备用模型用的 ChatOpenAI 子类(langchain_openai 要到用真模型时才导入,所以子类也在这时才建)。"""
+def _fallback_chat_classes(chat_openai: type) -> tuple[type, type]:
+    """配了备用模型时主模型、备用模型用的 ChatOpenAI 子类(langchain_openai 要到用真模型时才导入,所以子类也在这时才建)。"""
+
+    class PrimaryChatOpenAI(chat_openai):
+        def _generate(self, *args, **kwargs):
+            try:
+                return super()._generate(*args, **kwargs)
+            except TRANSIENT_ERRORS as e:
+                # 备用模型接下了,事件照常成功:不说一声的话,主模型坏了一整天也没人知道(中间件笔记:失败的调用也要留痕)
+                print(mask_pii(f"[llm] 主模型 {self.model_name} 出错(暂时性的):{type(e).__name__}: {e};"
+                               f"这次换备用模型 {config.get('LLM_FALLBACK_MODEL')}"), file=sys.stderr, flush=True)
+                raise
 
     class BackupChatOpenAI(chat_openai):
         def _generate(self, *args, **kwargs):
@@ -281,7 +292,7 @@ def _backup_chat_class(chat_openai: type) -> type:
                                "这次按主模型的错误处理"), file=sys.stderr, flush=True)
                 raise BackupFailed(str(e)) from e
 
-    return BackupChatOpenAI
+    return PrimaryChatOpenAI, BackupChatOpenAI
 
 
 _announced = threading.Lock()  # 拿到过就不再放开:一个进程只说一次。lru_cache 挡不住:几个处理线程同时第一次起草时各说一遍

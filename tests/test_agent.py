@@ -303,14 +303,18 @@ def test_pii_is_masked_in_last_error(lab):
     assert error == "PermanentError: 工单不存在:138****5678"
 
 
-@pytest.mark.parametrize("status, kind", [(503, "overloaded"), (429, "rate_limit_exceeded")])
-def test_fallback_model_takes_over_on_transient_errors_only(lab, monkeypatch, status, kind):
+@pytest.mark.parametrize("status, kind, error", [(503, "overloaded", "OpenAIAPIError"),
+                                                (429, "rate_limit_exceeded", "OpenAIRateLimitError")])
+def test_fallback_model_takes_over_on_transient_errors_only(lab, monkeypatch, capsys, status, kind, error):
     with OpenAIStub() as stub:
         real_model(monkeypatch, stub, LLM_FALLBACK_MODEL="backup-model")
         stub.fail["stub-model"] = (status, kind)
         assert queue_and_run("T1012") == [("evt_T1012_created", "waiting_human")]
         assert [r["model"] for r in stub.requests] == ["stub-model", "backup-model"]
         assert rows("SELECT model FROM llm_usage") == [("backup-model",)]
+        # 事件照常成功,主模型的失败也留了痕:stderr(cron.log)里一行,说是哪个错误、换了谁
+        assert capsys.readouterr().err == (f"[llm] 主模型 stub-model 出错(暂时性的):{error}: Error code: {status} - "
+                                           f"stub says {kind};这次换备用模型 backup-model\n")
 
         stub.requests.clear()
         stub.fail["stub-model"] = (400, "invalid_request_error")  # 参数错误换模型也没用:不切
@@ -366,6 +370,8 @@ def test_a_misconfigured_backup_model_leaves_a_primary_outage_transient_instead_
     assert rows("SELECT status, attempts, last_error FROM events") == [(
         "pending", 1, "OpenAIAPIError: Error code: 503 - stub says overloaded(备用模型 backup-typo 也没有成功,稍后自动再试)")]
     assert capsys.readouterr().err == (
+        "[llm] 主模型 stub-model 出错(暂时性的):OpenAIAPIError: Error code: 503 - stub says overloaded;"
+        "这次换备用模型 backup-typo\n"
         "[llm] 备用模型 backup-typo 出错,不是暂时性的:OpenAIModelNotFoundError: Error code: 404 - stub says model_not_found"
         "(检查 LLM_FALLBACK_MODEL、LLM_FALLBACK_BASE_URL、LLM_FALLBACK_API_KEY);这次按主模型的错误处理\n")
     assert rows("SELECT COUNT(*) FROM llm_usage") == [(0,)]
