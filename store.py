@@ -111,6 +111,9 @@ ADDED_COLUMNS = {"not_before": "TEXT", "ticket_id": "TEXT", "claimed_by": "TEXT"
 # 不缺时不执行 ALTER TABLE(它要拿整张表的排它锁,每个程序启动都拿一次会和正在领事件的 worker 互相等)
 PG_HAS_WAITING_SINCE = ("SELECT 1 FROM information_schema.columns WHERE table_schema = current_schema() "
                         "AND table_name = 'events' AND column_name = 'waiting_since'")
+# 补上 waiting_since 时,已经在收件箱里的待办从 updated_at 算起(上一版的收件箱放回待办时保留的就是它);
+# 不补的话它们是空的,之后有人 respond 一下,set_status 就把「现在」当成进收件箱的时刻,等了 50 小时的显示 0 小时
+BACKFILL_WAITING_SINCE = "UPDATE events SET waiting_since = updated_at WHERE status = 'waiting_human'"
 
 # 两种数据库只在这里不一样。SQLite 是默认;设了 DATABASE_URL=postgresql://… 就换成 PostgreSQL(练习 6)。
 DIALECTS = {
@@ -368,6 +371,7 @@ def init() -> None:
                 conn.executescript(sql("SCHEMA"))
                 if not conn.execute(PG_HAS_WAITING_SINCE).fetchone():
                     conn.execute(f"ALTER TABLE events ADD COLUMN waiting_since {DIALECTS['postgres']['time']}")
+                    conn.execute(BACKFILL_WAITING_SINCE)
                 conn.execute(ONE_PROCESSING_PER_TICKET)
         return
     try:
@@ -376,7 +380,7 @@ def init() -> None:
             if moved := moved_to(conn):  # 每个程序都先 init():用一个已经搬走的库,在这里说清楚,什么都还没做
                 raise SystemExit(moved_away(events_db(), *moved))
             conn.executescript(sql("SCHEMA"))
-            have = {r["name"] for r in conn.execute("PRAGMA table_info(events)")}
+            have = events_columns(conn)
     # 每个程序都先 init():路径设错了、指到了不是数据库的文件(DatabaseError),在这里一行说清楚,什么都还没做
     except sqlite3.DatabaseError as e:
         raise SystemExit(cannot_open("事件库", "EVENTS_DB", events_db(), e)) from None
@@ -387,13 +391,25 @@ def init() -> None:
             conn.execute(ONE_PROCESSING_PER_TICKET)
         return
     with transaction() as conn:
-        have = {r["name"] for r in conn.execute("PRAGMA table_info(events)")}
-        for column, kind in ADDED_COLUMNS.items():
-            if column not in have:
-                conn.execute(f"ALTER TABLE events ADD COLUMN {column} {kind}")
-        if "ticket_id" not in have:
-            upgrade_lesson_db(conn)
+        upgrade_events_table(conn)
         conn.execute(ONE_PROCESSING_PER_TICKET)
+
+
+def events_columns(conn) -> set[str]:
+    return {r["name"] for r in conn.execute("PRAGMA table_info(events)")}
+
+
+def upgrade_events_table(conn) -> None:
+    """SQLite 事件表缺的列(ADDED_COLUMNS)补上,在调用者的事务里。照课文建的库(没有 ticket_id)再换时间格式、
+    补 ticket_id;新补上的 waiting_since 最后从(换好格式的)updated_at 填。"""
+    have = events_columns(conn)
+    for column, kind in ADDED_COLUMNS.items():
+        if column not in have:
+            conn.execute(f"ALTER TABLE events ADD COLUMN {column} {kind}")
+    if "ticket_id" not in have:
+        upgrade_lesson_db(conn)
+    if "waiting_since" not in have:
+        conn.execute(BACKFILL_WAITING_SINCE)
 
 
 # 课文的 ambient.db 里有时间的列;它们存的是本地时间、精确到秒、不带时区
@@ -1314,6 +1330,10 @@ def move_from_sqlite() -> tuple[str, str | None]:
     counted = None
     try:
         with transaction(path) as source:
+            if "ticket_id" in events_columns(source):
+                # 上一版的库(升级以后还没有程序用 SQLite 打开过它)只缺后加的列:顺手补上,和 init() 一样。
+                # 照课文建的库仍然请人先在 SQLite 上运行一次 store.py(sqlite_rows_to_move 里说)
+                upgrade_events_table(source)
             moved, checkpoints = sqlite_rows_to_move(source, path), sqlite_checkpoints()
             tickets = source.execute("SELECT DISTINCT ticket_id FROM events WHERE ticket_id IS NOT NULL").fetchall()
             threads = {t.config["configurable"]["thread_id"] for t in checkpoints}
@@ -1563,9 +1583,8 @@ def report_numbers(recent_since: datetime | None = None) -> dict:
     with opened() as conn:
         by_status = conn.execute("SELECT status, COUNT(*) FROM events GROUP BY status").fetchall()
         oldest = conn.execute(
-            # 升级前就在收件箱里的待办没有 waiting_since:用 updated_at(那时收件箱也是这样保留它的)
-            "SELECT event_id, ticket_id, COALESCE(waiting_since, updated_at) AS waiting_since FROM events "
-            "WHERE status = 'waiting_human' ORDER BY COALESCE(waiting_since, updated_at), event_id LIMIT 1"
+            "SELECT event_id, ticket_id, waiting_since FROM events WHERE status = 'waiting_human' "
+            "ORDER BY waiting_since, event_id LIMIT 1"
         ).fetchone()
         dead = conn.execute(
             "SELECT event_id, last_error FROM events WHERE status = 'dead' ORDER BY updated_at, event_id"

@@ -400,6 +400,26 @@ def test_an_unreadable_business_database_stops_the_move_when_a_ticket_must_be_co
         assert f.read() == NOT_SQLITE
 
 
+def test_a_sqlite_lab_from_before_waiting_since_is_upgraded_by_the_move_and_keeps_the_waiting_times(
+        sqlite_lab_in_use, pg_url, monkeypatch):
+    """上一版的 SQLite 库(没有 waiting_since,升级以后还没有程序用 SQLite 打开过):原来 --from-sqlite 说它是「旧版的
+    事件库」、不搬。现在搬的时候顺手补上这一列(收件箱里的待办从 updated_at 算起),PostgreSQL 里一样。"""
+    lab, _ = sqlite_lab_in_use
+    with store.opened() as conn:
+        conn.execute("ALTER TABLE events DROP COLUMN waiting_since")
+    inbox_since = rows("SELECT event_id, updated_at FROM events WHERE status = 'waiting_human' ORDER BY event_id")
+    assert [e for e, _ in inbox_since] == ["evt_T1003_created", "evt_T1041_created"]
+    with pg_schema() as url:
+        r = from_sqlite({**lab, "DATABASE_URL": url})
+        assert (r.returncode, r.stderr) == (0, "")
+        assert r.stdout.splitlines()[1].startswith(f"已从 {lab['EVENTS_DB']}、{lab['CHECKPOINTS_DB']} 搬进 {url}:events 5 行")
+        expected = [(e, store.parse_time(u)) for e, u in inbox_since]
+        for database in ("sqlite", "postgres"):
+            with on_postgres(monkeypatch, url) if database == "postgres" else monkeypatch.context():
+                got = rows("SELECT event_id, waiting_since FROM events WHERE waiting_since IS NOT NULL ORDER BY event_id")
+                assert [(e, store.parse_time(w)) for e, w in got] == expected, database
+
+
 def test_connections_cut_in_the_middle_of_the_move_leave_nothing_moved_and_the_rerun_moves_it_all(
         sqlite_lab_in_use, pg_url, monkeypatch, capsys):
     """搬到一半(第 5 个 checkpoint)PostgreSQL 断了:一行说明、退出码 1,那边什么都没留下;再运行一次全部搬过去。"""

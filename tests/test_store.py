@@ -293,16 +293,23 @@ def test_a_program_whose_sqlite_files_were_deleted_while_it_ran_stops_instead_of
 
 
 def test_an_events_table_from_before_waiting_since_gets_the_column_and_keeps_the_waiting_time(any_lab):
-    """上一版的事件库(SQLite 或 PostgreSQL)没有 waiting_since:哪个程序先运行,init() 就把列补上,已有的数据不动。
-    升级前就在收件箱里的待办,日报照旧从 updated_at 算它等了多久(那一版的收件箱就是这样保留它的)。"""
-    store.add_event("evt_T1041_created", "webhook", "ticket.created",
-                    '{"id": "evt_T1041_created", "type": "ticket.created", "data": {"ticket_id": "T1041"}}')
-    rows("UPDATE events SET status = 'waiting_human', updated_at = ? WHERE event_id = ? RETURNING event_id",
-         (store.minutes_from_now(-50 * 60), "evt_T1041_created"))
+    """上一版的事件库(SQLite 或 PostgreSQL)没有 waiting_since:哪个程序先运行,init() 就把列补上,已有的数据不动;
+    升级前就在收件箱里的待办从 updated_at 算起(那一版的收件箱就是这样保留它的)。之后有人 respond 一下,日报照样说
+    它等了 50 小时(不补的话列是空的,respond 放回收件箱时就把「现在」当成了进收件箱的时刻)。"""
+    from test_inbox import queue
+
+    queue("T1041")
+    entered = store.minutes_from_now(-50 * 60)
+    rows("UPDATE events SET updated_at = ? WHERE event_id = ? RETURNING event_id", (entered, "evt_T1041_created"))
     with store.opened() as conn:
         conn.execute("ALTER TABLE events DROP COLUMN waiting_since")
-    r = run(["cron_jobs.py", "report"], any_lab)
-    assert (r.returncode, r.stderr) == (0, "")
-    assert ("收件箱里等得最久的:evt_T1041_created,已等 50.0 小时(超过 24 小时,该提醒值班的人了)(收件箱共 1 条)"
-            in r.stdout.splitlines())
-    assert rows("SELECT event_id, status, waiting_since FROM events") == [("evt_T1041_created", "waiting_human", None)]
+    first = run(["cron_jobs.py", "report"], any_lab)
+    assert (first.returncode, first.stderr) == (0, "")
+    waiting = rows("SELECT event_id, status, waiting_since FROM events")
+    assert [(e, s, store.parse_time(w)) for e, s, w in waiting] == [
+        ("evt_T1041_created", "waiting_human", store.parse_time(entered))]
+    respond = run(["inbox.py", "respond", "T1041", "先道歉"], any_lab)
+    assert respond.returncode == 0 and respond.stdout.startswith("已按意见重写,新草稿:"), respond.stderr
+    for r in (first, run(["cron_jobs.py", "report"], any_lab)):
+        assert ("收件箱里等得最久的:evt_T1041_created,已等 50.0 小时(超过 24 小时,该提醒值班的人了)(收件箱共 1 条)"
+                in r.stdout.splitlines())
