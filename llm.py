@@ -308,14 +308,19 @@ def _announce_offline() -> None:
 _EMAIL = re.compile(r"([A-Za-z0-9._%+-])[A-Za-z0-9._%+-]*([@＠][A-Za-z0-9.-]+\.[A-Za-z]{2,})")  # ＠:输入法打出的全角
 _ID_CARD = re.compile(r"(?<!\d)(\d{6})(?:19|20)\d{2}(?:0[1-9]|1[0-2])(?:0[1-9]|[12]\d|3[01])(\d{3}[\dXx])(?![\dXx])")
 _OLD_ID_CARD = re.compile(r"(?<!\d)(\d{6})\d{2}(?:0[1-9]|1[0-2])(?:0[1-9]|[12]\d|3[01])(\d{3})(?!\d)")  # 15 位,年份两位
-# 数字之间的分隔:一个空格、点,或者一条横线(- － — –,两边可以各带空格:「4111 - 1111」「138—1234—5678」)
+# 15–19 位(15 位是美国运通这类信用卡),中间可以有一个空格或 -;15 位的老身份证在上一步已经打过码
+_BANK_CARD = re.compile(r"(?<!\d)\d(?:[ \-　－]?\d){14,18}(?!\d)")
+# 一条横线(- － — –),两边可以各带空格:「4111 - 1111」「138—1234—5678」
 _DASH = r"[ 　]*[\-－—–][ 　]*"
-# 15–19 位(15 位是美国运通这类信用卡),中间可以有空格或横线;15 位的老身份证在上一步已经打过码
-_BANK_CARD = re.compile(rf"(?<!\d)\d(?:(?:{_DASH}|[ 　])?\d){{14,18}}(?!\d)")
-# 138 1234 5678、138-1234-5678、138.1234.5678、+86 13812345678、(138)1234-5678 也算;\d 也认全角数字(１３８…),
-# 开头两位单独写上全角;分隔符也认输入法全角模式打出的「－」「　」「．」(银行卡号同样)
-_MOBILE = re.compile(rf"(?<![\d+])((?:\+?86[ \-　－]?)?)[(（]?([1１][3-9３-９]\d)[)）]?(?:{_DASH}|[ .　．])?\d{{4}}"
-                     rf"(?:{_DASH}|[ .　．])?(\d{{4}})(?!\d)")
+# 用这样的横线连起来的一串数字:日期范围(2024-01-01 - 2024-01-31)、发票号段、金额列表也长这样,
+# 所以只有分组正好是卡号的样子(4-4-4-4 后面可以再带 1–3 位、运通卡的 4-6-5)才打码,见 _card_or_not
+_DASHED_RUN = re.compile(rf"\d+(?:{_DASH}\d+)+")
+_CARD_GROUPS = ((4, 4, 4, 4), (4, 6, 5))
+# 138 1234 5678、138-1234-5678、138.1234.5678、138 - 1234 - 5678、+86 13812345678、(138)1234-5678 也算;
+# \d 也认全角数字(１３８…),开头两位单独写上全角;分隔符也认输入法全角模式打出的「－」「　」「．」(银行卡号同样)。
+# 括号只认括住开头三位的一对:整个号码带括号的「(13812345678)」括号原样留着
+_MOBILE = re.compile(rf"(?<![\d+])((?:\+?86[ \-　－]?)?)(?:[(（]([1１][3-9３-９]\d)[)）]|([1１][3-9３-９]\d))"
+                     rf"(?:{_DASH}|[ .　．])?\d{{4}}(?:{_DASH}|[ .　．])?(\d{{4}})(?!\d)")
 # 4-4-3 分组:1380 0138 000、1380-0138-000;打码后和上面一样是 138****8000
 _MOBILE_443 = re.compile(r"(?<![\d+])((?:\+?86[ \-　－]?)?[1１][3-9３-９]\d)\d[ .\-　－．]\d{3}(\d)[ .\-　－．](\d{3})(?!\d)")
 
@@ -334,9 +339,20 @@ def mask_pii(text: str) -> str:
     text = _EMAIL.sub(lambda m: m.group(1) + "***" + m.group(2), text)
     text = _ID_CARD.sub(lambda m: m.group(1) + "*" * 8 + m.group(2), text)
     text = _OLD_ID_CARD.sub(lambda m: m.group(1) + "*" * 6 + m.group(2), text)
-    text = _BANK_CARD.sub(lambda m: "**** **** **** " + re.sub(r"\D", "", m.group(0))[-4:], text)
+    text = _BANK_CARD.sub(lambda m: _masked_card(m.group(0)), text)
+    text = _DASHED_RUN.sub(_card_or_not, text)
     text = _MOBILE_443.sub(lambda m: m.group(1) + "****" + m.group(2) + m.group(3), text)
-    return _MOBILE.sub(lambda m: m.group(1) + m.group(2) + "****" + m.group(3), text)
+    return _MOBILE.sub(lambda m: m.group(1) + (m.group(2) or m.group(3)) + "****" + m.group(4), text)
+
+
+def _masked_card(number: str) -> str:
+    return "**** **** **** " + re.sub(r"\D", "", number)[-4:]
+
+
+def _card_or_not(m: re.Match) -> str:
+    groups = tuple(len(g) for g in re.split(_DASH, m.group(0)))
+    is_card = groups in _CARD_GROUPS or (groups[:4] == (4, 4, 4, 4) and len(groups) == 5 and groups[4] <= 3)
+    return _masked_card(m.group(0)) if is_card else m.group(0)
 
 
 # ---------------------------------------------------------------- 离线模型
