@@ -321,8 +321,12 @@ def bad_argument(command: str, args: list[str]) -> str | None:
         return f"{args[0]} 需要第三个参数:{'改好的回复全文' if command == 'edit' else '给 Agent 的意见'}(不能为空)"
     if len(args) > (3 if command in NEEDS_TEXT else 2):
         return f"{args[0]} 的参数太多了;文字里有空格时请用引号括起来"
-    if command in NEEDS_TEXT and len(args[2].strip()) > (limit := max_text_chars()):
-        return (f"{args[0]} 的文字有 {len(args[2].strip())} 个字,最多 {limit} 个(INBOX_MAX_TEXT_CHARS):"
+    # 数的是交给图的那份(respond 的意见先打码,卡号打码后多三四个字):图的 review 按同一个数再查一遍,
+    # 这里放过、那边拒绝的话,人得到的是一句摸不着头脑的「没有处理成」
+    handed = (mask_pii(args[2]) if command == "respond" else args[2]) if command in NEEDS_TEXT else ""
+    if len(handed.strip()) > (limit := max_text_chars()):
+        after_masking = "(手机号、卡号之类打码之后)" if handed != args[2] else ""
+        return (f"{args[0]} 的文字有 {len(handed.strip())} 个字{after_masking},最多 {limit} 个(INBOX_MAX_TEXT_CHARS):"
                 "多半是多粘贴了一段;什么都没有改")
     if command in NEEDS_TEXT and (bad := next((c for c in args[2] if CONTROL.fullmatch(c)), None)):
         return (f"{args[0]} 的文字里有控制字符 \\x{ord(bad):02x}(多半是复制粘贴或按错键带进来的),"

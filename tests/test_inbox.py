@@ -331,6 +331,20 @@ def test_text_longer_than_the_limit_is_refused_with_its_length_and_nothing_is_se
     assert everything("T1012") == before
 
 
+def test_a_respond_at_the_limit_that_grows_when_masked_is_refused_by_the_inbox_not_half_way(lab):
+    """2000 个字的意见里有一个 16 位卡号:打码后是 2003 个字,图的 review 会拒绝。原来收件箱按打码前的长度放行,
+    拿走待办、跑图,最后说「这次没有处理成」;现在一开始就说是打码后的长度,什么都不动。"""
+    queue("T1012")
+    before = everything("T1012")
+    text = "您" * 1984 + "6222021234567890"
+    assert len(text) == 2000
+    refused_as_usage(inbox(lab, "respond", "T1012", text),
+                     "respond 的文字有 2003 个字(手机号、卡号之类打码之后),最多 2000 个(INBOX_MAX_TEXT_CHARS):"
+                     "多半是多粘贴了一段;什么都没有改")
+    assert everything("T1012") == before
+    assert drain() == []
+
+
 def test_text_exactly_at_the_limit_is_sent_whole(lab):
     queue("T1012")
     text = "您" * 2000
