@@ -275,7 +275,10 @@ def _fallback_chat_classes(chat_openai: type) -> tuple[type, type]:
             try:
                 return super()._generate(*args, **kwargs)
             except TRANSIENT_ERRORS as e:
-                # 备用模型接下了,事件照常成功:不说一声的话,主模型坏了一整天也没人知道(中间件笔记:失败的调用也要留痕)
+                # 备用模型接下了,事件照常成功:不说一声的话,主模型坏了一整天也没人知道(中间件笔记:失败的调用也要留痕)。
+                # 整体时限已经用完时备用模型的请求发不出去(_within_deadline),也就不说「换备用模型」
+                if (budget := _budget.get()) is not None and budget.ends_at <= time.monotonic():
+                    raise
                 print(mask_pii(f"[llm] 主模型 {self.model_name} 出错(暂时性的):{type(e).__name__}: {e};"
                                f"这次换备用模型 {config.get('LLM_FALLBACK_MODEL')}"), file=sys.stderr, flush=True)
                 raise

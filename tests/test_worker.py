@@ -362,7 +362,7 @@ def test_a_model_that_keeps_the_connection_alive_and_then_answers_in_time_is_use
     assert rows("SELECT COUNT(*) FROM llm_usage") == [(1,)]
 
 
-def test_after_the_overall_deadline_neither_a_retry_nor_the_backup_model_is_sent(lab, monkeypatch):
+def test_after_the_overall_deadline_neither_a_retry_nor_the_backup_model_is_sent(lab, monkeypatch, capsys):
     """主模型一直 500(0.5 秒后才回),客户端重试 2 次,还配了备用模型:没有时限的话,4 个请求之后备用模型会回答。
     发出的时刻在客户端这边记(请求钩子放行的那一刻):模型服务器记下的是它的线程读到请求的时刻,
     机器忙时会晚上零点几秒,和「时限到了以后不再发」无关。"""
@@ -389,6 +389,7 @@ def test_after_the_overall_deadline_neither_a_retry_nor_the_backup_model_is_sent
     assert len(let_through) == len(sent) and all(at < ends_at for at, ends_at in let_through), let_through
     assert rows("SELECT status, attempts, last_error FROM events") == [(
         "pending", 1, "DeadlineExceeded: 起草用完了整体时限 LLM_DEADLINE_S=1.2 秒(含客户端重试、切备用模型),稍后自动再试")]
+    assert capsys.readouterr().err == ""  # 备用模型没有机会试:不说「换备用模型」
 
 
 def test_a_permission_error_backs_off_with_a_fix_hint_instead_of_going_dead_at_once(lab, monkeypatch):
