@@ -1583,8 +1583,10 @@ def report_numbers(recent_since: datetime | None = None) -> dict:
     with opened() as conn:
         by_status = conn.execute("SELECT status, COUNT(*) FROM events GROUP BY status").fetchall()
         oldest = conn.execute(
-            "SELECT event_id, ticket_id, waiting_since FROM events WHERE status = 'waiting_human' "
-            "ORDER BY waiting_since, event_id LIMIT 1"
+            # waiting_since 是空的:状态是别处直接改成 waiting_human 的(sqlite3 里手改、别的工具):按 updated_at 算,
+            # 日报不能因为一行手改的数据就出 traceback
+            "SELECT event_id, ticket_id, COALESCE(waiting_since, updated_at) AS waiting_since FROM events "
+            "WHERE status = 'waiting_human' ORDER BY COALESCE(waiting_since, updated_at), event_id LIMIT 1"
         ).fetchone()
         dead = conn.execute(
             "SELECT event_id, last_error FROM events WHERE status = 'dead' ORDER BY updated_at, event_id"
