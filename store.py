@@ -9,7 +9,8 @@ checkpoint 库等 worker 第一次跑时由 LangGraph 自己建),然后每个库
 已经建好的不会重建,可以反复运行。退出码:0 好了;1 数据库暂时用不了或打不开、业务库拷不进 PostgreSQL、
 SQLite 事件库已经搬进了 PostgreSQL 却没设 DATABASE_URL(说明原因);
 2 BIZ_DB 指着的库不是 store.py 建的、PostgreSQL 里只有半套业务表(都没有动它),或者参数不对(只收 --from-sqlite)。
-设了 DATABASE_URL 时三样都在那个 PostgreSQL 库里,EVENTS_DB、CHECKPOINTS_DB 不用;业务表第一次建时多一行
+设了 DATABASE_URL 时三样都在那个 PostgreSQL 库里(checkpoint 的表这时也建好),EVENTS_DB、CHECKPOINTS_DB 不用;
+表都建好以后,只有读写权限(SELECT、INSERT、UPDATE、DELETE)的用户也能运行每个程序;业务表第一次建时多一行
 「已在 … 新建业务表 customers、tickets(从 …/cloudledger.db 拷过来)」:BIZ_DB 指的 SQLite 业务库在就拷它,不在就是「(种子数据)」。
 
 一直用 SQLite、现在换到 PostgreSQL:设好 DATABASE_URL,停掉用 SQLite 的 worker、webhook、邮件轮询和收件箱,运行
@@ -111,6 +112,10 @@ ADDED_COLUMNS = {"not_before": "TEXT", "ticket_id": "TEXT", "claimed_by": "TEXT"
 # 不缺时不执行 ALTER TABLE(它要拿整张表的排它锁,每个程序启动都拿一次会和正在领事件的 worker 互相等)
 PG_HAS_WAITING_SINCE = ("SELECT 1 FROM information_schema.columns WHERE table_schema = current_schema() "
                         "AND table_name = 'events' AND column_name = 'waiting_since'")
+# 当前 schema 里已有的表和索引(PostgreSQL 的 CREATE … IF NOT EXISTS 在 current_schema() 里建、查,这里也只看它)
+PG_OBJECTS = "SELECT relname FROM pg_class WHERE relnamespace = (SELECT oid FROM pg_namespace WHERE nspname = current_schema())"
+# init() 要建的表和索引的名字,从上面的语句里读出来(加一张表不用再改这里)
+SCHEMA_OBJECTS = frozenset(re.findall(r"(?:TABLE|INDEX) IF NOT EXISTS (\w+)", SCHEMA + ONE_PROCESSING_PER_TICKET))
 # 补上 waiting_since 时,已经在收件箱里的待办从 updated_at 算起(上一版的收件箱放回待办时保留的就是它);
 # 不补的话它们是空的,之后有人 respond 一下,set_status 就把「现在」当成进收件箱的时刻,等了 50 小时的显示 0 小时
 BACKFILL_WAITING_SINCE = "UPDATE events SET waiting_since = updated_at WHERE status = 'waiting_human'"
@@ -365,6 +370,13 @@ def use_wal(conn: sqlite3.Connection) -> None:
 def init() -> None:
     """建事件库的表(已存在就不动),并把旧版库缺的列补上。几个进程同时 init 也没关系。"""
     if dialect() == "postgres":
+        # 都建好了(平常都是):一条 DDL 也不执行。CREATE … IF NOT EXISTS 什么都不做时也要建表的权限(schema 的 CREATE、
+        # 表的所有者),所以库的所有者建好表之后,只有读写权限的用户(生产上常这样配)也能运行每个程序;
+        # 也不用每次启动都为 CREATE INDEX 拿一下 events 的 SHARE 锁,和正在领事件的 worker 互相等
+        with opened() as conn:
+            if pg_nothing_to_build(conn):
+                pg_rights_or_exit(conn)
+                return
         with pg_refusing_ddl():
             with transaction() as conn:
                 conn.execute("SELECT pg_advisory_xact_lock(?)", (SCHEMA_LOCK,))  # 几个 worker 同时第一次启动
@@ -393,6 +405,43 @@ def init() -> None:
     with transaction() as conn:
         upgrade_events_table(conn)
         conn.execute(ONE_PROCESSING_PER_TICKET)
+
+
+def pg_objects(conn) -> set[str]:
+    return {r[0] for r in conn.execute(PG_OBJECTS)}
+
+
+def pg_nothing_to_build(conn) -> bool:
+    """PostgreSQL 上 init() 要建的表、索引和后加的列是不是都在了,而且这个连接能写。
+    只能读(备库、default_transaction_read_only)时照旧走建表那条路:PG_DDL_REFUSALS 一行说清楚,
+    而不是等到第一次写(领事件、收信)时才出错。"""
+    return (SCHEMA_OBJECTS <= pg_objects(conn) and conn.execute(PG_HAS_WAITING_SINCE).fetchone() is not None
+            and conn.execute(PG_READ_ONLY).fetchone()[0] == "off")
+
+
+PG_READ_ONLY = "SELECT current_setting('transaction_read_only')"
+# 表都建好了、这个用户却缺读写权限的那几张(我们的表:事件库、业务表、LangGraph 的 checkpoint 表)。
+# has_table_privilege 给一串权限时是「有其中一个就行」,所以四个分开查
+PG_MISSING_RIGHTS = """
+SELECT relname FROM pg_class
+WHERE relnamespace = (SELECT oid FROM pg_namespace WHERE nspname = current_schema()) AND relkind IN ('r', 'p')
+  AND relname = ANY(?)
+  AND NOT (has_table_privilege(oid, 'SELECT') AND has_table_privilege(oid, 'INSERT')
+           AND has_table_privilege(oid, 'UPDATE') AND has_table_privilege(oid, 'DELETE'))
+ORDER BY relname
+"""
+CHECKPOINT_TABLES = ("checkpoint_migrations", "checkpoints", "checkpoint_blobs", "checkpoint_writes")  # PostgresSaver 建的
+
+
+def pg_rights_or_exit(conn) -> None:
+    """表是所有者建的、这个用户只被给了一部分权限(比如只有 SELECT):一开始就一行说清楚缺什么、怎么给,什么都还没做。
+    不查的话要到第一次写(领事件、收信)时才是 InsufficientPrivilege 的 traceback。"""
+    ours = [*SCHEMA_OBJECTS, *BIZ_COLUMNS, *CHECKPOINT_TABLES]
+    if missing := [r[0] for r in conn.execute(PG_MISSING_RIGHTS, (ours,))]:
+        user, schema = conn.execute("SELECT current_user, current_schema()").fetchone()
+        raise SystemExit(f"DATABASE_URL 的用户 {user} 对表 {'、'.join(missing)} 没有读写权限(程序要 SELECT、INSERT、UPDATE、"
+                         f"DELETE):请库的所有者执行 GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA {schema} "
+                         f"TO {user}。什么都没做")
 
 
 def events_columns(conn) -> set[str]:
@@ -433,8 +482,11 @@ def upgrade_lesson_db(conn) -> None:
 # ---------------------------------------------------------------- PostgreSQL(设了 DATABASE_URL 时)
 # 建表时 PostgreSQL 不让建的几种(按 psycopg 的错误类名):是设置的问题,等多久都不会好
 PG_DDL_REFUSALS = {
-    "InsufficientPrivilege": ("DATABASE_URL 的用户没有建表的权限", "PostgreSQL 15 起普通用户不能在 public 里建表;请库的所有者"
-                              "执行 GRANT CREATE ON SCHEMA <schema> TO <用户>,或者用库的所有者连接"),
+    # 表都建好了的话,只有读写权限的用户也能运行(init() 不执行 DDL);走到这里是表还没建,或者这一版要给表加东西
+    "InsufficientPrivilege": ("DATABASE_URL 的用户不能建表或改表",
+                              "表还没建好,或者这一版程序要给表加列、加表;请库的所有者(或者有 CREATE 权限的用户)用同一个库和 "
+                              "schema 运行一次 uv run python store.py,再 GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES "
+                              "IN SCHEMA <schema> TO <用户>。PostgreSQL 15 起普通用户不能在 public 里建表"),
     "ReadOnlySqlTransaction": ("DATABASE_URL 指的 PostgreSQL 只能读",
                                "多半连到了备库,或者设了 default_transaction_read_only;换成主库的地址"),
     "InvalidSchemaName": ("DATABASE_URL 的 search_path 里没有一个存在的 schema",
@@ -732,6 +784,8 @@ def open_checkpointer(durable: bool = False):
         pool = open_pg_pool(database_url(), durable, prepare_threshold=0, row_factory=dict_row)
         saver = PostgresSaver(pool)
         with opened() as conn:
+            if pg_checkpoint_tables_current(conn, saver):  # 同 init():建好了就不执行 setup() 里的 DDL
+                return saver, pool
             # 用 try 轮询,不用 pg_advisory_lock 排队:排队的语句一直挂着快照,而 setup() 里的
             # CREATE INDEX CONCURRENTLY 要等所有快照结束 —— 两边互等,PostgreSQL 还看不出这是死锁
             while not conn.execute("SELECT pg_try_advisory_lock(?)", (CHECKPOINT_LOCK,)).fetchone()[0]:
@@ -757,6 +811,16 @@ def open_checkpointer(durable: bool = False):
     saver = SqliteSaver(conn)
     saver.setup()
     return saver, conn
+
+
+def pg_checkpoint_tables_current(conn, saver) -> bool:
+    """LangGraph 的 checkpoint 表已经升到这个版本的 PostgresSaver 要的样子了吗(setup() 里记在 checkpoint_migrations 的最后一版)。"""
+    if "checkpoint_migrations" not in pg_objects(conn):
+        return False
+    return conn.execute(PG_CHECKPOINT_VERSION).fetchone()[0] >= len(saver.MIGRATIONS) - 1  # 更新的版本升过的也行
+
+
+PG_CHECKPOINT_VERSION = "SELECT coalesce(max(v), -1) FROM checkpoint_migrations"
 
 
 def same_checkpoints_or_exit(conn) -> None:
@@ -1658,6 +1722,8 @@ def build_and_count(from_sqlite: bool = False) -> int:
     """建库(已有就不动);from_sqlite 时再把 SQLite 事件库和 checkpoint 搬进 PostgreSQL;打印每张表的行数。"""
     init()
     if dialect() == "postgres":  # 业务表也在这个库里
+        # checkpoint 的表也在这时建好:库的所有者运行一次 store.py,之后只有读写权限的用户也能运行 worker 和收件箱
+        open_checkpointer(durable=True)[1].close()
         url = _safe_url(database_url())
         if source := build_biz_tables():
             print(f"已在 {url} 新建业务表 customers、tickets({source})")

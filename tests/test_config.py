@@ -5,10 +5,12 @@ import re
 import shutil
 import subprocess
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from conftest import FULL_DISK, LAB, RUN_AS_MAIN, free_port, refused_startup, rows, run, write_locked
+from conftest import (FULL_DISK, LAB, RUN_AS_MAIN, free_port, pg_schema, refused_startup, rows, run,
+                      write_locked)
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 import config
@@ -284,9 +286,10 @@ def test_a_database_the_server_refuses_to_open_is_a_setting_error_with_the_serve
 
 READ_ONLY = ("DATABASE_URL 指的 PostgreSQL 只能读(ReadOnlySqlTransaction: cannot execute CREATE TABLE in a read-only "
              "transaction):多半连到了备库,或者设了 default_transaction_read_only;换成主库的地址。什么都没做")
-NO_CREATE = ("DATABASE_URL 的用户没有建表的权限(InsufficientPrivilege: permission denied for schema {schema}):"
-             "PostgreSQL 15 起普通用户不能在 public 里建表;请库的所有者执行 GRANT CREATE ON SCHEMA <schema> TO <用户>,"
-             "或者用库的所有者连接。什么都没做")
+NO_CREATE = ("DATABASE_URL 的用户不能建表或改表(InsufficientPrivilege: {reason}):表还没建好,或者这一版程序要给表加列、"
+             "加表;请库的所有者(或者有 CREATE 权限的用户)用同一个库和 schema 运行一次 uv run python store.py,再 GRANT SELECT, "
+             "INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA <schema> TO <用户>。PostgreSQL 15 起普通用户不能在 public 里建表。"
+             "什么都没做")
 NO_SCHEMA = ("DATABASE_URL 的 search_path 里没有一个存在的 schema(InvalidSchemaName: no schema has been selected to create "
              "in):先 CREATE SCHEMA,或者改掉 options 里的 search_path。什么都没做")
 
@@ -297,26 +300,125 @@ def test_a_read_only_postgres_is_a_setting_error_in_every_program_and_nothing_is
     refused_everywhere(pg_lab, url, [(code, READ_ONLY) for code in (1, 1, 2, 1, 2)])
 
 
-def test_a_user_without_create_rights_is_told_what_to_grant_and_nothing_is_claimed(pg_lab):
-    """PostgreSQL 15 起普通用户不能在 public 里建表,新手第一次换 PostgreSQL 常碰上:原来是 InsufficientPrivilege 的
-    traceback。这里的用户能读写已有的表,只是不能建表(程序每次启动都 CREATE TABLE IF NOT EXISTS)。"""
+@contextmanager
+def read_write_role(owner_url: str):
+    """一个新的 PostgreSQL 用户:能用 owner_url 的 schema(USAGE),不能在里面建表;返回 (它的 DATABASE_URL, 给它读写权限的函数)。
+    生产上常这样配:表由库的所有者建,程序用只有读写权限的用户连。"""
     import uuid
 
     import psycopg
 
-    schema = conninfo_to_dict(pg_lab["DATABASE_URL"])["options"].split("=")[1]
+    schema = schema_of(owner_url)
     role = f"t_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(pg_lab["DATABASE_URL"], autocommit=True) as conn:
+
+    def grant_read_write() -> None:
+        with psycopg.connect(owner_url, autocommit=True) as conn:
+            conn.execute(f"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA {schema} TO {role}")
+
+    with psycopg.connect(owner_url, autocommit=True) as conn:
         conn.execute(f"CREATE ROLE {role} LOGIN")
         conn.execute(f"GRANT USAGE ON SCHEMA {schema} TO {role}")
-        conn.execute(f"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA {schema} TO {role}")
     try:
-        url = make_conninfo(pg_lab["DATABASE_URL"], user=role)
-        refused_everywhere(pg_lab, url, [(code, NO_CREATE.format(schema=schema)) for code in (1, 1, 2, 1, 2)])
+        yield make_conninfo(owner_url, user=role), grant_read_write
     finally:
-        with psycopg.connect(pg_lab["DATABASE_URL"], autocommit=True) as conn:
+        store.close_pools()
+        with psycopg.connect(owner_url, autocommit=True) as conn:
             conn.execute(f"DROP OWNED BY {role}")
             conn.execute(f"DROP ROLE {role}")
+
+
+def schema_of(url: str) -> str:
+    """pg_schema() 给的 URL 只看得见的那个 schema。"""
+    return conninfo_to_dict(url)["options"].split("=")[1]
+
+
+def pg_rows(url: str, sql: str) -> list[tuple]:
+    import psycopg
+
+    with psycopg.connect(url) as conn:
+        return [tuple(r) for r in conn.execute(sql).fetchall()]
+
+
+def relations(url: str) -> list[str]:
+    """url 的 schema 里的表和索引。"""
+    return sorted(r[0] for r in pg_rows(url, store.PG_OBJECTS))
+
+
+def test_a_read_write_user_is_told_to_have_the_owner_run_store_py_then_runs_every_program(lab, pg_url):
+    """PostgreSQL 15 起普通用户不能在 public 里建表,生产上程序也常用只有读写权限的用户连。原来每个程序每次启动都执行
+    CREATE … IF NOT EXISTS,这种用户连建好了的表也用不了;现在表都在时一条 DDL 也不执行。
+    表还没建:建表的程序一行说清楚请所有者运行 store.py,schema 里什么都没建;所有者运行一次 store.py、给了读写权限之后,
+    收信、起草、收件箱 accept、日报都照常,回复进了发件箱。"""
+    with pg_schema() as owner_url, read_write_role(owner_url) as (url, grant_read_write):
+        schema = schema_of(owner_url)
+        no_create = NO_CREATE.format(reason=f"permission denied for schema {schema}")
+        biz = f"业务库还没建:{store._safe_url(url)} 里没有表 customers、tickets(先运行 uv run python store.py 建库)"
+        for command, (code, message) in zip(PROGRAMS, [(1, biz), (1, no_create), (2, no_create), (1, no_create),
+                                                       (2, biz)], strict=True):
+            r = run(command, {**lab, "DATABASE_URL": url})
+            assert (r.returncode, r.stdout, r.stderr) == (code, "", message + "\n"), command
+        assert relations(owner_url) == []
+
+        r = run(["store.py"], {**lab, "DATABASE_URL": owner_url})
+        assert r.returncode == 0, r.stderr
+        assert {"events", "outbox", "checkpoints", "checkpoint_migrations", "tickets"} <= set(relations(owner_url))
+        grant_read_write()
+        as_user = {**lab, "DATABASE_URL": url}
+        r = run(["email_poller.py", "--eml", "samples/01_utf8_plain.eml"], as_user)
+        assert r.returncode == 0, r.stderr
+        [(event_id, ticket)] = pg_rows(owner_url, "SELECT event_id, ticket_id FROM events")
+        r = run(["worker.py", "--once"], as_user)
+        assert r.returncode == 0, r.stderr
+        assert pg_rows(owner_url, "SELECT status FROM events") == [("waiting_human",)]
+        r = run(["inbox.py", "list"], as_user)
+        assert (r.returncode, ticket in r.stdout) == (0, True), r.stderr
+        r = run(["inbox.py", "accept", ticket], as_user)
+        assert r.returncode == 0, r.stderr
+        for command in (["cron_jobs.py", "report"], ["store.py"]):
+            r = run(command, as_user)
+            assert r.returncode == 0, (command, r.stderr)
+        assert pg_rows(owner_url, "SELECT event_id, status FROM events") == [(event_id, "done")]
+        assert pg_rows(owner_url, "SELECT ticket_id, sent_by FROM outbox") == [(ticket, "agent+reviewer")]
+
+
+def test_a_read_write_user_meeting_a_table_that_needs_an_upgrade_is_told_to_have_the_owner_run_store_py(pg_lab):
+    """这一版程序要给表加东西(这里:上一版的事件表没有 waiting_since),只有读写权限的用户加不了:每个程序一行说清楚、
+    什么都没领;所有者运行一次 store.py 把表升上去之后,同一个用户照常运行。"""
+    owner_url = pg_lab["DATABASE_URL"]
+    r = run(["store.py"], pg_lab)  # checkpoint 的表也建好
+    assert r.returncode == 0, r.stderr
+    with read_write_role(owner_url) as (url, grant_read_write):
+        grant_read_write()
+        with store.opened() as conn:
+            conn.execute("ALTER TABLE events DROP COLUMN waiting_since")
+        schema = schema_of(owner_url)
+        refused_everywhere(pg_lab, url, [(code, NO_CREATE.format(reason=f"permission denied for schema {schema}"))
+                                         for code in (1, 1, 2, 1, 2)])
+        r = run(["store.py"], pg_lab)
+        assert r.returncode == 0, r.stderr
+        r = run(["worker.py", "--once"], {**pg_lab, "DATABASE_URL": url})
+        assert r.returncode == 0, r.stderr
+        assert rows("SELECT status, attempts FROM events") == [("waiting_human", 1)]
+
+
+def test_a_user_with_only_select_rights_is_told_what_to_grant_and_nothing_is_claimed(pg_lab):
+    """表都建好了,用户却只被给了 SELECT:原来每个程序启动时的 CREATE … IF NOT EXISTS 就拦下了它;不再执行 DDL 之后,
+    worker 领事件、cron scan 写事件时才是 InsufficientPrivilege 的 traceback。现在一开始就说缺哪几张表的什么权限、
+    GRANT 什么,什么都没领。"""
+    owner_url = pg_lab["DATABASE_URL"]
+    r = run(["store.py"], pg_lab)  # checkpoint 的表也建好
+    assert r.returncode == 0, r.stderr
+    with read_write_role(owner_url) as (url, _):
+        import psycopg
+
+        schema, user = schema_of(owner_url), conninfo_to_dict(url)["user"]
+        with psycopg.connect(owner_url, autocommit=True) as conn:
+            conn.execute(f"GRANT SELECT ON ALL TABLES IN SCHEMA {schema} TO {user}")
+        message = (f"DATABASE_URL 的用户 {user} 对表 checkpoint_blobs、checkpoint_migrations、checkpoint_writes、checkpoints、"
+                   "customers、events、inbox_seen、llm_usage、outbox、review_log、tickets 没有读写权限(程序要 SELECT、"
+                   f"INSERT、UPDATE、DELETE):请库的所有者执行 GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA "
+                   f"{schema} TO {user}。什么都没做")
+        refused_everywhere(pg_lab, url, [(code, message) for code in (1, 1, 2, 1, 2)])
 
 
 def test_a_search_path_naming_no_existing_schema_is_explained_by_store_py(lab, pg_url):
