@@ -40,10 +40,17 @@ LLM_MAX_RETRIES = 2                       # 次(0–10);客户端自己对 429/�
 LLM_DEADLINE_S = 150
 OFFLINE_MODEL = "offline-cloudledger"
 
-# 暂时性错误:限流、超时、连不上、服务端 5xx。只有这些值得快速重试、值得切备用模型。
-# 400/401/403/404/422 不在里面:换个时间、换个模型也不会变好。
+
+class RequestTimeoutError(openai.APIStatusError):
+    """模型服务回 408(请求超时)。openai 自己会重试它(和 409、429、5xx 一样),却没有给它单独的异常类;
+    我们用的 ChatOpenAI 子类把它换成这个类:with_fallbacks 才认得出它是暂时性的,last_error 里也有个说得清的名字(见 _chat_classes)。"""
+
+
+REQUEST_TIMEOUT = 408
+# 暂时性错误:限流、超时(客户端的和服务端回的 408)、冲突(409)、连不上、服务端 5xx。只有这些值得快速重试、值得切备用模型;
+# openai 客户端自己快速重试的也正是这几种。400/401/403/404/422 不在里面:换个时间、换个模型也不会变好。
 TRANSIENT_ERRORS = (openai.RateLimitError, openai.APITimeoutError, openai.APIConnectionError,
-                    openai.InternalServerError)
+                    openai.InternalServerError, openai.ConflictError, RequestTimeoutError)
 
 
 # 这几种重试解决不了,要人去修;last_error 里说清楚先查什么、修好后怎么办({then}):事件进了死信就是把它放回来,
@@ -251,12 +258,12 @@ def _build(temperature, api_key, model, base_url, extra_body, fallback_model, fa
         return cls(model=name, base_url=url, api_key=key, temperature=temperature,
                    extra_body=extra, timeout=timeout, max_retries=retries, http_client=client)
 
+    classified_class, primary_class, backup_class = _chat_classes(ChatOpenAI)
     if not fallback_model:
-        return chat(ChatOpenAI, model, base_url, api_key)
+        return chat(classified_class, model, base_url, api_key)
     # 主模型遇到暂时性错误(重试也没救回来)时切备用模型;参数错误、鉴权错误不切,切了也一样错。
     # 备用模型自己的非暂时性错误(它的 key、模型名、地址配错了)变成 BackupFailed,也在这里接住:
     # 这时抛出的是主模型的暂时性错误,事件照常退避,不会因为备用模型配错了就进死信
-    primary_class, backup_class = _fallback_chat_classes(ChatOpenAI)
     primary = chat(primary_class, model, base_url, api_key)
     backup = chat(backup_class, fallback_model, fallback_url, fallback_key)
     return primary.with_fallbacks([backup], exceptions_to_handle=(*TRANSIENT_ERRORS, BackupFailed))
@@ -267,10 +274,21 @@ class BackupFailed(Exception):
 
 
 @lru_cache(maxsize=1)
-def _fallback_chat_classes(chat_openai: type) -> tuple[type, type]:
-    """配了备用模型时主模型、备用模型用的 ChatOpenAI 子类(langchain_openai 要到用真模型时才导入,所以子类也在这时才建)。"""
+def _chat_classes(chat_openai: type) -> tuple[type, type, type]:
+    """真模型用的 ChatOpenAI 子类:没配备用模型时用的、配了时主模型和备用模型用的
+    (langchain_openai 要到用真模型时才导入,所以子类也在这时才建)。"""
 
-    class PrimaryChatOpenAI(chat_openai):
+    class ClassifiedChatOpenAI(chat_openai):
+        # langchain_openai 把认得的 openai 错误换成自己的类(OpenAIRateLimitError……),408 它也不认得:这里补上
+        def _generate(self, *args, **kwargs):
+            try:
+                return super()._generate(*args, **kwargs)
+            except openai.APIStatusError as e:
+                if e.status_code == REQUEST_TIMEOUT:
+                    raise RequestTimeoutError(e.message, response=e.response, body=e.body) from e
+                raise
+
+    class PrimaryChatOpenAI(ClassifiedChatOpenAI):
         def _generate(self, *args, **kwargs):
             try:
                 return super()._generate(*args, **kwargs)
@@ -283,7 +301,7 @@ def _fallback_chat_classes(chat_openai: type) -> tuple[type, type]:
                                f"这次换备用模型 {config.get('LLM_FALLBACK_MODEL')}"), file=sys.stderr, flush=True)
                 raise
 
-    class BackupChatOpenAI(chat_openai):
+    class BackupChatOpenAI(ClassifiedChatOpenAI):
         def _generate(self, *args, **kwargs):
             try:
                 return super()._generate(*args, **kwargs)
@@ -295,7 +313,7 @@ def _fallback_chat_classes(chat_openai: type) -> tuple[type, type]:
                                "这次按主模型的错误处理"), file=sys.stderr, flush=True)
                 raise BackupFailed(str(e)) from e
 
-    return PrimaryChatOpenAI, BackupChatOpenAI
+    return ClassifiedChatOpenAI, PrimaryChatOpenAI, BackupChatOpenAI
 
 
 _announced = threading.Lock()  # 拿到过就不再放开:一个进程只说一次。lru_cache 挡不住:几个处理线程同时第一次起草时各说一遍

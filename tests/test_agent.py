@@ -324,8 +324,11 @@ def test_pii_is_masked_in_last_error(lab):
 
 
 @pytest.mark.parametrize("status, kind, error", [(503, "overloaded", "OpenAIAPIError"),
-                                                (429, "rate_limit_exceeded", "OpenAIRateLimitError")])
+                                                (429, "rate_limit_exceeded", "OpenAIRateLimitError"),
+                                                (408, "request_timeout", "RequestTimeoutError"),
+                                                (409, "conflict", "ConflictError")])
 def test_fallback_model_takes_over_on_transient_errors_only(lab, monkeypatch, capsys, status, kind, error):
+    """408、409 openai 自己也重试,是暂时性的;原来不切备用模型(408 连异常类都没有,409 的类不在 TRANSIENT_ERRORS 里)。"""
     with OpenAIStub() as stub:
         real_model(monkeypatch, stub, LLM_FALLBACK_MODEL="backup-model")
         stub.fail["stub-model"] = (status, kind)
@@ -377,6 +380,36 @@ def test_primary_and_fallback_both_failing_is_a_readable_transient_error(lab, mo
 
 def sent_key(request: dict) -> str:
     return {k.lower(): v for k, v in request["headers"].items()}["authorization"]
+
+
+@pytest.mark.parametrize("status, kind, error", [(408, "request_timeout", "RequestTimeoutError"),
+                                                (409, "conflict", "ConflictError")])
+def test_a_408_or_409_without_a_backup_is_retried_later_not_dead(lab, monkeypatch, status, kind, error):
+    """没配备用模型:408、409 和 429 一样按暂时性失败退避。408 openai 没有异常类,last_error 里是我们给的名字。"""
+    with OpenAIStub() as stub:
+        real_model(monkeypatch, stub)
+        stub.fail["stub-model"] = (status, kind)
+        assert queue_and_run("T1041") == [("evt_T1041_created", "pending")]
+        assert [r["model"] for r in stub.requests] == ["stub-model"]
+    assert rows("SELECT status, attempts, last_error FROM events") == [
+        ("pending", 1, f"{error}: Error code: {status} - stub says {kind}")]
+
+
+@pytest.mark.parametrize("status, kind", [(408, "request_timeout"), (409, "conflict")])
+def test_a_backup_answering_408_or_409_is_a_transient_failure_not_a_misconfiguration(lab, monkeypatch, capsys,
+                                                                                   status, kind):
+    """备用模型回 408、409 是它暂时不行,不是配错了:原来 stderr 上叫人去查 LLM_FALLBACK_MODEL 这几项设置。"""
+    with OpenAIStub() as stub:
+        real_model(monkeypatch, stub, LLM_FALLBACK_MODEL="backup-model")
+        stub.fail["stub-model"] = (503, "overloaded")
+        stub.fail["backup-model"] = (status, kind)
+        assert queue_and_run("T1041") == [("evt_T1041_created", "pending")]
+        assert [r["model"] for r in stub.requests] == ["stub-model", "backup-model"]
+    assert rows("SELECT status, attempts, last_error FROM events") == [(
+        "pending", 1, "OpenAIAPIError: Error code: 503 - stub says overloaded(备用模型 backup-model 也没有成功,稍后自动再试)")]
+    assert capsys.readouterr().err == ("[llm] 主模型 stub-model 出错(暂时性的):OpenAIAPIError: Error code: 503 - "
+                                       "stub says overloaded;这次换备用模型 backup-model\n")
+    assert rows("SELECT COUNT(*) FROM llm_usage") == [(0,)]
 
 
 def test_a_misconfigured_backup_model_leaves_a_primary_outage_transient_instead_of_dead(lab, monkeypatch, capsys):
