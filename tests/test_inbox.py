@@ -616,6 +616,24 @@ def test_respond_whose_redraft_fails_is_handed_to_the_worker_with_the_feedback_k
     assert state("T1012")["feedback"] == ["语气软一点"]
 
 
+def test_a_handed_back_respond_is_redrafted_by_a_worker_with_a_lower_text_limit(lab, monkeypatch):
+    """收件箱这台机器放宽了 INBOX_MAX_TEXT_CHARS,worker 那台没有:意见在收件箱这边已经过了 review、记进了 checkpoint,
+    worker 从 draft 接着跑,不按自己的上限再拦一次、不把待办带着拒绝退回收件箱,意见也没丢。"""
+    queue("T1012")
+    dead_model = {"LLM_API_KEY": "sk-test", "LLM_BASE_URL": f"http://127.0.0.1:{free_port()}/v1", "LLM_MAX_RETRIES": "0"}
+    feedback = "语气软一点," * 500  # 3000 个字:比默认的 2000 长
+    r = inbox({**lab, **dead_model, "INBOX_MAX_TEXT_CHARS": "5000"}, "respond", "T1012", feedback)
+    assert (r.returncode, r.stdout, r.stderr) == (1, "", "T1012 处理失败(OpenAIConnectionError: Connection error.),"
+                                                        "已交回 worker 续跑\n")
+    monkeypatch.setenv("INBOX_MAX_TEXT_CHARS", "2000")
+    assert drain() == [("evt_T1012_created", "waiting_human")]
+    with opened_graph() as graph:
+        snapshot = graph.get_state(thread_of("T1012"))
+    assert snapshot.values["feedback"] == [feedback]
+    assert "上一个回答不能用" not in snapshot.interrupts[0].value["description"]
+    assert rows("SELECT COUNT(*) FROM outbox") == [(0,)]
+
+
 def test_respond_whose_redraft_is_refused_for_the_api_key_says_the_worker_retries_not_requeue_dead(lab):
     """key 错了:事件交回 worker(pending),修好 key 后 worker 自己会再试。原来括号里叫人运行 --requeue-dead:
     那个命令只放回死信,对这个事件什么都不做,不给事件号时还把别的死信都放回队列。"""
