@@ -110,8 +110,12 @@ CREATE UNIQUE INDEX IF NOT EXISTS events_one_processing_per_ticket ON events (ti
 ADDED_COLUMNS = {"not_before": "TEXT", "ticket_id": "TEXT", "claimed_by": "TEXT", "waiting_since": "TEXT"}
 # PostgreSQL 上只有 waiting_since 是后加的(有 PostgreSQL 的版本之前没有它):init() 查到缺了才补,
 # 不缺时不执行 ALTER TABLE(它要拿整张表的排它锁,每个程序启动都拿一次会和正在领事件的 worker 互相等)
-PG_HAS_WAITING_SINCE = ("SELECT 1 FROM information_schema.columns WHERE table_schema = current_schema() "
-                        "AND table_name = 'events' AND column_name = 'waiting_since'")
+# 查 pg_attribute,不查 information_schema.columns:后者只列出这个用户有权限的列,还没被 GRANT 的用户会以为缺了这一列
+PG_HAS_WAITING_SINCE = """
+SELECT 1 FROM pg_attribute WHERE attname = 'waiting_since' AND NOT attisdropped AND attrelid =
+    (SELECT oid FROM pg_class WHERE relname = 'events'
+                                AND relnamespace = (SELECT oid FROM pg_namespace WHERE nspname = current_schema()))
+"""
 # 当前 schema 里已有的表和索引(PostgreSQL 的 CREATE … IF NOT EXISTS 在 current_schema() 里建、查,这里也只看它)
 PG_OBJECTS = "SELECT relname FROM pg_class WHERE relnamespace = (SELECT oid FROM pg_namespace WHERE nspname = current_schema())"
 # init() 要建的表和索引的名字,从上面的语句里读出来(加一张表不用再改这里)
@@ -380,11 +384,18 @@ def init() -> None:
         with pg_refusing_ddl():
             with transaction() as conn:
                 conn.execute("SELECT pg_advisory_xact_lock(?)", (SCHEMA_LOCK,))  # 几个 worker 同时第一次启动
-                conn.executescript(sql("SCHEMA"))
-                if not conn.execute(PG_HAS_WAITING_SINCE).fetchone():
-                    conn.execute(f"ALTER TABLE events ADD COLUMN waiting_since {DIALECTS['postgres']['time']}")
-                    conn.execute(BACKFILL_WAITING_SINCE)
-                conn.execute(ONE_PROCESSING_PER_TICKET)
+                # 等锁的时候,拿着锁的那个(所有者的 store.py、另一台机器上的 worker)可能刚好建完:再看一次,
+                # 不然只有读写权限的用户在这里照样执行 DDL、被拒绝,虽然表已经都在了
+                built_meanwhile = pg_nothing_to_build(conn)
+                if not built_meanwhile:
+                    conn.executescript(sql("SCHEMA"))
+                    if not conn.execute(PG_HAS_WAITING_SINCE).fetchone():
+                        conn.execute(f"ALTER TABLE events ADD COLUMN waiting_since {DIALECTS['postgres']['time']}")
+                        conn.execute(BACKFILL_WAITING_SINCE)
+                    conn.execute(ONE_PROCESSING_PER_TICKET)
+        if built_meanwhile:
+            with opened() as conn:
+                pg_rights_or_exit(conn)
         return
     try:
         with opened() as conn:
@@ -438,7 +449,7 @@ def pg_rights_or_exit(conn) -> None:
     不查的话要到第一次写(领事件、收信)时才是 InsufficientPrivilege 的 traceback。"""
     ours = [*SCHEMA_OBJECTS, *BIZ_COLUMNS, *CHECKPOINT_TABLES]
     if missing := [r[0] for r in conn.execute(PG_MISSING_RIGHTS, (ours,))]:
-        user, schema = conn.execute("SELECT current_user, current_schema()").fetchone()
+        user, schema = conn.execute("SELECT quote_ident(current_user), quote_ident(current_schema())").fetchone()
         raise SystemExit(f"DATABASE_URL 的用户 {user} 对表 {'、'.join(missing)} 没有读写权限(程序要 SELECT、INSERT、UPDATE、"
                          f"DELETE):请库的所有者执行 GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA {schema} "
                          f"TO {user}。什么都没做")
@@ -489,8 +500,10 @@ PG_DDL_REFUSALS = {
                               "IN SCHEMA <schema> TO <用户>。PostgreSQL 15 起普通用户不能在 public 里建表"),
     "ReadOnlySqlTransaction": ("DATABASE_URL 指的 PostgreSQL 只能读",
                                "多半连到了备库,或者设了 default_transaction_read_only;换成主库的地址"),
+    # schema 在、这个用户却没有它的 USAGE 权限时,PostgreSQL 也当它不在(current_schema() 是空的)
     "InvalidSchemaName": ("DATABASE_URL 的 search_path 里没有一个存在的 schema",
-                          "先 CREATE SCHEMA,或者改掉 options 里的 search_path"),
+                          "先 CREATE SCHEMA(schema 其实在的话,是这个用户没有它的 USAGE 权限:请库的所有者 "
+                          "GRANT USAGE ON SCHEMA <schema> TO <用户>),或者改掉 options 里的 search_path"),
 }
 
 
@@ -792,7 +805,8 @@ def open_checkpointer(durable: bool = False):
                 time.sleep(0.05)
             try:
                 with pg_refusing_ddl():
-                    saver.setup()
+                    if not pg_checkpoint_tables_current(conn, saver):  # 等锁的时候别人可能刚建完(同 init())
+                        saver.setup()
             finally:
                 conn.execute("SELECT pg_advisory_unlock(?)", (CHECKPOINT_LOCK,))
         return saver, pool
@@ -1260,7 +1274,7 @@ def build_biz_tables(today: date | None = None) -> str | None:
     path = biz_db()
     copy = path.exists() and path.stat().st_size > 0
     try:
-        with transaction() as conn:
+        with pg_refusing_ddl(), transaction() as conn:  # 不能建表的用户:一行说清楚请所有者运行 store.py
             conn.execute("SELECT pg_advisory_xact_lock(?)", (BIZ_LOCK,))
             if any(conn.execute(BIZ_TABLES_SQL).fetchone()):
                 return None

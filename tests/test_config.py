@@ -5,6 +5,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -291,7 +292,8 @@ NO_CREATE = ("DATABASE_URL 的用户不能建表或改表(InsufficientPrivilege:
              "INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA <schema> TO <用户>。PostgreSQL 15 起普通用户不能在 public 里建表。"
              "什么都没做")
 NO_SCHEMA = ("DATABASE_URL 的 search_path 里没有一个存在的 schema(InvalidSchemaName: no schema has been selected to create "
-             "in):先 CREATE SCHEMA,或者改掉 options 里的 search_path。什么都没做")
+             "in):先 CREATE SCHEMA(schema 其实在的话,是这个用户没有它的 USAGE 权限:请库的所有者 GRANT USAGE ON SCHEMA "
+             "<schema> TO <用户>),或者改掉 options 里的 search_path。什么都没做")
 
 
 def test_a_read_only_postgres_is_a_setting_error_in_every_program_and_nothing_is_claimed(pg_lab):
@@ -301,9 +303,9 @@ def test_a_read_only_postgres_is_a_setting_error_in_every_program_and_nothing_is
 
 
 @contextmanager
-def read_write_role(owner_url: str):
-    """一个新的 PostgreSQL 用户:能用 owner_url 的 schema(USAGE),不能在里面建表;返回 (它的 DATABASE_URL, 给它读写权限的函数)。
-    生产上常这样配:表由库的所有者建,程序用只有读写权限的用户连。"""
+def read_write_role(owner_url: str, usage: bool = True):
+    """一个新的 PostgreSQL 用户:能用 owner_url 的 schema(USAGE;usage=False 时连这个也没有),不能在里面建表;
+    返回 (它的 DATABASE_URL, 给它读写权限的函数)。生产上常这样配:表由库的所有者建,程序用只有读写权限的用户连。"""
     import uuid
 
     import psycopg
@@ -317,7 +319,8 @@ def read_write_role(owner_url: str):
 
     with psycopg.connect(owner_url, autocommit=True) as conn:
         conn.execute(f"CREATE ROLE {role} LOGIN")
-        conn.execute(f"GRANT USAGE ON SCHEMA {schema} TO {role}")
+        if usage:
+            conn.execute(f"GRANT USAGE ON SCHEMA {schema} TO {role}")
     try:
         yield make_conninfo(owner_url, user=role), grant_read_write
     finally:
@@ -401,10 +404,11 @@ def test_a_read_write_user_meeting_a_table_that_needs_an_upgrade_is_told_to_have
         assert rows("SELECT status, attempts FROM events") == [("waiting_human", 1)]
 
 
-def test_a_user_with_only_select_rights_is_told_what_to_grant_and_nothing_is_claimed(pg_lab):
-    """表都建好了,用户却只被给了 SELECT:原来每个程序启动时的 CREATE … IF NOT EXISTS 就拦下了它;不再执行 DDL 之后,
-    worker 领事件、cron scan 写事件时才是 InsufficientPrivilege 的 traceback。现在一开始就说缺哪几张表的什么权限、
-    GRANT 什么,什么都没领。"""
+@pytest.mark.parametrize("granted", ["SELECT", None])
+def test_a_user_missing_write_rights_is_told_what_to_grant_and_nothing_is_claimed(pg_lab, granted):
+    """表都建好了,用户却只被给了 SELECT,或者所有者忘了 GRANT(最常见):原来每个程序启动时的 CREATE … IF NOT EXISTS
+    就拦下了它;不再执行 DDL 之后,worker 领事件、cron scan 写事件时才是 InsufficientPrivilege 的 traceback。
+    现在一开始就说缺哪几张表的什么权限、GRANT 什么,什么都没领(一点权限都没有时也不说成「表还没建好」)。"""
     owner_url = pg_lab["DATABASE_URL"]
     r = run(["store.py"], pg_lab)  # checkpoint 的表也建好
     assert r.returncode == 0, r.stderr
@@ -412,13 +416,83 @@ def test_a_user_with_only_select_rights_is_told_what_to_grant_and_nothing_is_cla
         import psycopg
 
         schema, user = schema_of(owner_url), conninfo_to_dict(url)["user"]
-        with psycopg.connect(owner_url, autocommit=True) as conn:
-            conn.execute(f"GRANT SELECT ON ALL TABLES IN SCHEMA {schema} TO {user}")
+        if granted:
+            with psycopg.connect(owner_url, autocommit=True) as conn:
+                conn.execute(f"GRANT {granted} ON ALL TABLES IN SCHEMA {schema} TO {user}")
         message = (f"DATABASE_URL 的用户 {user} 对表 checkpoint_blobs、checkpoint_migrations、checkpoint_writes、checkpoints、"
                    "customers、events、inbox_seen、llm_usage、outbox、review_log、tickets 没有读写权限(程序要 SELECT、"
                    f"INSERT、UPDATE、DELETE):请库的所有者执行 GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA "
                    f"{schema} TO {user}。什么都没做")
         refused_everywhere(pg_lab, url, [(code, message) for code in (1, 1, 2, 1, 2)])
+
+
+def test_a_user_without_usage_on_the_schema_is_told_to_have_it_granted(pg_lab):
+    """schema 在,用户却没有它的 USAGE 权限(自建的 schema 默认不给 PUBLIC):PostgreSQL 当它不在。原来只叫人
+    CREATE SCHEMA,可它明明在;现在也说要 GRANT USAGE。要业务表的程序照旧先说「先运行 store.py」,store.py 再说这一行。"""
+    owner_url = pg_lab["DATABASE_URL"]
+    with read_write_role(owner_url, usage=False) as (url, grant_read_write):
+        grant_read_write()
+        biz = f"业务库还没建:{store._safe_url(url)} 里没有表 customers、tickets(先运行 uv run python store.py 建库)"
+        refused_everywhere(pg_lab, url, [(1, biz), (1, NO_SCHEMA), (2, NO_SCHEMA), (1, NO_SCHEMA), (2, biz)])
+
+
+def test_store_py_run_by_a_read_write_user_where_the_business_tables_are_missing_says_so_in_one_line(pg_lab):
+    """上一版只在 PostgreSQL 里建了事件表和 checkpoint 表,业务表还没有:worker 叫人运行 store.py,只有读写权限的用户
+    照做时,建业务表那一步原来是 InsufficientPrivilege 的 traceback。现在和别的建表一样一行说清楚,一张表都没建。"""
+    owner_url = pg_lab["DATABASE_URL"]
+    r = run(["store.py"], pg_lab)
+    assert r.returncode == 0, r.stderr
+    with store.opened() as conn:
+        conn.execute("DROP TABLE tickets, customers")
+    with read_write_role(owner_url) as (url, grant_read_write):
+        grant_read_write()
+        r = run(["store.py"], {**pg_lab, "DATABASE_URL": url})
+        reason = f"permission denied for schema {schema_of(owner_url)}"
+        assert (r.returncode, r.stdout, r.stderr) == (1, "", NO_CREATE.format(reason=reason) + "\n")
+        assert not {"customers", "tickets"} & set(relations(owner_url))
+
+
+def test_a_read_write_user_waiting_while_the_owner_builds_the_tables_uses_them_instead_of_failing(lab, monkeypatch,
+                                                                                                pg_url):
+    """所有者的 store.py(或者部署时的迁移任务)正在建表,同时一个只有读写权限的程序启动了:它先看到表还不全,去排队等
+    建表的锁;等到时表已经建好。原来它拿到锁后照样执行 CREATE … IF NOT EXISTS,被拒绝退出;现在拿到锁先再看一次。
+    checkpoint 的表也一样。"""
+    import psycopg
+    from langgraph.checkpoint.postgres import PostgresSaver
+
+    with pg_schema() as owner_url, read_write_role(owner_url) as (url, grant_read_write):
+        monkeypatch.setenv("DATABASE_URL", owner_url)
+        user = conninfo_to_dict(url)["user"]
+        script = "import store; store.init(); store.open_checkpointer()[1].close(); print('好了')"
+        with psycopg.connect(owner_url, autocommit=True) as holder:
+            holder.execute("SELECT pg_advisory_lock(%s)", (store.CHECKPOINT_LOCK,))
+            with store.transaction() as conn:
+                conn.execute("SELECT pg_advisory_xact_lock(?)", (store.SCHEMA_LOCK,))
+                proc = subprocess.Popen([sys.executable, "-c", script], cwd=LAB, env={**lab, "DATABASE_URL": url},
+                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                waiting_for(owner_url, user, "pg_advisory_xact_lock")
+                conn.executescript(store.sql("SCHEMA"))
+                conn.execute(store.ONE_PROCESSING_PER_TICKET)
+            grant_read_write()
+            waiting_for(owner_url, user, "pg_try_advisory_lock")
+            with psycopg.connect(owner_url, autocommit=True) as setup:
+                PostgresSaver(setup).setup()
+            grant_read_write()
+            holder.execute("SELECT pg_advisory_unlock(%s)", (store.CHECKPOINT_LOCK,))
+        out, err = proc.communicate(timeout=60)
+        assert (proc.returncode, out, err) == (0, "好了\n", "")
+
+
+def waiting_for(url: str, user: str, call: str, timeout_s: float = 30) -> None:
+    """等到 user 的连接正在(或刚刚)执行含 call 的语句:它在排队等锁了。"""
+    import psycopg
+
+    deadline = time.monotonic() + timeout_s
+    with psycopg.connect(url, autocommit=True) as conn:
+        while not conn.execute("SELECT 1 FROM pg_stat_activity WHERE usename = %s AND query LIKE %s",
+                               (user, f"%{call}%")).fetchone():
+            assert time.monotonic() < deadline, f"{user} 一直没有执行 {call}"
+            time.sleep(0.05)
 
 
 def test_a_search_path_naming_no_existing_schema_is_explained_by_store_py(lab, pg_url):
