@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from conftest import (FULL_DISK, LAB, RUN_AS_MAIN, free_port, pg_schema, refused_startup, rows, run,
-                      write_locked)
+                      webhook_server, write_locked)
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 import config
@@ -351,7 +351,7 @@ def test_a_read_write_user_is_told_to_have_the_owner_run_store_py_then_runs_ever
     """PostgreSQL 15 起普通用户不能在 public 里建表,生产上程序也常用只有读写权限的用户连。原来每个程序每次启动都执行
     CREATE … IF NOT EXISTS,这种用户连建好了的表也用不了;现在表都在时一条 DDL 也不执行。
     表还没建:建表的程序一行说清楚请所有者运行 store.py,schema 里什么都没建;所有者运行一次 store.py、给了读写权限之后,
-    收信、起草、收件箱 accept、日报都照常,回复进了发件箱。"""
+    webhook 收事件、收信、起草、收件箱 accept、日报都照常,回复进了发件箱。"""
     with pg_schema() as owner_url, read_write_role(owner_url) as (url, grant_read_write):
         schema = schema_of(owner_url)
         no_create = NO_CREATE.format(reason=f"permission denied for schema {schema}")
@@ -370,9 +370,13 @@ def test_a_read_write_user_is_told_to_have_the_owner_run_store_py_then_runs_ever
         r = run(["email_poller.py", "--eml", "samples/01_utf8_plain.eml"], as_user)
         assert r.returncode == 0, r.stderr
         [(event_id, ticket)] = pg_rows(owner_url, "SELECT event_id, ticket_id FROM events")
+        with webhook_server(as_user) as (_, webhook):  # webhook 和它的写库进程也用这个用户
+            r = run(["send_webhook.py", "T1012"], {**as_user, "WEBHOOK_URL": webhook + "/hooks/cloudledger"})
+        assert (r.returncode, r.stdout) == (0, "202 {'accepted': True, 'duplicate': False}\n"), r.stderr
         r = run(["worker.py", "--once"], as_user)
         assert r.returncode == 0, r.stderr
-        assert pg_rows(owner_url, "SELECT status FROM events") == [("waiting_human",)]
+        assert pg_rows(owner_url, "SELECT ticket_id, status FROM events ORDER BY ticket_id") == [
+            (ticket, "waiting_human"), ("T1012", "waiting_human")]
         r = run(["inbox.py", "list"], as_user)
         assert (r.returncode, ticket in r.stdout) == (0, True), r.stderr
         r = run(["inbox.py", "accept", ticket], as_user)
@@ -380,7 +384,8 @@ def test_a_read_write_user_is_told_to_have_the_owner_run_store_py_then_runs_ever
         for command in (["cron_jobs.py", "report"], ["store.py"]):
             r = run(command, as_user)
             assert r.returncode == 0, (command, r.stderr)
-        assert pg_rows(owner_url, "SELECT event_id, status FROM events") == [(event_id, "done")]
+        assert pg_rows(owner_url, "SELECT event_id, status FROM events ORDER BY ticket_id") == [
+            (event_id, "done"), ("evt_T1012_created", "waiting_human")]
         assert pg_rows(owner_url, "SELECT ticket_id, sent_by FROM outbox") == [(ticket, "agent+reviewer")]
 
 
