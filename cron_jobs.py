@@ -11,7 +11,8 @@
           已经在队列或收件箱里的、客服选了「不回」的、事件进了死信的工单不再入队,有这种情况时多一行说明。
           worker 处理 ticket.stale 事件时,提示词会说这张工单等了很久,草稿开头先为久等道歉。
     report:事件状态、队列深度(pending)、收件箱里等得最久的一条、死信数和每条死信、
-          每类工单的处理结果(accept / edit / response / ignore)、模型调用次数、token 和单事件成本。
+          每类工单的处理结果(accept / edit / ignore 各几张,其中几张提过意见重写、共几轮 response)、
+          模型调用次数、token 和单事件成本。
 
 日期一律按 UTC:工单的 created_at、事件 id 里的日期都是 UTC 的日子。
 退出码:0 成功;1 日报发 Slack 失败(日报已经打印出来了);2 参数或设置不对,什么都没做;
@@ -34,7 +35,7 @@ INBOX_ALERT_HOURS = 24           # 小时(至少 0);收件箱里有待办等了�
 # 元 / 千 token,输入输出合起来算的一个均价。默认按课文「一次起草约 0.0015 元」反推:一次起草大约
 # 六七百个 token(提示词 + 结构化输出),约合 0.002 元 / 千 token;换模型或服务商调价时按价目表改。
 LLM_PRICE_PER_1K_TOKENS = 0.002
-OUTCOME_KINDS = ("accept", "edit", "response", "ignore")
+OUTCOME_KINDS = ("accept", "edit", "ignore")  # 每张工单最后是其中一种;response(提意见重写)是途中的,另外说
 # 天(1–365);日报的处理结果另算最近这么多天的 edit 率,和之前的比。只看全部历史的话,一千条旧记录能把
 # 一周里从 10% 涨到 40% 的 edit 率冲淡成 12%(课文自测 6),看不出模型、提示词或业务规则变了
 REPORT_RECENT_DAYS = 7
@@ -151,7 +152,8 @@ def alert_note(hours: float) -> str:
 
 def outcome_lines(outcomes: list[dict]) -> list[str]:
     """每类工单人是怎么处理的:accept 多的可以考虑自动发,edit 突然变多说明模型或业务规则变了。
-    response 是「提意见让 Agent 重写」的总轮数(review_log.feedback 里的条数)。"""
+    accept / edit / ignore 加起来是这一类的张数;response(提意见让 Agent 重写)发生在途中,重写完还是以这三种之一结束,
+    所以另外说有几张提过意见、一共几轮(review_log.feedback 里的条数),不和它们并列(并列的话四个数加起来比张数多)。"""
     if not outcomes:
         return ["处理结果:还没有审核记录(review_log 是空的)"]
     lines = ["处理结果(按类别):"]
@@ -160,8 +162,9 @@ def outcome_lines(outcomes: list[dict]) -> list[str]:
             lines.append(f"  通知类待办:{o['tickets']} 条看过了(没有草稿,不算批准率)")
             continue
         counts = ",".join(f"{k} {o[k]}" for k in OUTCOME_KINDS)
+        responded = f",其中 {o['responded']} 张提过意见重写(response 共 {o['response']} 轮)" if o["responded"] else ""
         lines.append(f"  {o['category']}:{o['tickets']} 张,{counts},原样批准率 {o['accept'] / o['tickets']:.0%}"
-                     + recent_note(o))
+                     + responded + recent_note(o))
     return lines
 
 

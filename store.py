@@ -1684,7 +1684,8 @@ NOTIFIED = "(通知)"  # _outcomes_by_category 里通知类待办那一行的类
 
 
 def _outcomes_by_category(reviews, recent_since: datetime | None) -> list[dict]:
-    """review_log 按类别数:accept / edit / ignore 各几张,response 是 feedback 里意见的总条数(重写了几轮);
+    """review_log 按类别数:accept / edit / ignore 各几张(每张工单最后是其中一种);responded 是其中提过意见重写的张数,
+    response 是 feedback 里意见的总条数(重写了几轮);
     recent_tickets / recent_edit 是 recent_since 以来的张数和 edit 数。通知类待办(notify)没有草稿可批,
     不算进任何一类,只数总共几条(类别名 NOTIFIED)。
     在 Python 里数而不是用 SQL 的 JSON 函数:SQLite 和 PostgreSQL 的写法不一样。"""
@@ -1692,8 +1693,8 @@ def _outcomes_by_category(reviews, recent_since: datetime | None) -> list[dict]:
     for category, action, feedback, created_at in reviews:
         if action == "notify":
             category = NOTIFIED
-        o = out.setdefault(category, {"category": category, "tickets": 0, "accept": 0, "edit": 0, "response": 0,
-                                      "ignore": 0, "recent_tickets": 0, "recent_edit": 0})
+        o = out.setdefault(category, {"category": category, "tickets": 0, "accept": 0, "edit": 0, "ignore": 0,
+                                      "responded": 0, "response": 0, "recent_tickets": 0, "recent_edit": 0})
         o["tickets"] += 1
         if action in ("accept", "edit", "ignore"):
             o[action] += 1
@@ -1701,9 +1702,11 @@ def _outcomes_by_category(reviews, recent_since: datetime | None) -> list[dict]:
             o["recent_tickets"] += 1
             o["recent_edit"] += action == "edit"
         try:
-            o["response"] += len(json.loads(feedback or "[]"))
+            rounds = len(json.loads(feedback or "[]"))
         except (ValueError, TypeError):
-            pass  # feedback 不是合法 JSON:这一行的意见不算
+            rounds = 0  # feedback 不是合法 JSON:这一行的意见不算
+        o["response"] += rounds
+        o["responded"] += rounds > 0
     return sorted(out.values(), key=lambda o: o["category"] == NOTIFIED)
 
 

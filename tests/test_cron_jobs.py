@@ -306,8 +306,9 @@ WATCH_LIST = [
     "死信数:1",
     "死信:evt_T9999_created  PermanentError: 工单不存在:T9999",
     "处理结果(按类别):",
-    "  invoice:1 张,accept 0,edit 0,response 0,ignore 1,原样批准率 0%;近 7 天 1 张,edit 率 0%",
-    "  refund:3 张,accept 2,edit 1,response 3,ignore 0,原样批准率 67%;近 7 天 3 张,edit 率 33%",
+    "  invoice:1 张,accept 0,edit 0,ignore 1,原样批准率 0%;近 7 天 1 张,edit 率 0%",
+    "  refund:3 张,accept 2,edit 1,ignore 0,原样批准率 67%,其中 2 张提过意见重写(response 共 3 轮);"
+    "近 7 天 3 张,edit 率 33%",
 ]
 
 
@@ -321,7 +322,7 @@ def test_report_counts_notify_items_apart_from_the_approval_rate_of_their_catego
     moment = datetime.now(timezone.utc)
     assert cron_jobs.build_report(moment=moment).splitlines()[5:8] == [
         "处理结果(按类别):",
-        "  refund:1 张,accept 1,edit 0,response 0,ignore 0,原样批准率 100%;近 7 天 1 张,edit 率 0%",
+        "  refund:1 张,accept 1,edit 0,ignore 0,原样批准率 100%;近 7 天 1 张,edit 率 0%",
         "  通知类待办:2 条看过了(没有草稿,不算批准率)",
     ]
 
@@ -356,15 +357,15 @@ def test_report_flags_a_category_whose_edit_rate_jumped_this_week_although_its_h
     outcomes = cron_jobs.build_report(moment=moment).splitlines()[5:8]
     assert outcomes == [
         "处理结果(按类别):",
-        "  invoice:2 张,accept 2,edit 0,response 0,ignore 0,原样批准率 100%;近 7 天没有",
-        "  refund:15 张,accept 12,edit 3,response 0,ignore 0,原样批准率 80%;近 7 天 5 张,edit 率 40%(之前 10%),"
+        "  invoice:2 张,accept 2,edit 0,ignore 0,原样批准率 100%;近 7 天没有",
+        "  refund:15 张,accept 12,edit 3,ignore 0,原样批准率 80%;近 7 天 5 张,edit 率 40%(之前 10%),"
         "涨了 30 个百分点:看看模型、提示词或业务规则是不是变了"]
     monkeypatch.setenv("EDIT_RISE_ALERT_POINTS", "31")  # 门槛比涨幅高:只报数,不提醒
     assert cron_jobs.build_report(moment=moment).splitlines()[7] == (
-        "  refund:15 张,accept 12,edit 3,response 0,ignore 0,原样批准率 80%;近 7 天 5 张,edit 率 40%(之前 10%)")
+        "  refund:15 张,accept 12,edit 3,ignore 0,原样批准率 80%;近 7 天 5 张,edit 率 40%(之前 10%)")
     monkeypatch.setenv("REPORT_RECENT_DAYS", "60")  # 窗口包住全部记录:没有「之前」可比
     assert cron_jobs.build_report(moment=moment).splitlines()[7] == (
-        "  refund:15 张,accept 12,edit 3,response 0,ignore 0,原样批准率 80%;近 60 天 15 张,edit 率 20%")
+        "  refund:15 张,accept 12,edit 3,ignore 0,原样批准率 80%;近 60 天 15 张,edit 率 20%")
 
 
 def test_report_command_prints_the_same_report(lab):
