@@ -117,7 +117,8 @@ SELECT 1 FROM pg_attribute WHERE attname = 'waiting_since' AND NOT attisdropped 
                                 AND relnamespace = (SELECT oid FROM pg_namespace WHERE nspname = current_schema()))
 """
 # 当前 schema 里已有的表和索引(PostgreSQL 的 CREATE … IF NOT EXISTS 在 current_schema() 里建、查,这里也只看它)
-PG_OBJECTS = "SELECT relname FROM pg_class WHERE relnamespace = (SELECT oid FROM pg_namespace WHERE nspname = current_schema())"
+PG_OBJECTS = ("SELECT relname FROM pg_class "
+              "WHERE relnamespace = (SELECT oid FROM pg_namespace WHERE nspname = current_schema())")
 # init() 要建的表和索引的名字,从上面的语句里读出来(加一张表不用再改这里)
 SCHEMA_OBJECTS = frozenset(re.findall(r"(?:TABLE|INDEX) IF NOT EXISTS (\w+)", SCHEMA + ONE_PROCESSING_PER_TICKET))
 # 补上 waiting_since 时,已经在收件箱里的待办从 updated_at 算起(上一版的收件箱放回待办时保留的就是它);
@@ -441,7 +442,8 @@ WHERE relnamespace = (SELECT oid FROM pg_namespace WHERE nspname = current_schem
            AND has_table_privilege(oid, 'UPDATE') AND has_table_privilege(oid, 'DELETE'))
 ORDER BY relname
 """
-CHECKPOINT_TABLES = ("checkpoint_migrations", "checkpoints", "checkpoint_blobs", "checkpoint_writes")  # PostgresSaver 建的
+# PostgresSaver 建的表
+CHECKPOINT_TABLES = ("checkpoint_migrations", "checkpoints", "checkpoint_blobs", "checkpoint_writes")
 
 
 def pg_rights_or_exit(conn) -> None:
@@ -1518,7 +1520,7 @@ def sqlite_note() -> str:
         with opened(path) as conn:
             if moved := moved_to(conn):
                 url, moved_at = moved
-                if url == _safe_url(database_url()):
+                if same_database(url, _safe_url(database_url())):
                     return ""
                 return (f"{path} 里的事件在 {moved_at} 搬进的是 {url},不是现在 DATABASE_URL 的这个库:"
                         "要接着处理搬过去的事件和待办,把 DATABASE_URL 改回那个库")
@@ -1541,6 +1543,20 @@ def _safe_url(text: str) -> str:
     libpq 说连接串写错了(比如少了 :// 里的冒号)时会把整串原样引出来,密码不能跟着进终端和 cron.log。"""
     text = re.sub(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s\"]+)", r"\1***", text)
     return re.sub(r"(^|[/\s\"])([^:/@\s\"]+):(?!//)[^@\s\"]*@", r"\1\2:***@", text)
+
+
+def same_database(a: str, b: str) -> bool:
+    """两个连接串是不是同一个库:服务器、库名和其余参数(options 里的 search_path)都一样,用户和密码不算。
+    所有者搬的家,之后用只有读写权限的用户连同一个库,不该被说成「不是现在 DATABASE_URL 的这个库」。"""
+    import psycopg
+    from psycopg.conninfo import conninfo_to_dict
+
+    def key(url: str) -> dict | str:
+        try:
+            return {k: v for k, v in conninfo_to_dict(url).items() if k not in ("user", "password")}
+        except psycopg.ProgrammingError:  # 读不懂的(不会是 store.py 记下的):只认一模一样的
+            return url
+    return key(a) == key(b)
 
 
 def counts(path: Path | None, tables: tuple[str, ...]) -> dict[str, int]:

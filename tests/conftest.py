@@ -321,6 +321,42 @@ def pg_schema():
             conn.execute(f"DROP SCHEMA {schema} CASCADE")
 
 
+@contextmanager
+def read_write_role(owner_url: str, usage: bool = True):
+    """一个新的 PostgreSQL 用户:能用 owner_url 的 schema(USAGE;usage=False 时连这个也没有),不能在里面建表;
+    返回 (它的 DATABASE_URL, 给它读写权限的函数)。生产上常这样配:表由库的所有者建,程序用只有读写权限的用户连。"""
+    import uuid
+
+    import psycopg
+    from psycopg.conninfo import make_conninfo
+
+    schema = schema_of(owner_url)
+    role = f"t_{uuid.uuid4().hex[:12]}"
+
+    def grant_read_write() -> None:
+        with psycopg.connect(owner_url, autocommit=True) as conn:
+            conn.execute(f"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA {schema} TO {role}")
+
+    with psycopg.connect(owner_url, autocommit=True) as conn:
+        conn.execute(f"CREATE ROLE {role} LOGIN")
+        if usage:
+            conn.execute(f"GRANT USAGE ON SCHEMA {schema} TO {role}")
+    try:
+        yield make_conninfo(owner_url, user=role), grant_read_write
+    finally:
+        store.close_pools()
+        with psycopg.connect(owner_url, autocommit=True) as conn:
+            conn.execute(f"DROP OWNED BY {role}")
+            conn.execute(f"DROP ROLE {role}")
+
+
+def schema_of(url: str) -> str:
+    """pg_schema() 给的 URL 只看得见的那个 schema。"""
+    from psycopg.conninfo import conninfo_to_dict
+
+    return conninfo_to_dict(url)["options"].split("=")[1]
+
+
 @pytest.fixture
 def pg_lab(lab, monkeypatch, pg_url):
     """同一套实验环境,但事件库和 checkpoint 放在真的 PostgreSQL 里:每个测试一个新 schema,用完删掉。"""

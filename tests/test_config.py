@@ -6,12 +6,11 @@ import shutil
 import subprocess
 import sys
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from conftest import (FULL_DISK, LAB, RUN_AS_MAIN, free_port, pg_schema, refused_startup, rows, run,
-                      webhook_server, write_locked)
+from conftest import (FULL_DISK, LAB, RUN_AS_MAIN, free_port, pg_schema, read_write_role, refused_startup, rows,
+                      run, schema_of, webhook_server, write_locked)
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 import config
@@ -300,39 +299,6 @@ def test_a_read_only_postgres_is_a_setting_error_in_every_program_and_nothing_is
     """连到备库(这里用 default_transaction_read_only 模拟):原来每个程序都是 ReadOnlySqlTransaction 的 traceback。"""
     url = pg_lab["DATABASE_URL"] + "%20-cdefault_transaction_read_only%3Don"
     refused_everywhere(pg_lab, url, [(code, READ_ONLY) for code in (1, 1, 2, 1, 2)])
-
-
-@contextmanager
-def read_write_role(owner_url: str, usage: bool = True):
-    """一个新的 PostgreSQL 用户:能用 owner_url 的 schema(USAGE;usage=False 时连这个也没有),不能在里面建表;
-    返回 (它的 DATABASE_URL, 给它读写权限的函数)。生产上常这样配:表由库的所有者建,程序用只有读写权限的用户连。"""
-    import uuid
-
-    import psycopg
-
-    schema = schema_of(owner_url)
-    role = f"t_{uuid.uuid4().hex[:12]}"
-
-    def grant_read_write() -> None:
-        with psycopg.connect(owner_url, autocommit=True) as conn:
-            conn.execute(f"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA {schema} TO {role}")
-
-    with psycopg.connect(owner_url, autocommit=True) as conn:
-        conn.execute(f"CREATE ROLE {role} LOGIN")
-        if usage:
-            conn.execute(f"GRANT USAGE ON SCHEMA {schema} TO {role}")
-    try:
-        yield make_conninfo(owner_url, user=role), grant_read_write
-    finally:
-        store.close_pools()
-        with psycopg.connect(owner_url, autocommit=True) as conn:
-            conn.execute(f"DROP OWNED BY {role}")
-            conn.execute(f"DROP ROLE {role}")
-
-
-def schema_of(url: str) -> str:
-    """pg_schema() 给的 URL 只看得见的那个 schema。"""
-    return conninfo_to_dict(url)["options"].split("=")[1]
 
 
 def pg_rows(url: str, sql: str) -> list[tuple]:

@@ -6,7 +6,8 @@ import sqlite3
 from contextlib import contextmanager
 
 import pytest
-from conftest import LAB, cut_connections, drain, pg_schema, refused_startup, rows, run, webhook_server, write_locked
+from conftest import (LAB, cut_connections, drain, pg_schema, read_write_role, refused_startup, rows, run, webhook_server,
+                      write_locked)
 from openai_stub import OpenAIStub
 
 import store
@@ -222,6 +223,13 @@ def test_store_py_on_another_postgres_database_says_where_the_sqlite_lab_was_mov
         assert (back.returncode, back.stderr, back.stdout.splitlines()) == (0, "", [
             f"事件库 {moved_here}:events 5 行,outbox 1 行,review_log 1 行,llm_usage 3 行",
             f"业务库 {moved_here}:customers 30 行,tickets 41 行"])
+        # 同一个库,换成只有读写权限的用户连(所有者搬的家):也是「改回去了」,原来因为 URL 里的用户不同照样提醒
+        with read_write_role(moved_here) as (as_user, grant_read_write):
+            grant_read_write()
+            back = run(["store.py"], {**lab, "DATABASE_URL": as_user})
+            assert (back.returncode, back.stderr, back.stdout.splitlines()) == (0, "", [
+                f"事件库 {as_user}:events 5 行,outbox 1 行,review_log 1 行,llm_usage 3 行",
+                f"业务库 {as_user}:customers 30 行,tickets 41 行"])
         with on_postgres(monkeypatch, moved_here):
             assert snapshot() == before
     assert snapshot() == before
