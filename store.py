@@ -833,6 +833,8 @@ def pg_checkpoint_tables_current(conn, saver) -> bool:
     """LangGraph 的 checkpoint 表已经升到这个版本的 PostgresSaver 要的样子了吗(setup() 里记在 checkpoint_migrations 的最后一版)。"""
     if "checkpoint_migrations" not in pg_objects(conn):
         return False
+    # init() 查过权限,可那时这几张表可能还没有(所有者的 store.py 刚刚建好):读版本号之前再查一次,缺权限时一行说清楚
+    pg_rights_or_exit(conn)
     return conn.execute(PG_CHECKPOINT_VERSION).fetchone()[0] >= len(saver.MIGRATIONS) - 1  # 更新的版本升过的也行
 
 

@@ -397,6 +397,26 @@ def test_a_user_missing_write_rights_is_told_what_to_grant_and_nothing_is_claime
         refused_everywhere(pg_lab, url, [(code, message) for code in (1, 1, 2, 1, 2)])
 
 
+def test_checkpoint_tables_built_after_the_rights_check_are_checked_again_before_use(pg_lab):
+    """init() 查权限时 checkpoint 的表可能还没有(所有者的 store.py 刚好在它之后建好、还没 GRANT):打开 checkpoint 时
+    原来直接读 checkpoint_migrations,是 InsufficientPrivilege 的 traceback;现在同样一行说缺哪几张表的权限。"""
+    owner_url = pg_lab["DATABASE_URL"]
+    r = run(["store.py"], pg_lab)
+    assert r.returncode == 0, r.stderr
+    with read_write_role(owner_url) as (url, grant_read_write):
+        import psycopg
+
+        grant_read_write()
+        schema, user = schema_of(owner_url), conninfo_to_dict(url)["user"]
+        with psycopg.connect(owner_url, autocommit=True) as conn:
+            conn.execute(f"REVOKE ALL ON {', '.join(store.CHECKPOINT_TABLES)} FROM {user}")
+        r = run(["-c", "import store; store.open_checkpointer()"], {**pg_lab, "DATABASE_URL": url})
+        assert (r.returncode, r.stdout, r.stderr) == (1, "", (
+            f"DATABASE_URL 的用户 {user} 对表 checkpoint_blobs、checkpoint_migrations、checkpoint_writes、checkpoints "
+            "没有读写权限(程序要 SELECT、INSERT、UPDATE、DELETE):请库的所有者执行 GRANT SELECT, INSERT, UPDATE, DELETE "
+            f"ON ALL TABLES IN SCHEMA {schema} TO {user}。什么都没做\n"))
+
+
 def test_a_user_without_usage_on_the_schema_is_told_to_have_it_granted(pg_lab):
     """schema 在,用户却没有它的 USAGE 权限(自建的 schema 默认不给 PUBLIC):PostgreSQL 当它不在。原来只叫人
     CREATE SCHEMA,可它明明在;现在也说要 GRANT USAGE。要业务表的程序照旧先说「先运行 store.py」,store.py 再说这一行。"""
@@ -444,7 +464,8 @@ def test_a_read_write_user_waiting_while_the_owner_builds_the_tables_uses_them_i
                 waiting_for(owner_url, user, "pg_advisory_xact_lock")
                 conn.executescript(store.sql("SCHEMA"))
                 conn.execute(store.ONE_PROCESSING_PER_TICKET)
-            grant_read_write()
+                # 在同一个事务里给权限(一起提交):放开锁之前就给好,不然等着的程序先看到没权限的表,说缺什么权限
+                conn.execute(f"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA {schema_of(owner_url)} TO {user}")
             waiting_for(owner_url, user, "pg_try_advisory_lock")
             with psycopg.connect(owner_url, autocommit=True) as setup:
                 PostgresSaver(setup).setup()
