@@ -1,5 +1,6 @@
 """webhook 入口:验签、防重放、去重,坏请求回清楚的错误且什么都不存。"""
 import array
+import asyncio
 import base64
 import contextlib
 import fcntl
@@ -85,6 +86,7 @@ def test_any_matching_v1_signature_passes_during_secret_rotation(client):
     old = send_webhook.sign(body, "old-secret", ts).split("v1=")[1]
     r = post(client, body, f"t={ts},v0=deadbeef,v1={old},v1={good}")
     assert (r.status_code, r.json()) == (202, {"accepted": True, "duplicate": False})
+    assert stored() == [("evt_T1012_created", "webhook", "ticket.created", "pending", 0)]
 
 
 def frozen_clock(monkeypatch) -> int:
@@ -93,6 +95,19 @@ def frozen_clock(monkeypatch) -> int:
     now = int(time.time())
     monkeypatch.setattr(webhook, "time", types.SimpleNamespace(time=lambda: float(now)))
     return now
+
+
+@pytest.mark.parametrize("scheme", ["cloudledger", "standard"])
+@pytest.mark.parametrize("seconds_off", [-300, -299, 299, 300])
+def test_timestamp_up_to_300_seconds_off_either_way_is_accepted_and_stored(client, monkeypatch, scheme, seconds_off):
+    """窗口的另一面:离「现在」不超过 ±300 秒(含 300)的签名照收。只测 ±301 被拒的话,窗口被改小了也发现不了。"""
+    body = body_for("T1041")
+    ts = frozen_clock(monkeypatch) + seconds_off
+    headers = ({"x-cloudledger-signature": send_webhook.sign(body, SECRET, ts)} if scheme == "cloudledger"
+               else standard_headers(body, SECRET.encode(), ts=ts))
+    r = client.post(URL, content=body, headers=headers)
+    assert (r.status_code, r.json()) == (202, {"accepted": True, "duplicate": False})
+    assert stored() == [("evt_T1041_created", "webhook", "ticket.created", "pending", 0)]
 
 
 @pytest.mark.parametrize("header, status, detail", [
@@ -206,6 +221,7 @@ def test_standard_webhooks_with_plain_secret_uses_its_raw_bytes(client):
     body = body_for("T1003")
     r = client.post(URL, content=body, headers=standard_headers(body, SECRET.encode()))
     assert (r.status_code, r.json()) == (202, {"accepted": True, "duplicate": False})
+    assert stored() == [("evt_T1003_created", "webhook", "ticket.created", "pending", 0)]
 
 
 @pytest.mark.parametrize("change, status, detail", [
@@ -223,14 +239,50 @@ def test_bad_standard_webhooks_headers_are_rejected_and_nothing_stored(client, c
     assert stored() == []
 
 
-def test_many_concurrent_deliveries_are_group_committed_and_each_answered(client):
-    """组提交:并发到达的请求一批写进一个事务,每个请求拿到的都是自己那条的结果。"""
-    bodies = [body_for(f"T{2000 + i}") for i in range(60)] * 2
+def batches_written(monkeypatch, hold_until_pending: int) -> list[int]:
+    """记下组提交每一批交给写库进程几个事件。第一批先等一等,直到排队的请求有 hold_until_pending 个
+    (最多 10 秒):写库进程在写的时候到达的请求排成下一批,这里让这件事确定发生,而不是看线程调度的运气。"""
+    sizes: list[int] = []
+    write = webhook.committer._write
+
+    async def counted(events):
+        sizes.append(len(events))
+        deadline = time.monotonic() + 10
+        while len(sizes) == 1 and len(webhook.committer.pending) < hold_until_pending and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        return await write(events)
+
+    monkeypatch.setattr(webhook.committer, "_write", counted)
+    return sizes
+
+
+def send_concurrently(client, bodies: list[bytes]) -> list[dict]:
     with ThreadPoolExecutor(16) as pool:
-        answers = list(pool.map(lambda b: post(client, b, send_webhook.sign(b, SECRET)).json(), bodies))
+        return list(pool.map(lambda b: post(client, b, send_webhook.sign(b, SECRET)).json(), bodies))
+
+
+def test_many_concurrent_deliveries_are_group_committed_and_each_answered(client, monkeypatch):
+    """组提交:并发到达的请求一批写进一个事务,每个请求拿到的都是自己那条的结果。"""
+    sizes = batches_written(monkeypatch, hold_until_pending=10)
+    answers = send_concurrently(client, [body_for(f"T{2000 + i}") for i in range(60)] * 2)
     assert sum(a == {"accepted": True, "duplicate": False} for a in answers) == 60
     assert sum(a == {"accepted": True, "duplicate": True} for a in answers) == 60
     assert rows("SELECT COUNT(*), COUNT(DISTINCT event_id) FROM events") == [(60, 60)]
+    assert sum(sizes) == 120 and max(sizes) >= 10 and len(sizes) < 120, sizes  # 一批多个,不是一个请求一个事务
+
+
+@pytest.mark.parametrize("limit, value, most", [
+    ("MAX_BATCH", 7, 7),
+    ("MAX_BATCH_CHARS", 3 * len(body_for("T2000")), 3),  # 三个请求体正好够,第四个就超了
+    ("MAX_BATCH_CHARS", 10, 1),  # 一个请求体就比上限长:照样自己成一批,不会卡住
+])
+def test_a_group_commit_batch_stays_within_its_event_and_size_limits(client, monkeypatch, limit, value, most):
+    monkeypatch.setattr(webhook, limit, value)
+    sizes = batches_written(monkeypatch, hold_until_pending=20)
+    answers = send_concurrently(client, [body_for(f"T{2000 + i}") for i in range(40)])
+    assert answers == [{"accepted": True, "duplicate": False}] * 40
+    assert rows("SELECT COUNT(*), COUNT(DISTINCT event_id) FROM events") == [(40, 40)]
+    assert sum(sizes) == 40 and max(sizes) == most, sizes
 
 
 def test_event_store_failure_answers_503_and_the_retry_is_stored(client):
