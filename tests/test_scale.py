@@ -134,6 +134,7 @@ def test_four_workers_500_events_one_killed_then_restart_finishes_with_one_reply
         time.sleep(0.05)
     procs[0].send_signal(signal.SIGKILL)
     outs = [p.communicate(timeout=300)[0] for p in procs]
+    assert procs[0].returncode == -signal.SIGKILL  # 真的是被杀的,不是先做完退出了
     restart = run(["worker.py", "--once"], any_lab, timeout=300)
     assert restart.returncode == 0, restart.stderr
     outs.append(restart.stdout)
