@@ -28,9 +28,10 @@ Message-ID(见 mail_event_id()),重跑时补上缺的那一半。解析不了的
 解析不了的原因里带着邮件原文的(比如找不到发件人地址时的 From 头),先打码(手机号、身份证号、银行卡号、邮箱地址)
 再打印,stderr 和日志里不留客户的个人信息。
 
-退出码:0 全部处理好;1 有邮件无法解析、存储失败或读取失败(其余照常处理了),或者数据库暂时用不了(这时后面的邮件这一轮
+退出码:0 全部处理好;1 有邮件无法解析、存储失败、读取失败或者标不了已读(其余照常处理了),或者数据库暂时用不了(这时后面的邮件这一轮
 不收,保持未读);2 设置或参数不对;3 连不上邮箱、登录失败或收信中途断线(已经处理好的邮件照常算数,没处理的保持未读)。
 """
+import ast
 import base64
 import codecs
 import email
@@ -93,6 +94,7 @@ class Outcome:
     kind: str     # ticket / skip / duplicate / broken / failed / unreadable(没读到这封信:服务器拒绝、文件读不了)
     text: str     # 打印出来的结果:工单号、skip: 不是已知客户、duplicate,或者出错原因
     database_down: bool = False  # 存储失败是因为数据库暂时用不了:后面的邮件这一轮不收了(每封都会白等一遍)
+    unmarked: bool = False  # 处理好了,服务器却不让标已读(STORE 回 NO):下次再收到时是 duplicate
 
     @property
     def handled(self) -> bool:
@@ -101,8 +103,8 @@ class Outcome:
 
     @property
     def problem(self) -> bool:
-        """要人知道的结果:打到 stderr,退出码 1。"""
-        return self.kind in ("broken", "failed", "unreadable")
+        """要人知道的结果:退出码 1。除了 unmarked(那一行另外说),结果那一行打到 stderr。"""
+        return self.kind in ("broken", "failed", "unreadable") or self.unmarked
 
 
 # ---------------------------------------------------------------- 解析:字节 → {message_id, from, subject, body}
@@ -514,9 +516,15 @@ def ssl_context(cafile: str = "") -> ssl.SSLContext:
 
 def server_words(error: Exception) -> str:
     """imaplib 的错误里服务器原话常是 bytes 的 repr,转成人能读的。"""
-    text = str(error.args[0] if error.args else error)
-    if m := re.fullmatch(r"b'(.*)'", text):
-        text = m.group(1)
+    said = error.args[0] if error.args else error
+    text = str(said)
+    if isinstance(said, str) and re.fullmatch(r"b(['\"]).*\1", text, re.S):  # bytes 的 repr
+        try:
+            said = ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            return text[2:-1]
+    if isinstance(said, bytes):  # 中文的服务器原话(授权码错误……)原来显示成 \xe6\x8e\x88 这样
+        text = decode_bytes(said, None)
     return text
 
 
@@ -554,8 +562,13 @@ def open_mailbox(s: ImapSettings) -> imaplib.IMAP4:
         _close(imap)
         raise MailboxError(f"IMAP 登录失败(用户 {s.user}):{server_words(e)};检查 IMAP_USER 和 IMAP_PASSWORD"
                            "(很多邮箱要填授权码,不是网页登录密码)") from e
+    say_who_we_are(imap)
     try:
         typ, data = imap.select(mailbox_name(s.mailbox))
+    except imaplib.IMAP4.readonly as e:  # 它是 abort 的子类,不是断线:文件夹只给读,收下的信标不了已读
+        _close(imap)
+        raise MailboxError(f"邮箱文件夹 {s.mailbox} 只能读,不能标已读:{server_words(e)}"
+                           "(换一个文件夹,或者让邮箱管理员给 IMAP_USER 写权限)") from e
     except (imaplib.IMAP4.abort, OSError) as e:
         _close(imap)
         raise MailboxError(f"打开邮箱文件夹 {s.mailbox} 时和 IMAP 服务器 {where} 的连接断了:{server_words(e)}") from e
@@ -565,6 +578,21 @@ def open_mailbox(s: ImapSettings) -> imaplib.IMAP4:
         _close(imap)
         raise MailboxError(f"打不开邮箱文件夹 {s.mailbox}:{server_words(Exception(data[0]))}(检查 IMAP_MAILBOX)")
     return imap
+
+
+CLIENT_ID = '("name" "CloudLedger email_poller" "version" "1.0")'
+
+
+def say_who_we_are(imap: imaplib.IMAP4) -> None:
+    """服务器支持 ID(RFC 2971)就先报一下客户端的名字。163、126 邮箱不报的话,SELECT 一律回「Unsafe Login」,
+    原来说成「打不开邮箱文件夹…(检查 IMAP_MAILBOX)」,怎么查文件夹名都不会好。报不成不要紧:接着 SELECT,
+    真有问题那里会说。"""
+    if "ID" not in imap.capabilities:
+        return
+    try:
+        imap.xatom("ID", CLIENT_ID)
+    except (imaplib.IMAP4.error, OSError):
+        pass
 
 
 def mailbox_name(name: str) -> str:
@@ -598,8 +626,15 @@ def _close(imap: imaplib.IMAP4) -> None:
         pass
 
 
-def _fetched_bytes(data: list) -> bytes | None:
-    return next((item[1] for item in data if isinstance(item, tuple)), None)
+def _fetched_bytes(data: list, uid: bytes) -> bytes | None:
+    """FETCH 的回答里 UID 是 uid 的那一封的原文。不认 UID 的话,上一封 FETCH 回 NO 时服务器已经送来的半截回答
+    (imaplib 留着它)会被当成这一封:上一封的内容存在这一封的 UID 下,这一封标了已读,却从没存过(丢信)。
+    回答里都没写 UID 的(不守规矩的服务器)取第一封。"""
+    bodies = [item for item in data if isinstance(item, tuple)]
+    with_uid = [(m.group(1), item[1]) for item in bodies if (m := re.search(rb"\bUID (\d+)", item[0]))]
+    if not with_uid:
+        return bodies[0][1] if bodies else None
+    return next((raw for got, raw in with_uid if got == uid), None)
 
 
 def poll_mailbox(s: ImapSettings | None = None) -> list[Outcome]:
@@ -610,15 +645,16 @@ def poll_mailbox(s: ImapSettings | None = None) -> list[Outcome]:
         typ, data = imap.uid("SEARCH", None, "UNSEEN")
         if typ != "OK":
             raise MailboxError(f"搜索未读邮件失败:{server_words(Exception(data[0]))}")
-        uids = data[0].split()
+        uids = (data[0] or b"").split()  # 服务器没回 * SEARCH 这一行时 imaplib 给 [None]:当作没有未读邮件
         for i, uid in enumerate(uids):
             source = f"UID {uid.decode()}"
+            imap.untagged_responses.pop("FETCH", None)  # 上一封回 NO 时留下的半截回答,别算到这一封头上
             typ, fetched = imap.uid("FETCH", uid, "(BODY.PEEK[])")  # PEEK:取信不改已读状态
             if typ != "OK":  # 服务器拒绝交出这一封(不是断线):不标已读,下次再收,其他的照常
                 done.append(report(Outcome(source, "unreadable", "取信失败,邮件保持未读,下次再收:"
                                                                  f"{server_words(Exception(fetched[0]))}")))
                 continue
-            raw = _fetched_bytes(fetched)
+            raw = _fetched_bytes(fetched, uid)
             if raw is None:
                 continue  # 这期间被别的客户端删了
             outcome = handle(raw, source)
@@ -628,9 +664,11 @@ def poll_mailbox(s: ImapSettings | None = None) -> list[Outcome]:
             if outcome.handled:  # 工单和事件都提交了(或确定跳过、重复、坏信)才标已读
                 flags = r"(\Seen \Flagged)" if outcome.kind == "broken" else r"(\Seen)"
                 typ, answer = imap.uid("STORE", uid, "+FLAGS", flags)
-                if typ != "OK":
-                    raise MailboxError(f"{source} 已处理,但标已读失败:{server_words(Exception(answer[0]))};"
-                                       "下次会再收到它,不会重复建工单")
+                if typ != "OK":  # 这一封标不上(不是断线):说一声,其他照常。原来整轮停在这里,服务器一直不让标
+                    # 这一封的话,它后面的信永远收不到
+                    outcome.unmarked = True
+                    print(f"{source} 已处理,但标已读失败:{server_words(Exception(answer[0]))};"
+                          "下次会再收到它,不会重复建工单", file=sys.stderr, flush=True)
     except (imaplib.IMAP4.error, OSError) as e:
         raise MailboxError(f"收信中途出错:{server_words(e)};已处理 {len(done)} 封,没标已读的下次再收") from e
     finally:
@@ -644,7 +682,11 @@ def summary(outcomes: list[Outcome]) -> str:
          for k in ("ticket", "duplicate", "skip", "broken", "failed", "unreadable")}
     line = (f"本次收取 {len(outcomes)} 封:新工单 {n['ticket']},重复 {n['duplicate']},跳过 {n['skip']},"
             f"无法解析 {n['broken']},存储失败 {n['failed']}")
-    return (line + f",读取失败 {n['unreadable']}") if n["unreadable"] else line  # 少见,没有时不占地方
+    if n["unreadable"]:  # 这两项少见,没有时不占地方
+        line += f",读取失败 {n['unreadable']}"
+    if unmarked := sum(o.unmarked for o in outcomes):
+        line += f",标已读失败 {unmarked}"
+    return line
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -648,14 +648,17 @@ class Front:
     """pymap 前面的一层转发,在 127.0.0.1 上。
     tls=(证书, 私钥):SSL 直连(IMAPS)的前端,做完 TLS 把解密后的字节转给 pymap 的明文端口。pymap 自己只支持
     STARTTLS,所以 IMAP_SSL=1 的路径靠它测。
-    cut_at:客户端发出含这段字节的命令时,两头的连接都断掉,命令不转给服务器 —— 像网络恰好在这一刻断了。"""
+    cut_at:客户端发出含这段字节的命令时,两头的连接都断掉,命令不转给服务器 —— 像网络恰好在这一刻断了。
+    answer(行, 客户端这个连接上到现在发过的全部字节):服务器的每一行回答先过它,返回的字节才交给客户端
+    (改写、删掉一行),用来扮演行为不一样的服务器。"""
 
-    def __init__(self, backend_port: int, tls: tuple[Path, Path] | None = None, cut_at: bytes | None = None):
+    def __init__(self, backend_port: int, tls: tuple[Path, Path] | None = None, cut_at: bytes | None = None,
+                 answer=None):
         self.ctx = None
         if tls:
             self.ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
             self.ctx.load_cert_chain(*tls)
-        self.backend_port, self.cut_at = backend_port, cut_at
+        self.backend_port, self.cut_at, self.answer = backend_port, cut_at, answer
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port = self.listener.getsockname()[1]
         threading.Thread(target=self._serve, daemon=True).start()
@@ -677,15 +680,24 @@ class Front:
                 conn.close()  # 客户端不信我们的证书,握手失败
                 return
         back = socket.create_connection(("127.0.0.1", self.backend_port))
-        threading.Thread(target=self._pipe, args=(back, front), daemon=True).start()
-        self._pipe(front, back, self.cut_at)
+        sent = bytearray()
+        rewrite = (lambda line: self.answer(line, bytes(sent))) if self.answer else None
+        threading.Thread(target=self._pipe, args=(back, front, None, None, rewrite), daemon=True).start()
+        self._pipe(front, back, self.cut_at, sent)
 
     @staticmethod
-    def _pipe(src: socket.socket, dst: socket.socket, cut_at: bytes | None = None) -> None:
+    def _pipe(src: socket.socket, dst: socket.socket, cut_at: bytes | None = None, record: bytearray | None = None,
+              rewrite=None) -> None:
+        held = b""  # rewrite 时:还没凑成一整行的字节
         try:
             while data := src.recv(65536):
                 if cut_at and cut_at in data:
                     break
+                if record is not None:
+                    record += data
+                if rewrite:
+                    *lines, held = (held + data).split(b"\r\n")
+                    data = b"".join(rewrite(line + b"\r\n") for line in lines)
                 dst.sendall(data)
         except OSError:
             pass
@@ -1258,38 +1270,63 @@ def test_bad_command_line_exits_2_with_usage_and_nothing_is_stored(imap_env, ima
     nothing_stored(imap_server, [101])
 
 
-@pytest.mark.parametrize("refused, stdout, message, stored", [
-    ("SEARCH", "", "搜索未读邮件失败:[UNAVAILABLE] try again later", 0),
-    # 工单和事件已经存好,只是没能标已读:信保持未读,下次收到时是 duplicate,不会多一张工单
-    ("STORE", "{ticket}  UID 101\n", "UID 101 已处理,但标已读失败:[UNAVAILABLE] try again later;"
-                                      "下次会再收到它,不会重复建工单", 1),
-])
-def test_a_command_the_server_refuses_is_one_clear_line_and_no_mail_is_lost(imap_env, imap_server, monkeypatch,
-                                                                             capsys, refused, stdout, message, stored):
-    """服务器对 UID SEARCH / UID STORE 回 NO(不是断线):退出码 3,说明是哪一步;信还是未读,下次再收。
-    pymap 不会回这种 NO,这里在本进程里让 imaplib 收到它。"""
+def refuse(monkeypatch, command: str, uid: str | None = None):
+    """让 imaplib 收到服务器对 UID <command>(只对这一封 uid,或者每一封)回的 NO(不是断线)。pymap 不会回这种 NO。
+    返回原来的 IMAP4.uid,服务器「恢复」时换回去。"""
+    real_uid = imaplib.IMAP4.uid
+
+    def refusing(self, cmd, *args):
+        if cmd == command and (uid is None or args[0] in (uid, uid.encode())):
+            return "NO", [b"[UNAVAILABLE] try again later"]
+        return real_uid(self, cmd, *args)
+
+    monkeypatch.setattr(imaplib.IMAP4, "uid", refusing)
+    return real_uid
+
+
+def test_a_search_the_server_refuses_is_one_clear_line_and_no_mail_is_lost(imap_env, imap_server, monkeypatch,
+                                                                            capsys):
+    """服务器对 UID SEARCH 回 NO:退出码 3,说明是哪一步;信还是未读,下次再收。"""
     imap_server.append(ZHANG)
     for k, v in imap_env.items():
         monkeypatch.setenv(k, v)
-    real_uid = imaplib.IMAP4.uid
-
-    def uid(self, command, *args):
-        if command == refused:
-            return "NO", [b"[UNAVAILABLE] try again later"]
-        return real_uid(self, command, *args)
-
-    monkeypatch.setattr(imaplib.IMAP4, "uid", uid)
+    real_uid = refuse(monkeypatch, "SEARCH")
     assert email_poller.main([]) == 3
-    ticket = ticket_of("<t1@example.com>")
-    assert capsys.readouterr() == (stdout.format(ticket=ticket), message + "\n")
-    assert imap_server.unseen() == [101]
-    assert len(rows(EVENTS)) == len(biz_rows(MAIL_TICKETS)) == stored
+    assert capsys.readouterr() == ("", "搜索未读邮件失败:[UNAVAILABLE] try again later\n")
+    nothing_stored(imap_server, [101])
 
     monkeypatch.setattr(imaplib.IMAP4, "uid", real_uid)  # 服务器恢复了:下次运行补上
     again = run(["email_poller.py"], imap_env)
     assert (again.returncode, again.stderr) == (0, "")
-    assert again.stdout.splitlines()[0] == ("duplicate  UID 101" if stored else f"{ticket}  UID 101")
+    assert again.stdout.splitlines()[0] == f"{ticket_of('<t1@example.com>')}  UID 101"
     assert imap_server.unseen() == [] and len(rows(EVENTS)) == len(biz_rows(MAIL_TICKETS)) == 1
+
+
+def test_a_mail_the_server_will_not_mark_read_is_reported_and_the_mails_after_it_still_come_in(imap_env, imap_server,
+                                                                                               monkeypatch, capsys):
+    """服务器对某一封的 UID STORE 回 NO(不是断线):工单和事件已经存好,只是没能标已读。说是哪一封,其他照常,
+    汇总多一项「标已读失败」,退出码 1;这封下次收到时是 duplicate,不会多一张工单。
+    原来整轮停在这一封、退出码 3:服务器一直不让标它的话,它后面的信永远收不到。"""
+    imap_server.append(ZHANG, LI)
+    for k, v in imap_env.items():
+        monkeypatch.setenv(k, v)
+    real_uid = refuse(monkeypatch, "STORE", "101")
+    t1, t3 = ticket_of("<t1@example.com>"), ticket_of("<t3@example.com>")
+    for _ in range(2):  # 一直不让标:第二轮 101 是 duplicate,102 已经收过了
+        assert email_poller.main([]) == 1
+    assert capsys.readouterr() == (
+        f"{t1}  UID 101\n{t3}  UID 102\n本次收取 2 封:新工单 2,重复 0,跳过 0,无法解析 0,存储失败 0,标已读失败 1\n"
+        f"duplicate  UID 101\n本次收取 1 封:新工单 0,重复 1,跳过 0,无法解析 0,存储失败 0,标已读失败 1\n",
+        "UID 101 已处理,但标已读失败:[UNAVAILABLE] try again later;下次会再收到它,不会重复建工单\n" * 2)
+    assert imap_server.unseen() == [101]
+    assert ([t[0] for t in biz_rows(MAIL_TICKETS)], [e[0] for e in rows(EVENTS)]) == (
+        sorted([t1, t3]), ["<t1@example.com>", "<t3@example.com>"])
+
+    monkeypatch.setattr(imaplib.IMAP4, "uid", real_uid)  # 服务器恢复了:下次运行标上
+    again = run(["email_poller.py"], imap_env)
+    assert (again.returncode, again.stderr) == (0, "")
+    assert again.stdout == "duplicate  UID 101\n本次收取 1 封:新工单 0,重复 1,跳过 0,无法解析 0,存储失败 0\n"
+    assert imap_server.unseen() == [] and len(rows(EVENTS)) == len(biz_rows(MAIL_TICKETS)) == 2
 
 
 def test_a_mail_the_server_refuses_to_hand_over_stays_unseen_and_the_other_mails_go_on(imap_env, imap_server,
@@ -1322,6 +1359,95 @@ def test_a_mail_the_server_refuses_to_hand_over_stays_unseen_and_the_other_mails
     assert imap_server.unseen() == []
     assert [t[0] for t in biz_rows(MAIL_TICKETS)] == sorted([t1, t3])
     assert [e[0] for e in rows(EVENTS)] == ["<t1@example.com>", "<t3@example.com>"]
+
+
+def run_behind(front: "Front", imap_env: dict, **env: str) -> subprocess.CompletedProcess:
+    try:
+        return run(["email_poller.py"], {**imap_env, "IMAP_PORT": str(front.port), **env})
+    finally:
+        front.close()
+
+
+def test_a_fetch_refused_after_part_of_its_answer_does_not_pass_that_mail_off_as_the_next_one(imap_env, imap_server):
+    """服务器已经送出了 101 的内容,最后却回 NO。imaplib 留着这半截回答,下一封 FETCH 时一起交出来:原来 101 的内容
+    存在了 UID 102 名下,102 标了已读、从没存过 —— 丢了一封信。现在每封只认 UID 对得上的那份。"""
+    imap_server.append(ZHANG, LI)
+    once = []
+
+    def answer(line: bytes, sent: bytes) -> bytes:
+        if not once and re.match(rb"\w+ OK .*FETCH", line, re.I):
+            once.append(line)
+            return re.sub(rb" OK [^\r\n]*", b" NO [UNAVAILABLE] Internal error reading message", line)
+        return line
+
+    r = run_behind(Front(imap_server.port, answer=answer), imap_env)
+    t1, t3 = ticket_of("<t1@example.com>"), ticket_of("<t3@example.com>")
+    assert (r.returncode, r.stdout, r.stderr) == (
+        1, f"{t3}  UID 102\n本次收取 2 封:新工单 1,重复 0,跳过 0,无法解析 0,存储失败 0,读取失败 1\n",
+        "取信失败,邮件保持未读,下次再收:[UNAVAILABLE] Internal error reading message  UID 101\n")
+    assert imap_server.unseen() == [101]
+    assert biz_rows("SELECT id, subject FROM tickets WHERE id LIKE 'M%'") == [(t3, "扣款")]
+    assert [e[0] for e in rows(EVENTS)] == ["<t3@example.com>"]
+    again = run(["email_poller.py"], imap_env)
+    assert (again.returncode, again.stdout) == (0, f"{t1}  UID 101\n本次收取 1 封:新工单 1,重复 0,跳过 0,无法解析 0,存储失败 0\n")
+    assert imap_server.unseen() == [] and [e[0] for e in rows(EVENTS)] == ["<t1@example.com>", "<t3@example.com>"]
+
+
+def test_a_search_answer_without_its_search_line_counts_as_no_unseen_mail(imap_env, imap_server):
+    """规矩上服务器总要回一行 * SEARCH(没有结果时是空的);没回的,原来是 AttributeError 的 traceback。"""
+    imap_server.append(ZHANG)
+    r = run_behind(Front(imap_server.port, answer=lambda line, sent: b"" if line.startswith(b"* SEARCH") else line),
+                   imap_env)
+    assert (r.returncode, r.stdout, r.stderr) == (0, "本次收取 0 封:新工单 0,重复 0,跳过 0,无法解析 0,存储失败 0\n", "")
+    nothing_stored(imap_server, [101])
+
+
+def test_a_read_only_folder_is_named_as_such_not_as_a_dropped_connection(imap_env, imap_server):
+    """imaplib 把 [READ-ONLY] 报成 readonly,它是 abort(断线)的子类:原来说「连接断了」。"""
+    imap_server.append(ZHANG)
+    r = run_behind(Front(imap_server.port, answer=lambda line, sent: line.replace(b"[READ-WRITE]", b"[READ-ONLY]")),
+                   imap_env)
+    assert (r.returncode, r.stdout, r.stderr) == (
+        3, "", "邮箱文件夹 INBOX 只能读,不能标已读:INBOX is not writable(换一个文件夹,或者让邮箱管理员给 IMAP_USER 写权限)\n")
+    nothing_stored(imap_server, [101])
+
+
+def like_163(line: bytes, sent: bytes) -> bytes:
+    """163、126 邮箱:客户端没报过 ID 就 SELECT,一律回 NO Unsafe Login(它们真实的回答)。"""
+    if b" ID (" not in sent and re.match(rb"\w+ OK \[READ-WRITE\]", line):
+        return re.sub(rb" OK [^\r\n]*", b" NO SELECT Unsafe Login. Please contact kefu@188.com for help", line)
+    return line
+
+
+@pytest.mark.parametrize("advertises_id", [True, False])
+def test_the_poller_says_who_it_is_when_the_server_supports_id_so_163_lets_it_select(imap_env, imap_server,
+                                                                                     advertises_id):
+    """服务器的 CAPABILITY 里有 ID 就先发 ID(163 要这个);没有就不发(不认识的命令,别去碰)。"""
+    imap_server.append(ZHANG)
+    commands = []
+
+    def answer(line: bytes, sent: bytes) -> bytes:
+        commands[:] = [sent]
+        if not advertises_id and b"CAPABILITY" in line:
+            return re.sub(rb" ID\b", b"", line)
+        return like_163(line, sent) if advertises_id else line
+
+    r = run_behind(Front(imap_server.port, answer=answer), imap_env)
+    assert (r.returncode, r.stderr) == (0, "")
+    assert r.stdout == f"{ticket_of('<t1@example.com>')}  UID 101\n本次收取 1 封:新工单 1,重复 0,跳过 0,无法解析 0,存储失败 0\n"
+    assert (b' ID ("name" "CloudLedger email_poller" "version" "1.0")\r\n' in commands[0]) == advertises_id
+    assert imap_server.unseen() == []
+
+
+def test_a_server_error_in_chinese_is_shown_as_chinese_not_as_byte_escapes(imap_env, imap_server):
+    imap_server.append(ZHANG)
+    said = "[AUTHENTICATIONFAILED] 授权码错误,请使用客户端授权码登录".encode()
+    r = run_behind(Front(imap_server.port, answer=lambda line, sent: line.replace(
+        b"[AUTHENTICATIONFAILED] Invalid authentication credentials.", said)), imap_env, IMAP_PASSWORD="wrong")
+    assert (r.returncode, r.stdout, r.stderr) == (
+        3, "", f"IMAP 登录失败(用户 {USER}):[AUTHENTICATIONFAILED] 授权码错误,请使用客户端授权码登录;"
+               "检查 IMAP_USER 和 IMAP_PASSWORD(很多邮箱要填授权码,不是网页登录密码)\n")
+    nothing_stored(imap_server, [101])
 
 
 def test_a_host_name_that_does_not_resolve_is_one_clear_line(imap_env):
