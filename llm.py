@@ -18,7 +18,7 @@ import time
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import lru_cache, partial
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -38,6 +38,10 @@ LLM_MAX_RETRIES = 2                       # 次(0–10);客户端自己对 429/�
 # 只有上面两项时,最坏是 (LLM_MAX_RETRIES+1) × LLM_TIMEOUT_S,配了备用模型再翻一倍(默认 6 分钟),处理线程一直占着。
 # 比 LLM_TIMEOUT_S 小时,单次调用也只等到时限为止。150 秒够主模型等满两次 LLM_TIMEOUT_S;比 worker 的 STALE_MINUTES(默认 10 分钟)短得多,不会被当成卡住放回。
 LLM_DEADLINE_S = 150
+# 份(0.1–1);配了备用模型时,主模型(连同它自己的重试)最多用 LLM_DEADLINE_S 的这一份,剩下的留给备用模型。
+# 不留的话,默认设置下主模型挂住(每次都等满 60 秒)或者 429 让等很久时,它自己的重试就把 150 秒用完了,
+# 健康的备用模型一次都没机会试。0.5:主模型等满一次 LLM_TIMEOUT_S 再重试一小段,备用模型也有 75 秒
+LLM_PRIMARY_SHARE = 0.5
 OFFLINE_MODEL = "offline-cloudledger"
 
 
@@ -103,6 +107,7 @@ def llm_settings() -> tuple:
     if not isinstance(parsed, dict):  # 它的键要并进请求体:[1]、"x" 这种合法 JSON 也不行
         raise SystemExit(f"配置错误:LLM_EXTRA_BODY 应该是 JSON 对象({{…}}):{extra_body}")
     api_key, base_url = api_key_setting("LLM_API_KEY"), config.url("LLM_BASE_URL", DEFAULT_BASE_URL)
+    share = primary_share()  # 没配备用模型时用不上,写错了也照样说出来
     fallback_model = config.get("LLM_FALLBACK_MODEL")
     fallback_url = config.url("LLM_FALLBACK_BASE_URL") or base_url
     fallback_key = api_key_setting("LLM_FALLBACK_API_KEY")
@@ -122,7 +127,12 @@ def llm_settings() -> tuple:
         fallback_key,
         config.number("LLM_TIMEOUT_S", LLM_TIMEOUT_S, minimum=0.1, maximum=3600),
         config.integer("LLM_MAX_RETRIES", LLM_MAX_RETRIES, minimum=0, maximum=10),
+        share if fallback_model else 1.0,
     )
+
+
+def primary_share() -> float:
+    return config.number("LLM_PRIMARY_SHARE", LLM_PRIMARY_SHARE, minimum=0.1, maximum=1)
 
 
 def api_key_setting(name: str) -> str:
@@ -153,7 +163,12 @@ class DeadlineExceeded(TimeoutError):
 @dataclass
 class _Budget:
     ends_at: float      # time.monotonic() 的值
+    seconds: float      # 整个时限有几秒(ends_at 减去开始的时刻)
     cut: bool = False   # 有请求因为时限被缩短了等待时间,或者干脆没发出去
+
+    def ends_for(self, share: float) -> float:
+        """只能用时限的 share 这一份的请求(配了备用模型时的主模型)到什么时候为止。"""
+        return self.ends_at - self.seconds * (1 - share)
 
 
 _budget: ContextVar[_Budget | None] = ContextVar("llm_budget", default=None)
@@ -168,7 +183,7 @@ def deadline():
     服务端要求的等待(Retry-After)和一直在发空行的响应都截到时限为止(_response_within_deadline)。
     离线模型不发请求,不受影响。"""
     seconds = deadline_s()
-    budget = _Budget(time.monotonic() + seconds)
+    budget = _Budget(time.monotonic() + seconds, seconds)
     token = _budget.set(budget)
     try:
         yield
@@ -182,12 +197,13 @@ def deadline():
         _budget.reset(token)
 
 
-def _within_deadline(request) -> None:
-    """HTTP 客户端的请求钩子:每次真正发出请求之前调用,客户端自己的重试也一样。不在 deadline() 里时什么都不做。"""
+def _within_deadline(request, share: float = 1.0) -> None:
+    """HTTP 客户端的请求钩子:每次真正发出请求之前调用,客户端自己的重试也一样。不在 deadline() 里时什么都不做。
+    share:这个模型只能用时限的这一份(配了备用模型时的主模型,见 LLM_PRIMARY_SHARE)。"""
     budget = _budget.get()
     if budget is None:
         return
-    left = budget.ends_at - time.monotonic()
+    left = budget.ends_for(share) - time.monotonic()
     if left <= 0:
         budget.cut = True
         # 抛 OpenAIError 的子类:OpenAI 客户端原样抛出,不再等待、不再重试;备用模型的请求也在这里被挡下
@@ -199,18 +215,20 @@ def _within_deadline(request) -> None:
         request.extensions["timeout"] = {k: left if v is None else min(v, left) for k, v in timeout.items()}
 
 
-def _response_within_deadline(response) -> None:
+def _response_within_deadline(response, share: float = 1.0) -> None:
     """HTTP 客户端的响应钩子:收到响应头之后、读响应体之前调用。两件事:
     1. 服务端让过 N 秒再试(429 / 503 带 Retry-After)、N 超过了剩下的时限:改成只等到时限为止。OpenAI 客户端
        照服务端说的等(最多 2 分钟),原来 LLM_DEADLINE_S=3 的起草,每次重试前都等了 20 秒。
     2. 请求钩子截短的 read 超时是「两次收到数据之间」最多等多久,管不住一直有数据来的响应:DeepSeek 忙的时候
        先回 200,然后每隔几秒发一个空行保持连接,可以这样拖上十几分钟(原来 LLM_DEADLINE_S=3 的起草等了 15 秒;
        等得比 STALE_MINUTES 还久的话,别的机器上的 worker 会把事件放回队列、再起草一遍)。这里让读响应体时
-       每收到一块都看一眼时限,到了就当作读超时。"""
+       每收到一块都看一眼时限,到了就当作读超时。
+    share:同 _within_deadline。"""
     budget = _budget.get()
     if budget is None:
         return
-    left = budget.ends_at - time.monotonic()
+    ends_at = budget.ends_for(share)
+    left = ends_at - time.monotonic()
     for header, per_second in (("retry-after-ms", 1000), ("retry-after", 1)):
         try:
             wait = float(response.headers.get(header, "")) / per_second
@@ -226,7 +244,7 @@ def _response_within_deadline(response) -> None:
     class WithinDeadline(http.SyncByteStream):
         def __iter__(self):
             for chunk in chunks:
-                if time.monotonic() > budget.ends_at:
+                if time.monotonic() > ends_at:
                     budget.cut = True
                     raise http.ReadTimeout("整体时限到了,响应还没收完", request=response.request)
                 yield chunk
@@ -244,17 +262,17 @@ def get_llm(temperature: float = 0):
 
 @lru_cache(maxsize=8)
 def _build(temperature, api_key, model, base_url, extra_body, fallback_model, fallback_url, fallback_key, timeout,
-           retries):
+           retries, primary_share):
     if not api_key:
         _announce_offline()
         return OfflineChatModel()
     extra = json.loads(extra_body)  # llm_settings() 检查过了
     from langchain_openai import ChatOpenAI
 
-    def chat(cls, name: str, url: str, key: str):
+    def chat(cls, name: str, url: str, key: str, share: float = 1.0):
         # 自己给 HTTP 客户端(openai 的默认设置),只为挂上 _within_deadline、_response_within_deadline
-        client = openai.DefaultHttpxClient(event_hooks={"request": [_within_deadline],
-                                                        "response": [_response_within_deadline]})
+        client = openai.DefaultHttpxClient(event_hooks={"request": [partial(_within_deadline, share=share)],
+                                                        "response": [partial(_response_within_deadline, share=share)]})
         return cls(model=name, base_url=url, api_key=key, temperature=temperature,
                    extra_body=extra, timeout=timeout, max_retries=retries, http_client=client)
 
@@ -264,7 +282,7 @@ def _build(temperature, api_key, model, base_url, extra_body, fallback_model, fa
     # 主模型遇到暂时性错误(重试也没救回来)时切备用模型;参数错误、鉴权错误不切,切了也一样错。
     # 备用模型自己的非暂时性错误(它的 key、模型名、地址配错了)变成 BackupFailed,也在这里接住:
     # 这时抛出的是主模型的暂时性错误,事件照常退避,不会因为备用模型配错了就进死信
-    primary = chat(primary_class, model, base_url, api_key)
+    primary = chat(primary_class, model, base_url, api_key, primary_share)  # 时限留一份给备用模型
     backup = chat(backup_class, fallback_model, fallback_url, fallback_key)
     return primary.with_fallbacks([backup], exceptions_to_handle=(*TRANSIENT_ERRORS, BackupFailed))
 
@@ -280,12 +298,17 @@ def _chat_classes(chat_openai: type) -> tuple[type, type, type]:
 
     class ClassifiedChatOpenAI(chat_openai):
         # langchain_openai 把认得的 openai 错误换成自己的类(OpenAIRateLimitError……),408 它也不认得:这里补上
+        # 它还把消息里有「exceeds the context window」的任何错误(503、413……)都换成 OpenAIAPIContextOverflowError:
+        # 没有状态码的 APIError,分不出暂时性的(不切备用模型)和永久的(413 不进死信)。这种换回 openai 原来的错误
         def _generate(self, *args, **kwargs):
             try:
                 return super()._generate(*args, **kwargs)
-            except openai.APIStatusError as e:
-                if e.status_code == REQUEST_TIMEOUT:
-                    raise RequestTimeoutError(e.message, response=e.response, body=e.body) from e
+            except openai.APIError as e:
+                original = e.__cause__ if isinstance(e.__cause__, openai.APIStatusError) else e
+                if status_of(original) == REQUEST_TIMEOUT:
+                    raise RequestTimeoutError(original.message, response=original.response, body=original.body) from e
+                if original is not e and not isinstance(e, openai.APIStatusError):
+                    raise original from None
                 raise
 
     class PrimaryChatOpenAI(ClassifiedChatOpenAI):
@@ -297,7 +320,12 @@ def _chat_classes(chat_openai: type) -> tuple[type, type, type]:
                 # 整体时限已经用完时备用模型的请求发不出去(_within_deadline),也就不说「换备用模型」
                 if (budget := _budget.get()) is not None and budget.ends_at <= time.monotonic():
                     raise
-                print(mask_pii(f"[llm] 主模型 {self.model_name} 出错(暂时性的):{type(e).__name__}: {e};"
+                what = f"{type(e).__name__}: {e}"
+                share = primary_share()
+                if budget is not None and budget.cut and budget.ends_for(share) <= time.monotonic():
+                    # 是留给它的那一份时限到了(挂住、429 让等很久):「Request timed out.」会让人以为只是一次超时
+                    what = f"用完了留给它的时限(LLM_DEADLINE_S 的 LLM_PRIMARY_SHARE={share:g})"
+                print(mask_pii(f"[llm] 主模型 {self.model_name} 出错(暂时性的):{what};"
                                f"这次换备用模型 {config.get('LLM_FALLBACK_MODEL')}"), file=sys.stderr, flush=True)
                 raise
 

@@ -326,9 +326,11 @@ def test_pii_is_masked_in_last_error(lab):
 @pytest.mark.parametrize("status, kind, error", [(503, "overloaded", "OpenAIAPIError"),
                                                 (429, "rate_limit_exceeded", "OpenAIRateLimitError"),
                                                 (408, "request_timeout", "RequestTimeoutError"),
-                                                (409, "conflict", "ConflictError")])
+                                                (409, "conflict", "ConflictError"),
+                                                (503, "input exceeds the context window", "InternalServerError")])
 def test_fallback_model_takes_over_on_transient_errors_only(lab, monkeypatch, capsys, status, kind, error):
-    """408、409 openai 自己也重试,是暂时性的;原来不切备用模型(408 连异常类都没有,409 的类不在 TRANSIENT_ERRORS 里)。"""
+    """408、409 openai 自己也重试,是暂时性的;原来不切备用模型(408 连异常类都没有,409 的类不在 TRANSIENT_ERRORS 里)。
+    消息里有「exceeds the context window」的 503:langchain-openai 把它换成没有状态码的错误,原来也不切。"""
     with OpenAIStub() as stub:
         real_model(monkeypatch, stub, LLM_FALLBACK_MODEL="backup-model")
         stub.fail["stub-model"] = (status, kind)

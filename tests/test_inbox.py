@@ -589,6 +589,7 @@ def test_list_into_a_pipe_that_is_already_closed_exits_141_quietly_and_records_n
     ("INBOX_MAX_TEXT_CHARS", "0", "配置错误:INBOX_MAX_TEXT_CHARS='0' 不能小于 1"),
     ("LLM_EXTRA_BODY", "{oops", "配置错误:LLM_EXTRA_BODY 不是合法 JSON:{oops"),
     ("LLM_DEADLINE_S", "inf", "配置错误:LLM_DEADLINE_S='inf' 不是数字"),
+    ("LLM_PRIMARY_SHARE", "1.5", "配置错误:LLM_PRIMARY_SHARE='1.5' 不能大于 1"),  # 没配备用模型也照样查
     ("LLM_EXTRA_BODY", '"str"', '配置错误:LLM_EXTRA_BODY 应该是 JSON 对象({…}):"str"'),
     # 原来重写时才出错:「处理失败(UnicodeEncodeError…),已交回 worker 续跑」,worker 那边也一样失败
     ("LLM_API_KEY", "sk-abc１２３", "配置错误:LLM_API_KEY 的第 7 个字符不是英文半角的字母、数字或符号(全角字符、空格或换行?):"

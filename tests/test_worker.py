@@ -152,6 +152,9 @@ BAD_REQUEST_HINT = "模型服务说请求不对:检查 LLM_MODEL、LLM_EXTRA_BOD
     # openai 没有 413 的异常类:原来按暂时性错误退避,同样大的请求再发两次才进死信,也没说怎么修
     (413, "request_too_large", "APIStatusError: Error code: 413 - stub says request_too_large(模型服务说请求太大:"
      "调小 MAX_TICKET_CHARS(或者放宽代理的请求大小限制),修好后运行 uv run python worker.py --requeue-dead)"),
+    # langchain-openai 把消息里有这句话的错误换成没有状态码的 OpenAIAPIContextOverflowError:原来认不出 413,当成暂时性的退避
+    (413, "input exceeds the context window", "APIStatusError: Error code: 413 - stub says input exceeds the context "
+     "window(模型服务说请求太大:调小 MAX_TICKET_CHARS(或者放宽代理的请求大小限制),修好后运行 uv run python worker.py --requeue-dead)"),
 ])
 def test_request_the_model_rejects_as_invalid_is_dead_at_once_with_what_to_fix(lab, monkeypatch, capsys, status, kind, reason):
     """模型说「你的请求不对」(400/404/422):重试也不会好,直接死信,一次都不重试;last_error 和打印的一行说清
@@ -364,12 +367,13 @@ def test_a_model_that_keeps_the_connection_alive_and_then_answers_in_time_is_use
 
 def test_after_the_overall_deadline_neither_a_retry_nor_the_backup_model_is_sent(lab, monkeypatch, capsys):
     """主模型一直 500(0.5 秒后才回),客户端重试 2 次,还配了备用模型:没有时限的话,4 个请求之后备用模型会回答。
+    LLM_PRIMARY_SHARE=1:主模型可以用满整个时限(默认只给它一半,见下一个测试),这里就是它把时限用完的情形。
     发出的时刻在客户端这边记(请求钩子放行的那一刻):模型服务器记下的是它的线程读到请求的时刻,
     机器忙时会晚上零点几秒,和「时限到了以后不再发」无关。"""
     let_through: list[tuple[float, float]] = []  # (放行的时刻, 这次起草的时限),都是 time.monotonic()
 
-    def recording(request):
-        real_within_deadline(request)  # 时限到了它会抛错,这个请求就不发了,不记
+    def recording(request, share=1.0):
+        real_within_deadline(request, share=share)  # 时限到了它会抛错,这个请求就不发了,不记
         let_through.append((time.monotonic(), llm._budget.get().ends_at))
 
     real_within_deadline = llm._within_deadline
@@ -380,6 +384,7 @@ def test_after_the_overall_deadline_neither_a_retry_nor_the_backup_model_is_sent
         monkeypatch.setenv("LLM_TIMEOUT_S", "10")
         monkeypatch.setenv("LLM_DEADLINE_S", "1.2")
         monkeypatch.setenv("LLM_FALLBACK_MODEL", "stub-backup")
+        monkeypatch.setenv("LLM_PRIMARY_SHARE", "1")
         stub.fail["stub-model"] = (500, "server_error")
         add("T1012")
         assert drain() == [("evt_T1012_created", "pending")]
@@ -390,6 +395,32 @@ def test_after_the_overall_deadline_neither_a_retry_nor_the_backup_model_is_sent
     assert rows("SELECT status, attempts, last_error FROM events") == [(
         "pending", 1, "DeadlineExceeded: 起草用完了整体时限 LLM_DEADLINE_S=1.2 秒(含客户端重试、切备用模型),稍后自动再试")]
     assert capsys.readouterr().err == ""  # 备用模型没有机会试:不说「换备用模型」
+
+
+@pytest.mark.parametrize("how", ["hangs", "asks_to_wait"])
+def test_a_primary_that_hangs_or_asks_to_wait_long_leaves_the_backup_its_share_of_the_deadline(lab, monkeypatch,
+                                                                                               capsys, how):
+    """默认设置缩小 60 倍:单次超时 1 秒(60)、重试 2 次、整体时限 2.5 秒(150)。主模型挂住(30 秒才回)或者
+    429 让等 1.5 秒(90 秒)时,原来它自己的重试就把整个时限用完,健康的备用模型一个请求都没收到,事件退避、
+    最后进死信。现在主模型只用一半(LLM_PRIMARY_SHARE),剩下的时间备用模型接下。"""
+    with OpenAIStub(delay=30.0 if how == "hangs" else 0) as primary, OpenAIStub() as backup:
+        use_stub(monkeypatch, primary, retries=2)
+        monkeypatch.setenv("LLM_TIMEOUT_S", "1")
+        monkeypatch.setenv("LLM_DEADLINE_S", "2.5")
+        monkeypatch.setenv("LLM_FALLBACK_MODEL", "backup-model")
+        monkeypatch.setenv("LLM_FALLBACK_BASE_URL", backup.base_url)
+        monkeypatch.setenv("LLM_FALLBACK_API_KEY", "sk-backup")
+        if how == "asks_to_wait":
+            primary.fail["stub-model"] = (429, "rate_limit_exceeded")
+            primary.retry_after = "1.5"
+        add("T1012")
+        started = time.monotonic()
+        assert drain() == [("evt_T1012_created", "waiting_human")]
+        assert time.monotonic() - started < 2.5 + 1
+        assert len(primary.requests) >= 1 and [r["model"] for r in backup.requests] == ["backup-model"]
+    assert rows("SELECT model FROM llm_usage") == [("backup-model",)]
+    assert capsys.readouterr().err == ("[llm] 主模型 stub-model 出错(暂时性的):用完了留给它的时限"
+                                       "(LLM_DEADLINE_S 的 LLM_PRIMARY_SHARE=0.5);这次换备用模型 backup-model\n")
 
 
 def test_a_permission_error_backs_off_with_a_fix_hint_instead_of_going_dead_at_once(lab, monkeypatch):
