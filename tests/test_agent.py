@@ -1,5 +1,6 @@
 """图和模型:离线模型与真 ChatOpenAI 走同一条路径;额外参数透传、脱敏、备用模型、记账;interrupt 前无副作用。"""
 import json
+import time
 import re
 
 import pytest
@@ -287,6 +288,44 @@ def test_full_width_at_emails_and_4_4_3_grouped_mobiles_are_masked_but_amounts_a
 def test_pii_typed_with_full_width_separators_is_masked(text, masked):
     """输入法全角模式打出来的「－」「　」原来不算分隔符:手机号、银行卡号原样进了模型的提示词。"""
     assert llm.mask_pii(text) == masked
+
+
+@pytest.mark.parametrize("text, masked", [
+    # 网页表单复制来的不间断空格、制表符、两个空格、Word 换掉的连字符(U+2010、U+2011)
+    ("请回电 138\xa01234\xa05678", "请回电 138****5678"),
+    ("电话\t138\t1234\t5678", "电话\t138****5678"),
+    ("电话 138  1234  5678", "电话 138****5678"),
+    ("电话 138\u20101234\u20105678", "电话 138****5678"),
+    ("电话 138\u20111234\u20115678", "电话 138****5678"),
+    ("电话 1380\xa00138\xa0000", "电话 138****8000"),
+    ("退款打到 6222  0212  3456  7890", "退款打到 **** **** **** 7890"),
+    ("卡号 6222\xa00212\xa03456\xa07890", "卡号 **** **** **** 7890"),
+    ("身份证 110101\xa019900307\xa01234", "身份证 110101********1234"),
+    ("身份证 110101 19900307 123X", "身份证 110101********123X"),
+    # 对公账号:12–14 位的跟在「账号」「账户」后面才认得出;20 位以上的整串打码(原来只打掉前 19 位,露出后面几位)
+    ("对公账号 1234 5678 9012 3", "对公账号 **** **** **** 0123"),
+    ("开户行 招商银行,账户:110902345610201", "开户行 招商银行,账户:**** **** **** 0201"),
+    ("Account No. 12345678901", "Account No. **** **** **** 8901"),
+    ("对公账号 61234567890123456789", "对公账号 **** **** **** 6789"),
+    ("汇到 6222 0212 3456 7890 0500 0123 4", "汇到 **** **** **** 1234"),
+    # 不是 PII 的不动
+    ("账户余额 1000 元,账号 zhangwei", "账户余额 1000 元,账号 zhangwei"),
+    ("时间戳 1733300000000", "时间戳 1733300000000"),
+])
+def test_pii_with_web_form_spaces_word_hyphens_and_account_numbers_is_masked(text, masked):
+    """原来这些写法原样进了模型的提示词和 checkpoint:不间断空格、制表符、连着两个空格、U+2010/2011 不算分隔符;
+    对公账号(12–14 位、20 位以上)一位都不打。"""
+    assert llm.mask_pii(text) == masked
+
+
+@pytest.mark.parametrize("junk", ["a" * 300_000, "1" * 300_000, "Ab3_-x" * 50_000, "a." * 150_000, "1 " * 150_000,
+                                  "1-" * 150_000])
+def test_masking_a_huge_unbroken_paste_takes_linear_time(junk):
+    """贴进工单的一长串(日志里的 base64、几十万位数字):原来每个式子从每个位置都扫到串尾,30 万字要几分钟,
+    处理线程一直占着、还不受 LLM_DEADLINE_S 管。这里 30 万字要在 3 秒内打完(原来 4 万位数字就要近 40 秒)。"""
+    started = time.monotonic()
+    llm.mask_pii(junk)
+    assert time.monotonic() - started < 3
 
 
 def test_a_threat_of_lawsuit_in_traditional_characters_goes_to_the_supervisor(lab):
