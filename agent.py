@@ -11,6 +11,7 @@ send 靠 outbox 的 UNIQUE 幂等:重跑一次只会得到 already_sent;ignore �
 from contextlib import contextmanager
 from typing import Literal
 
+import openai
 from langchain_core.callbacks import UsageMetadataCallbackHandler
 from langchain_core.exceptions import ModelRefusalError
 from langchain_core.runnables import RunnableConfig
@@ -23,8 +24,8 @@ from typing_extensions import TypedDict
 
 import config as settings
 import store
-from llm import (FEEDBACK_HEADER, classify, deadline, deadline_s, get_llm, llm_settings, mask_pii, simplified,
-                 without_control_chars)
+from llm import (FEEDBACK_HEADER, REQUEST_TOO_LARGE, classify, deadline, deadline_s, get_llm, llm_settings, mask_pii,
+                 simplified, status_of, without_control_chars)
 
 MAX_REDRAFTS = 3  # 轮(至少 0);一张工单最多让 Agent 按意见重写几次(每次都要再调一次模型,花钱也耗人的耐心)
 # 字(至少 200);工单原文(「主题:正文」,已脱敏)最多给模型这么多。邮件建的工单本来就不到 2201 字(主题 200 + 正文 2000);
@@ -62,6 +63,15 @@ def check_settings() -> None:
 
 class PermanentError(Exception):
     """重试多少次都不会好的错误(工单不存在、payload 格式不对):worker 直接判死信。"""
+
+
+# 重试多少次都没用的错误:直接死信。模型说「你的请求不对」(400/404/422)、「请求太大」(413,没有单独的异常类)也算。
+# worker 起草失败、收件箱 respond 重写失败都按它分
+PERMANENT_ERRORS = (PermanentError, openai.BadRequestError, openai.NotFoundError, openai.UnprocessableEntityError)
+
+
+def is_permanent(error: Exception) -> bool:
+    return isinstance(error, PERMANENT_ERRORS) or status_of(error) == REQUEST_TOO_LARGE
 
 
 class Draft(BaseModel):

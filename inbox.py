@@ -40,7 +40,7 @@ if __name__ == "__main__":
 from langgraph.types import Command  # noqa: E402
 
 import store  # noqa: E402
-from agent import FINISHED, allowed, check_settings, max_text_chars, opened_graph, thread_of  # noqa: E402
+from agent import FINISHED, allowed, check_settings, is_permanent, max_text_chars, opened_graph, thread_of  # noqa: E402
 from llm import describe, mask_pii  # noqa: E402
 
 INBOX_USER = ""  # 谁在用收件箱(几个人共用时区分);空 = 「登录名@主机名」
@@ -264,8 +264,13 @@ def act(graph, command: str, ticket_id: str, text: str) -> None:
         snap = graph.get_state(cfg)
         status = status_of(snap)
         interrupted = isinstance(e, KeyboardInterrupt)
-        owner, what = store.inbox_owner(), "被中断(Ctrl-C)" if interrupted else describe(e, dead=False)
-        if status == "pending":
+        # 重写时模型说请求不对(400/413……):交回 worker 也只是原样再错一次就进死信,还让人等它「自动再试」。直接进死信,
+        # 说清修好后怎么放回来;意见已经记在 checkpoint 里,--requeue-dead 之后从 draft 带着意见接着跑
+        dead = not interrupted and status == "pending" and is_permanent(e)
+        owner, what = store.inbox_owner(), "被中断(Ctrl-C)" if interrupted else describe(e, dead=dead)
+        if dead:
+            store.set_status(ev["event_id"], "dead", what, owner=owner)
+        elif status == "pending":
             store.hand_to_worker(ev["event_id"], owner, what)
         elif status == "waiting_human":
             store.set_status(ev["event_id"], status, what, owner=owner)
@@ -275,7 +280,7 @@ def act(graph, command: str, ticket_id: str, text: str) -> None:
             print(f"(途中出过错:{what};这张工单已经处理完了)", file=sys.stderr)
             print(ticket_id, "→", snap.values["outcome"])
             return
-        where = "仍在收件箱里" if status == "waiting_human" else "已交回 worker 续跑"
+        where = "仍在收件箱里" if status == "waiting_human" else "进了死信" if dead else "已交回 worker 续跑"
         raise Refused(f"{ticket_id} {f'这次{what}' if interrupted else f'处理失败({what})'},{where}") from e
     if "__interrupt__" in result:
         store.set_status(ev["event_id"], "waiting_human", owner=store.inbox_owner())

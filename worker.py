@@ -40,12 +40,10 @@ if __name__ == "__main__":
     # 从脚本里用 & 放到后台跑的 worker 本来就不理 SIGINT:照旧不理,只听 SIGTERM(见 config.handle_stop_signals)
     config.handle_stop_signals(stop_while_importing, stop_while_importing)
 
-import openai  # noqa: E402 —— 上面先装好信号处理,再做慢的导入
-
-import store  # noqa: E402
-from agent import FINISHED, PermanentError, known_new, open_graph, thread_of  # noqa: E402
+import store  # noqa: E402 —— 上面先装好信号处理,再做慢的导入
+from agent import FINISHED, PermanentError, is_permanent, known_new, open_graph, thread_of  # noqa: E402
 from agent import check_settings as graph_settings  # noqa: E402
-from llm import REQUEST_TOO_LARGE, describe, mask_pii, status_of  # noqa: E402
+from llm import describe, mask_pii  # noqa: E402
 
 MAX_ATTEMPTS = 3            # 次(1–20);暂时性失败最多试几次,之后进死信
 STALE_MINUTES = 10          # 分钟(0–525600);processing 超过这么久、处理它的进程也不在了,就放回队列(可以是 0 或小数)
@@ -62,13 +60,6 @@ MAX_CONCURRENCY = 256       # 个;每个都是一个线程,再多也只是一起
 #   sync:每走完一个节点写一次,写完才走下一个。
 CHECKPOINT_DURABILITY = "async"
 DURABILITIES = ("async", "exit", "sync")
-
-# 重试多少次都没用的错误:直接死信。模型说「你的请求不对」(400/404/422)、「请求太大」(413,没有单独的异常类)也算。
-PERMANENT_ERRORS = (PermanentError, openai.BadRequestError, openai.NotFoundError, openai.UnprocessableEntityError)
-
-
-def is_permanent(error: Exception) -> bool:
-    return isinstance(error, PERMANENT_ERRORS) or status_of(error) == REQUEST_TOO_LARGE
 
 
 def payload_ticket(ev: dict) -> str:

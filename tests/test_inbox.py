@@ -652,6 +652,28 @@ def test_respond_whose_redraft_is_refused_for_the_api_key_says_the_worker_retrie
     assert drain() == [("evt_T1012_created", "waiting_human")]  # 修好了(这里是离线模型):worker 带着意见重写
 
 
+def test_respond_whose_redraft_the_model_rejects_as_invalid_goes_dead_with_the_feedback_kept(lab):
+    """重写时模型说请求不对(400):重试也不会好。原来交回 worker、说「修好后它会自动再试,不用放回」,worker 却原样
+    再发一次、进了死信,叫人运行 --requeue-dead。现在直接进死信、说清怎么放回;意见记在 checkpoint 里,放回后带着它重写。"""
+    queue("T1012")
+    with OpenAIStub() as stub:
+        stub.fail["stub-model"] = (400, "invalid_request_error")
+        model = {"LLM_API_KEY": "sk-test", "LLM_BASE_URL": stub.base_url, "LLM_MODEL": "stub-model", "LLM_MAX_RETRIES": "2"}
+        r = inbox({**lab, **model}, "respond", "T1012", "语气软一点")
+        assert len(stub.requests) == 1  # 一次都不重试
+    why = ("OpenAIInvalidRequestError: Error code: 400 - stub says invalid_request_error(模型服务说请求不对:检查 LLM_MODEL、"
+           "LLM_EXTRA_BODY,或者 MAX_TICKET_CHARS 对这个模型太大,修好后运行 uv run python worker.py --requeue-dead)")
+    assert (r.returncode, r.stdout, r.stderr) == (1, "", f"T1012 处理失败({why}),进了死信\n")
+    assert rows("SELECT status, last_error, claimed_by FROM events") == [("dead", why, None)]
+    assert state("T1012")["feedback"] == ["语气软一点"]
+    assert rows("SELECT COUNT(*) FROM outbox") == [(0,)]
+    assert drain() == []  # worker 不会再白发一次
+    requeued = run(["worker.py", "--requeue-dead"], lab)  # 修好了(这里是离线模型)
+    assert requeued.returncode == 0, requeued.stderr
+    assert drain() == [("evt_T1012_created", "waiting_human")]
+    assert state("T1012")["feedback"] == ["语气软一点"]
+
+
 def test_a_decision_the_checkpoint_store_cannot_save_leaves_the_item_in_the_inbox_and_sends_nothing(lab):
     """人的决定写不进 checkpoint(磁盘满之类,不是「数据库暂时用不了」):thread 还停在 interrupt,
     待办留在收件箱里,说清楚;修好之后同一条命令照常做完,发件箱只有一行。"""
