@@ -112,7 +112,7 @@ def decode_bytes(raw: bytes, charset: str | None) -> str:
     """按声明的字符集解码;没声明、声明了不认识的名字或者解不通时,依次试 utf-8、gb18030,最后带替换符硬解。
     解出落单代理项的也算解不通(utf-7 的 +2AA-、unicode_escape 的 \\ud800 会这样):带着它存不进库,
     原来这封信每次都「存储失败」、保持未读,永远收不进来。"""
-    declared = CHARSET_SUPERSETS.get((charset or "").lower(), charset)
+    declared = effective_charset(raw, charset)
     for name in (declared, "utf-8", "gb18030"):
         if not name:
             continue
@@ -123,6 +123,24 @@ def decode_bytes(raw: bytes, charset: str | None) -> str:
         if not SURROGATES.search(text):
             return text
     return raw.decode("utf-8", errors="replace")  # utf-8 解码器不会解出代理项
+
+
+GB_CHARSETS = {"gb2312", "gbk", "x-gbk", "gb18030"}
+
+
+def effective_charset(raw: bytes, charset: str | None) -> str | None:
+    """真正该用哪个字符集解码。声明的字符集换成它的超集(CHARSET_SUPERSETS);另外,标着 gb2312 / gbk、
+    字节却是完整 UTF-8 的信(网页表单、转发时只改了正文没改头)按 UTF-8:GB18030 几乎什么字节都解得通,
+    「你好」会解成「浣犲ソ」,以 3 字节的字结尾的还会被当成「最后一个字不完整」拒收。真的 GBK 中文几乎不可能
+    恰好是合法的 UTF-8(常用汉字的第一个字节 B0–F7 在 UTF-8 里不能开头)。"""
+    name = (charset or "").lower()
+    if name in GB_CHARSETS and not raw.isascii():
+        try:
+            raw.decode("utf-8")
+            return "utf-8"
+        except UnicodeDecodeError:
+            pass
+    return CHARSET_SUPERSETS.get(name, charset)
 
 
 def header_text(value) -> str:
@@ -150,7 +168,9 @@ class _HTMLText(HTMLParser):
         self.skipping = 0
 
     def handle_starttag(self, tag, attrs) -> None:
-        if tag in self.SKIP:
+        if tag == "body":  # 没写 </head> 的 HTML(HTML5 里合法):到 <body> 为止;原来整封信的正文都被当成 head 跳过了
+            self.skipping = 0
+        elif tag in self.SKIP:
             self.skipping += 1
         elif tag in self.BLOCKS:
             self.parts.append("\n")
@@ -180,19 +200,38 @@ def tidy_text(text: str) -> str:
 
 
 def body_of(msg: Message) -> str:
-    """正文:优先 text/plain(multipart/alternative 里的纯文本那份),没有或是空的就用 text/html 转成纯文本。附件不算。"""
-    plain = html = None
-    for part in msg.walk():
-        if part.is_multipart() or part.get_content_disposition() == "attachment":
-            continue
-        if part.get_content_type() == "text/plain" and plain is None:
-            plain = part
-        elif part.get_content_type() == "text/html" and html is None:
-            html = part
-    text = tidy_text(_decoded(plain)) if plain is not None else ""
-    if not text and html is not None:
-        text = tidy_text(html_to_text(_decoded(html)))
-    return text
+    """正文:客户自己写的文字。multipart/alternative 里优先纯文本那份,没有或是空的就用 HTML 转成纯文本;
+    multipart/mixed 里的几段文字(一段话、一张截图、又一段话)按顺序接起来;附件不算。附着的整封邮件(转发的、
+    退信里的原信,message/rfc822)只在这封信自己一个字都没写时才用。原来只取第一段纯文本,还会钻进附着的邮件:
+    截图后面的话丢了;只有 HTML、附了一封转发的信,存下的是那封转发的信。"""
+    return "\n".join(_texts(msg, inner=False)) or "\n".join(_texts(msg, inner=True))
+
+
+def _texts(part: Message, inner: bool) -> list[str]:
+    """part 里按顺序的各段文字(已经整理过、非空)。inner:附着的整封邮件也往里走。"""
+    if part.get_content_maintype() == "message":  # message/rfc822 这类:附着的一整封邮件
+        if not inner:
+            return []
+        payload = part.get_payload()
+        return [t for sub in (payload if isinstance(payload, list) else [payload])
+                if isinstance(sub, Message) for t in _texts(sub, inner)]
+    if part.is_multipart():
+        children = [c for c in part.get_payload() if isinstance(c, Message)]
+        if part.get_content_subtype() != "alternative":
+            return [t for c in children for t in _texts(c, inner)]
+        versions = [(c, "\n".join(_texts(c, inner))) for c in children]  # 同一段话的几种写法:只要一种
+        plain = [t for c, t in versions if c.get_content_type() == "text/plain" and t]
+        rest = [t for _, t in versions if t]
+        return plain[:1] or rest[-1:]  # 没有纯文本时取最后一种(按规矩最后一种最接近原样)
+    if part.get_content_disposition() == "attachment":
+        return []
+    if part.get_content_type() == "text/plain":
+        text = tidy_text(_decoded(part))
+    elif part.get_content_type() == "text/html":
+        text = tidy_text(html_to_text(_decoded(part)))
+    else:
+        return []
+    return [text] if text else []
 
 
 def _decoded(part: Message) -> str:
@@ -296,7 +335,7 @@ def cut_short(msg: Message, raw: bytes) -> str:
 def ends_mid_character(data: bytes, charset: str | None) -> bool:
     """按这个字符集解码,前面都解得通、最后却剩下半个字。字符集不认识、中间就有解不通的字节时不算
     (那是别的毛病,decode_bytes 会换着字符集试):只认截断的样子。"""
-    name = CHARSET_SUPERSETS.get((charset or "").lower(), charset or "utf-8")
+    name = effective_charset(data, charset) or "utf-8"
     try:
         b"a".decode(name)  # 不认识的名字、rot13 / base64 这类不是文字编码的:LookupError,和 decode_bytes 一样不用它
     except LookupError:

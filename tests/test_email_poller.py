@@ -1,4 +1,5 @@
 """email_poller.py:对着测试里起的真 IMAP 服务器(pymap,内存后端,只听 127.0.0.1)收信,以及离线 .eml 模式。"""
+import base64
 import hashlib
 import imaplib
 import os
@@ -1103,6 +1104,49 @@ def test_the_event_id_is_the_decoded_message_id_in_angle_brackets_or_else_a_sha1
     raw = b"Message-ID: " + header + b"\nFrom: zhang.wei@example.com\nSubject: x\n\nbody\n"
     assert email_poller.parse(raw)["message_id"] == event_id
     assert email_poller.parse(raw.replace(b"\n", b"\r\n"))["message_id"] == event_id  # IMAP 收到的是 CRLF
+
+
+def multipart(subtype: str, *parts: str, boundary: str = "b1") -> str:
+    body = "".join(f"--{boundary}\n{part}\n" for part in parts)
+    return f"Content-Type: multipart/{subtype}; boundary={boundary}\n\n{body}--{boundary}--\n"
+
+
+HEAD = "From: zhang.wei@example.com\nSubject: 导出失败\nMessage-ID: <parts@example.com>\nMIME-Version: 1.0\n"
+FORWARDED = ("Content-Type: message/rfc822\nContent-Disposition: attachment\n\n"
+             "From: bank@example.com\nSubject: 对账单\nContent-Type: text/plain; charset=utf-8\n\n您的对账单已生成。")
+
+
+@pytest.mark.parametrize("layout, body", [
+    # 一段话、一张截图、又一段话:原来只留第一段
+    (multipart("mixed", "Content-Type: text/plain; charset=utf-8\n\n导出报表时报错,截图如下:",
+               "Content-Type: image/png\nContent-Disposition: inline\nContent-Transfer-Encoding: base64\n\niVBORw0KGgo=",
+               "Content-Type: text/plain; charset=utf-8\n\n换了浏览器也一样。"),
+     "导出报表时报错,截图如下:\n换了浏览器也一样。"),
+    # 只有 HTML、附了一封转发的信:原来存下的是那封转发的信
+    (multipart("mixed", "Content-Type: text/html; charset=utf-8\n\n<p>请看下面这封对账单,金额不对。</p>", FORWARDED),
+     "请看下面这封对账单,金额不对。"),
+    # 自己一个字没写、只转发了一封:用转发的那封
+    (multipart("mixed", FORWARDED), "您的对账单已生成。"),
+    # alternative 里纯文本和 HTML 是同一段话:只要一份
+    (multipart("alternative", "Content-Type: text/plain; charset=utf-8\n\n发票抬头错了。",
+               "Content-Type: text/html; charset=utf-8\n\n<p>发票抬头错了。</p>"), "发票抬头错了。"),
+    # 没写 </head> 的 HTML(HTML5 里合法):原来整段正文当成 head 跳过,存下一张空工单
+    ("Content-Type: text/html; charset=utf-8\n\n<html><head><title>x</title><body><p>导出报表失败</p></body></html>\n",
+     "导出报表失败"),
+])
+def test_the_body_is_every_text_part_the_customer_wrote_and_not_a_forwarded_mail(layout, body):
+    assert email_poller.parse((HEAD + layout).encode())["body"] == body
+
+
+@pytest.mark.parametrize("text", ["你好", "你好啊", "发票抬头错了,麻烦重开"])
+@pytest.mark.parametrize("charset", ["gb2312", "gbk"])
+def test_utf8_bytes_labelled_gbk_are_read_as_utf8_not_as_garble_or_a_cut_mail(charset, text):
+    """标着 gbk、字节却是 UTF-8(base64,末尾没有换行):原来「你好」存成「浣犲ソ」,「你好啊」被当成
+    「最后一个字不完整」拒收。真的 GBK 照旧按 GBK 解。"""
+    for raw_text, encoding in ((text, "utf-8"), (text, "gbk")):
+        raw = (HEAD + f"Content-Type: text/plain; charset={charset}\nContent-Transfer-Encoding: base64\n\n").encode()
+        raw += base64.b64encode(raw_text.encode(encoding)) + b"\n"
+        assert email_poller.parse(raw)["body"] == text, encoding
 
 
 def test_mail_without_a_sender_address_cannot_be_parsed():
