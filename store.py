@@ -121,6 +121,9 @@ PG_OBJECTS = ("SELECT relname FROM pg_class "
               "WHERE relnamespace = (SELECT oid FROM pg_namespace WHERE nspname = current_schema())")
 # init() 要建的表和索引的名字,从上面的语句里读出来(加一张表不用再改这里)
 SCHEMA_OBJECTS = frozenset(re.findall(r"(?:TABLE|INDEX) IF NOT EXISTS (\w+)", SCHEMA + ONE_PROCESSING_PER_TICKET))
+# SCHEMA 里每张表的列(约束那几行不算)。事件表缺的列 init() 会补;别的表早就有、却缺列的,是别人建的(见 foreign_table)
+TABLE_COLUMNS = {name: frozenset(re.findall(r"^ {4}(\w+) ", body, re.M)) - {"PRIMARY"}
+                 for name, body in re.findall(r"CREATE TABLE IF NOT EXISTS (\w+) \((.*?)\n\);", SCHEMA, re.S)}
 # 补上 waiting_since 时,已经在收件箱里的待办从 updated_at 算起(上一版的收件箱放回待办时保留的就是它);
 # 不补的话它们是空的,之后有人 respond 一下,set_status 就把「现在」当成进收件箱的时刻,等了 50 小时的显示 0 小时
 BACKFILL_WAITING_SINCE = "UPDATE events SET waiting_since = updated_at WHERE status = 'waiting_human'"
@@ -181,7 +184,10 @@ def minutes_from_now(minutes: float) -> str:
 
 
 def parse_time(value) -> datetime:
-    return value if isinstance(value, datetime) else datetime.fromisoformat(value)
+    """库里的时间。不带时区的(照课文的 now() 写的:本地时间)按这台机器的时区换成 UTC,和 upgrade_lesson_db 一样;
+    原来和带时区的一比就是 TypeError(日报在照课文建的库上崩掉)。"""
+    moment = value if isinstance(value, datetime) else datetime.fromisoformat(value)
+    return moment if moment.tzinfo else moment.astimezone(timezone.utc)
 
 
 # ---------------------------------------------------------------- 连接
@@ -403,6 +409,8 @@ def init() -> None:
             use_wal(conn)  # 写进库文件,之后每个连接都是 WAL;不能放在事务里
             if moved := moved_to(conn):  # 每个程序都先 init():用一个已经搬走的库,在这里说清楚,什么都还没做
                 raise SystemExit(moved_away(events_db(), *moved))
+            if problem := foreign_table(conn):
+                raise SystemExit(problem)
             conn.executescript(sql("SCHEMA"))
             have = events_columns(conn)
     # 每个程序都先 init():路径设错了、指到了不是数据库的文件(DatabaseError),在这里一行说清楚,什么都还没做
@@ -455,6 +463,20 @@ def pg_rights_or_exit(conn) -> None:
         raise SystemExit(f"DATABASE_URL 的用户 {user} 对表 {'、'.join(missing)} 没有读写权限(程序要 SELECT、INSERT、UPDATE、"
                          f"DELETE):请库的所有者执行 GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA {schema} "
                          f"TO {user}。什么都没做")
+
+
+def foreign_table(conn) -> str | None:
+    """库里已经有同名的表、却不是这里的结构(缺列)时给人看的一行:照课文做练习 4 时自己建的 review_log 最常见
+    (课文只说记哪几样,列名各人起)。不说的话,CREATE TABLE IF NOT EXISTS 不动它,到了写审核记录、出日报时才是
+    「no such column」,还被当成「数据库暂时用不了,稍后再试」,等多久都不会好。事件表不算:缺的列 init() 会补。"""
+    for table, wanted in TABLE_COLUMNS.items():
+        have = {r["name"] for r in conn.execute(f"PRAGMA table_info({table})")}
+        if table != "events" and have and (missing := wanted - have):
+            path = events_db()
+            return (f"事件库 {path} 里已经有一张 {table} 表,却不是这里用的结构(缺 {'、'.join(sorted(missing))} 列;"
+                    f"多半是自己做练习时建的):先给它改个名,比如 sqlite3 {shlex.quote(str(path))} 'ALTER TABLE {table} "
+                    f"RENAME TO my_{table}',再运行,这里会新建一张。什么都没做")
+    return None
 
 
 def events_columns(conn) -> set[str]:

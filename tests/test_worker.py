@@ -1179,6 +1179,58 @@ def test_an_events_database_built_the_lessons_way_is_upgraded_then_worked_on(lab
         ("evt_T1003_created", "done"), ("evt_T1012_created", "waiting_human"), ("evt_T1041_created", "waiting_human")]
 
 
+def lesson_db_with(path, review_log_schema: str, *review_rows: tuple) -> None:
+    """照课文建的事件库,加上一张自己做练习 4 时建的 review_log,一个待处理的事件。"""
+    with sqlite3.connect(path) as conn:
+        conn.executescript(LESSON_SCHEMA + review_log_schema)
+        conn.execute("INSERT INTO events (event_id, source, kind, payload, received_at, updated_at) VALUES "
+                     "('evt_T1012_created', 'webhook', 'ticket.created', "
+                     "'{\"id\": \"evt_T1012_created\", \"data\": {\"ticket_id\": \"T1012\"}}', "
+                     "'2026-12-04T09:00:00', '2026-12-04T09:00:00')")
+        for row in review_rows:
+            conn.execute(f"INSERT INTO review_log VALUES ({', '.join('?' * len(row))})", row)
+    conn.close()
+
+
+def dump(path) -> list:
+    with sqlite3.connect(path) as conn:
+        tables = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")]
+        out = [(t, conn.execute(f"SELECT sql FROM sqlite_master WHERE name = ?", (t,)).fetchone()[0],
+                conn.execute(f"SELECT * FROM {t}").fetchall()) for t in tables]
+    conn.close()
+    return out
+
+
+@pytest.mark.parametrize("command, code", [(["worker.py", "--once"], 1), (["inbox.py", "list"], 1),
+                                           (["cron_jobs.py", "report"], 2), (["store.py"], 1)])
+def test_a_review_log_built_for_exercise_4_in_another_shape_is_named_and_nothing_is_touched(lab, tmp_path, command,
+                                                                                            code):
+    """练习 4 只说 review_log 记哪几样,列名各人起。原来 CREATE TABLE IF NOT EXISTS 不动它,写审核记录、出日报时才是
+    「no such column」,还说成「数据库暂时用不了,稍后再跑」(等多久都不会好)。现在每个程序一开始就说是哪张表、缺哪几列、
+    怎么办,什么都不动(课文的库也不升级)。"""
+    path = tmp_path / "lesson.db"
+    lesson_db_with(path, "CREATE TABLE review_log (ticket_id TEXT, category TEXT, draft TEXT, final_text TEXT, "
+                         "action TEXT, feedback TEXT);", ("T1041", "refund", "原稿", "终稿", "edit", "[]"))
+    before = dump(path)
+    r = run(command, {**lab, "EVENTS_DB": str(path)})
+    assert (r.returncode, r.stdout, r.stderr) == (code, "", (
+        f"事件库 {path} 里已经有一张 review_log 表,却不是这里用的结构(缺 created_at、final 列;多半是自己做练习时建的):"
+        f"先给它改个名,比如 sqlite3 {path} 'ALTER TABLE review_log RENAME TO my_review_log',再运行,这里会新建一张。"
+        "什么都没做\n"))
+    assert dump(path) == before
+
+
+def test_the_report_reads_review_log_times_written_without_a_time_zone_as_local_time(lab, tmp_path, in_shanghai):
+    """照课文的 now() 写的 review_log 时间不带时区(本地时间):原来日报一比时间就 TypeError、什么都没打印。"""
+    path = tmp_path / "lesson.db"
+    lesson_db_with(path, "CREATE TABLE review_log (ticket_id TEXT PRIMARY KEY, category TEXT NOT NULL, draft TEXT NOT NULL, "
+                         "final TEXT, action TEXT NOT NULL, feedback TEXT NOT NULL, created_at TEXT NOT NULL);",
+                   ("T1041", "refund", "原稿", "终稿", "edit", "[]", "2026-12-04T09:01:00"))
+    r = run(["cron_jobs.py", "report"], {**lab, "EVENTS_DB": str(path), "TZ": "Asia/Shanghai"})
+    assert (r.returncode, r.stderr) == (0, ""), r.stderr
+    assert "refund:1 张,accept 0,edit 1,ignore 0" in r.stdout
+
+
 # ---------------------------------------------------------------- 数据库连接在服务器那头断了(PostgreSQL 重启、被掐断)
 def wait_until(condition, what: str, timeout: float = 60) -> None:
     deadline = time.time() + timeout
