@@ -569,7 +569,9 @@ def unavailable_errors() -> tuple[type[Exception], ...]:
         import psycopg
     except ImportError:
         return (sqlite3.OperationalError,)
-    return sqlite3.OperationalError, psycopg.OperationalError
+    # 主备切换后连到了还只能读的那台(或者有人打开了 default_transaction_read_only):也是等一会儿再试。它的类是
+    # InternalError,原来常驻的 worker 带着 traceback 退出了;SQLite 的库只能读时本来就这样等
+    return sqlite3.OperationalError, psycopg.OperationalError, psycopg.errors.ReadOnlySqlTransaction
 
 
 def unavailable(error: Exception) -> str:
@@ -769,15 +771,28 @@ class PgConnection:
 
     def __init__(self, pool, raw=None):
         self.pool, self.raw = (None, raw) if raw is not None else (pool, pool.getconn())
+        self.read_only = False  # 这个连接连到了只能读的服务器上,见 close()
 
     def execute(self, query: str, args=()):
-        return self.raw.execute(self.placeholders(query), tuple(args))
+        with self.noting_read_only():
+            return self.raw.execute(self.placeholders(query), tuple(args))
 
     def executescript(self, script: str) -> None:
-        self.raw.execute(script)  # 不带参数时 psycopg 允许一次执行多条语句
+        with self.noting_read_only():
+            self.raw.execute(script)  # 不带参数时 psycopg 允许一次执行多条语句
 
     def executemany(self, query: str, rows) -> None:
-        self.raw.cursor().executemany(self.placeholders(query), rows)
+        with self.noting_read_only():
+            self.raw.cursor().executemany(self.placeholders(query), rows)
+
+    @contextmanager
+    def noting_read_only(self):
+        try:
+            yield
+        except Exception as e:
+            if type(e).__name__ == "ReadOnlySqlTransaction":
+                self.read_only = True
+            raise
 
     @staticmethod
     def placeholders(query: str) -> str:
@@ -786,6 +801,11 @@ class PgConnection:
 
     def close(self) -> None:
         if self.pool is not None:
+            if self.read_only:
+                # 主备切换时连到了还只能读的那台:这个连接一直只能读(会话开始时就定了)。还回去之前关掉,
+                # 连接池另连一个:能写了(或者 URL 里写了 target_session_attrs=read-write、换到了新的主库)就好了。
+                # 原来留在池里,服务器早就能写了,worker 还一直说「只能读」
+                self.raw.close()
             self.pool.putconn(self.raw)
 
 
@@ -1041,6 +1061,16 @@ def hand_back(event_id: str, owner: str) -> bool:
             "WHERE event_id = ? AND status = 'processing' AND claimed_by = ?",
             (now(), event_id, owner),
         ).rowcount == 1
+
+
+def hand_back_all(owner: str) -> list[str]:
+    """owner 名下所有 processing 的事件都交回(同 hand_back),返回交回了哪些。只在 owner 手上确实没有在做的事件时用:
+    除了记着的,还有领取已经提交、回答却在路上丢了(连接恰好这时断了)的那一个 —— 它不在 worker 记着的「手上」里,
+    本机的 worker 还活着,requeue_stale 也不会放回它,原来要等 worker 重启才动得了。"""
+    with opened(durable=False) as conn:
+        return [r[0] for r in conn.execute(
+            "UPDATE events SET status = 'pending', attempts = attempts - 1, claimed_by = NULL, updated_at = ? "
+            "WHERE status = 'processing' AND claimed_by = ? RETURNING event_id", (now(), owner)).fetchall()]
 
 
 def _owner_state(owner: str | None, conn=None) -> str:

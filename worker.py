@@ -246,9 +246,12 @@ class Worker:
             self.in_hand.discard(ev["event_id"])
 
     def hand_back(self) -> None:
-        """立即退出时,把手上还没做完的事件交回队列(这次不算一次失败)。"""
-        for event_id in list(self.in_hand):
-            self.give_back(event_id)
+        """把这个进程名下还在 processing 的事件交回队列(这次不算一次失败):立即退出时手上还没做完的、数据库出错时
+        没来得及改状态的,还有领取提交了、回答却因为断线没收到的(它不在 in_hand 里)。只在没有线程还在处理时调用,
+        或者(立即退出时)那些线程的事件反正也要交回。"""
+        for event_id in store.hand_back_all(self.owner):
+            print(f"{event_id} 交回队列", file=sys.stderr, flush=True)
+        self.in_hand.clear()
 
     def give_back(self, event_id: str) -> None:
         if store.hand_back(event_id, self.owner):  # 两个线程同时交回同一个:只有一个改得成、说一行
@@ -274,17 +277,25 @@ class Worker:
         return done
 
     def run(self) -> None:
+        troubled = False  # 上一轮数据库出过错:可能有事件没来得及改状态,或者领到了却没收到回答
         while not self.stopping:
             try:
-                self.hand_back()  # 上一轮数据库出错时没来得及改状态的事件(平时是空的)
+                if troubled:
+                    self.hand_back()
+                    troubled = False
                 busy = self.run_once()
             except store.unavailable_errors() as e:
                 # 数据库重启、连接被掐断、库被锁太久:常驻的 worker 不退出,等一会儿再试;手上的事件下一轮交回队列
                 say_retrying(e)
-                busy = []
+                busy, troubled = [], True
             if not busy:
                 with contextlib.suppress(queue.Empty):  # 等 POLL_SECONDS 秒,收到停止信号就马上醒
                     self._wake.get(timeout=poll_seconds())
+        if troubled:
+            # 数据库出错之后、下一轮交回之前收到了停止信号:原来直接退出,事件留在 processing,要等别人按卡住的放回、
+            # 还算一次失败。数据库还是用不了就算了:那样的事件照旧按卡住的放回
+            with contextlib.suppress(*store.unavailable_errors()):
+                self.hand_back()
 
     def stop(self, signum: int | None = None, _frame=None) -> None:
         if next(self._stop_signals):

@@ -313,3 +313,41 @@ def test_an_events_table_from_before_waiting_since_gets_the_column_and_keeps_the
     for r in (first, run(["cron_jobs.py", "report"], any_lab)):
         assert ("收件箱里等得最久的:evt_T1041_created,已等 50.0 小时(超过 24 小时,该提醒值班的人了)(收件箱共 1 条)"
                 in r.stdout.splitlines())
+
+
+def test_a_pooled_connection_that_finds_the_server_read_only_is_dropped_so_the_pool_reconnects(pg_lab, monkeypatch):
+    """主备切换时连到了只能读的那台:这个连接整个会话都只能读。原来它回到连接池里接着用,服务器早就能写了,
+    程序还一直说「只能读」;现在碰上 ReadOnlySqlTransaction 的连接还回去之前关掉,连接池另连一个。
+    这里用给用户设 default_transaction_read_only 来造「只能读的会话」:设回去以后不再断连接,全靠扔掉坏的。"""
+    import psycopg
+    from conftest import read_write_role
+    from psycopg.conninfo import conninfo_to_dict
+
+    owner_url = pg_lab["DATABASE_URL"]
+    with read_write_role(owner_url) as (url, grant_read_write):
+        grant_read_write()
+        user = conninfo_to_dict(url)["user"]
+        monkeypatch.setenv("DATABASE_URL", url)
+        monkeypatch.setenv("PG_POOL_SIZE", "2")
+        store.close_pools()
+        touch = "UPDATE events SET attempts = attempts WHERE event_id = 'nothing'"
+
+        def outcome() -> str:
+            try:
+                with store.opened() as conn:
+                    conn.execute(touch)
+                return "ok"
+            except Exception as e:  # noqa: BLE001
+                return type(e).__name__
+
+        assert outcome() == "ok"
+        with psycopg.connect(owner_url, autocommit=True) as conn:
+            conn.execute(f"ALTER ROLE {user} SET default_transaction_read_only = on")
+            conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s", (user,))
+        seen = [outcome() for _ in range(6)]
+        assert "ReadOnlySqlTransaction" in seen and "ok" not in seen, seen
+        with psycopg.connect(owner_url, autocommit=True) as conn:
+            conn.execute(f"ALTER ROLE {user} RESET default_transaction_read_only")
+        after = [outcome() for _ in range(8)]
+        # 池里最多两个只能读的连接:各失败一次就被换掉,之后一直能写
+        assert set(after[:2]) <= {"ok", "ReadOnlySqlTransaction"} and after[2:] == ["ok"] * 6, after

@@ -12,7 +12,8 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import FULL_DISK, LAB, cut_at, cut_connections, die_before_checkpoint, drain, rows, run, tcp_proxy, write_locked
+from conftest import (FULL_DISK, LAB, cut_at, cut_connections, die_before_checkpoint, drain, read_write_role, rows, run,
+                      tcp_proxy, write_locked)
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from openai_stub import OpenAIStub
 
@@ -1276,6 +1277,111 @@ def test_connections_the_server_dropped_while_idle_are_replaced_before_an_event_
     assert out == "evt_T1012_created → waiting_human\nevt_T1041_created → waiting_human\n"
     assert events() == [("evt_T1012_created", "waiting_human", 1), ("evt_T1041_created", "waiting_human", 1)]
     assert said_besides_offline_model(err) == [STOPPING]  # 换掉死连接是悄悄的:没有 traceback,没有 psycopg 的 WARNING
+
+
+def run_in_thread(w) -> threading.Thread:
+    t = threading.Thread(target=w.run, daemon=True)
+    t.start()
+    return t
+
+
+def test_a_claim_committed_whose_answer_is_lost_is_handed_back_by_the_running_worker(any_lab, monkeypatch, capsys):
+    """领取那条 UPDATE 提交了,回答却在路上丢了(连接恰好这时断了):worker 不知道自己领了它,它不在「手上」;
+    本机的 worker 还活着,放回卡住的事件时也不动它。原来它一直卡在 processing,直到 worker 重启。
+    现在数据库出过错的下一轮,这个进程名下的 processing 事件都交回(这次不算一次失败),接着照常处理。"""
+    monkeypatch.setenv("POLL_SECONDS", "0.2")
+    add("T1012")
+    claim, lost = store.claim, []
+
+    def claim_and_lose_the_answer(owner=None):
+        ev = claim(owner)
+        if not lost:
+            lost.append(ev["event_id"])
+            raise sqlite3.OperationalError("disk I/O error")  # 和断线一样:领到了,没拿到回答
+        return ev
+
+    monkeypatch.setattr(store, "claim", claim_and_lose_the_answer)
+    w = worker_mod.Worker()
+    t = run_in_thread(w)
+    try:
+        wait_until(lambda: events() == [("evt_T1012_created", "waiting_human", 1)], "领了却没收到回答的事件卡住了")
+    finally:
+        w.stop(signal.SIGTERM)
+        t.join(timeout=30)
+        w.close()
+    assert not t.is_alive() and lost == ["evt_T1012_created"]
+    out, err = capsys.readouterr()
+    assert out == "evt_T1012_created → waiting_human\n"
+    assert said_besides_offline_model(err) == [
+        "数据库暂时用不了(OperationalError: disk I/O error),0.2 秒后再试", "evt_T1012_created 交回队列", STOPPING]
+
+
+def test_a_stop_signal_right_after_a_database_error_hands_the_event_back_before_exiting(lab, monkeypatch, capsys):
+    """事件做完了,改状态时数据库出错:事件还在手上,本来下一轮交回。原来这之间收到停止信号就直接退出,事件留在
+    processing,要等放回卡住的事件时才动、还算一次失败(attempts 多 1)。"""
+    monkeypatch.setenv("POLL_SECONDS", "30")
+    add("T1012")
+    set_status, failed = store.set_status, []
+
+    def fail_once(*args, **kwargs):
+        if not failed:
+            failed.append(args[0])
+            raise sqlite3.OperationalError("disk I/O error")
+        return set_status(*args, **kwargs)
+
+    monkeypatch.setattr(store, "set_status", fail_once)
+    w = worker_mod.Worker()
+    t = run_in_thread(w)
+    try:
+        wait_until(lambda: failed, "没有改到状态那一步")
+        time.sleep(0.5)  # 进了 POLL_SECONDS 的等待
+        w.stop(signal.SIGTERM)
+        t.join(timeout=10)
+    finally:
+        w.close()
+    assert not t.is_alive()  # 没有等满 30 秒
+    assert rows("SELECT event_id, status, attempts, claimed_by FROM events") == [("evt_T1012_created", "pending", 0, None)]
+    assert said_besides_offline_model(capsys.readouterr().err) == [
+        "数据库暂时用不了(OperationalError: disk I/O error),30 秒后再试", STOPPING, "evt_T1012_created 交回队列"]
+
+
+def test_a_running_worker_whose_database_turns_read_only_waits_and_goes_on_when_it_is_writable(pg_lab):
+    """主备切换时连到了只能读的那台(这里:给 worker 的用户设上 default_transaction_read_only,再断掉它的连接;
+    能写了以后再断一次,像切换完成、连接重连到新的主库):PostgreSQL 说 ReadOnlySqlTransaction,它的类是 InternalError,
+    原来常驻的 worker 带着 traceback 退出了。现在和别的「数据库暂时用不了」一样说一行、隔 POLL_SECONDS 再试,
+    能写了照常处理(正赶上第二次断开的那个事件按暂时性失败退避重试)。"""
+    import psycopg
+
+    owner_url = pg_lab["DATABASE_URL"]
+    r = run(["store.py"], pg_lab)  # checkpoint 的表也建好
+    assert r.returncode == 0, r.stderr
+    with read_write_role(owner_url) as (url, grant_read_write):
+        grant_read_write()
+        user = conninfo_to_dict(url)["user"]
+        proc = start_worker({**pg_lab, "DATABASE_URL": url, "BACKOFF_BASE_MINUTES": "0", "MAX_ATTEMPTS": "20"})
+        try:
+            add("T1041")  # 先照常处理一个:它起来了、连上了
+            wait_until(lambda: events() == [("evt_T1041_created", "waiting_human", 1)], "worker 没起来")
+            with psycopg.connect(owner_url, autocommit=True) as conn:
+                conn.execute(f"ALTER ROLE {user} SET default_transaction_read_only = on")
+            cut_connections(proc.pid)  # 新连上的都只能读
+            add("T1012")
+            time.sleep(2)
+            assert proc.poll() is None and events()[1] == ("evt_T1012_created", "pending", 0)  # 一直领不走,也不算失败
+            with psycopg.connect(owner_url, autocommit=True) as conn:
+                conn.execute(f"ALTER ROLE {user} RESET default_transaction_read_only")
+            cut_connections(proc.pid)
+            wait_until(lambda: events()[1][1] == "waiting_human", "能写了以后事件没处理")
+            assert proc.poll() is None
+        finally:
+            out, err = stop_worker(proc)
+    said = said_besides_offline_model(err)
+    assert said[-1] == STOPPING and "Traceback" not in err, err
+    assert "数据库暂时用不了(ReadOnlySqlTransaction: cannot execute UPDATE in a read-only transaction),0.2 秒后再试" in said
+    assert all(line.startswith("数据库暂时用不了(") and line.endswith("),0.2 秒后再试") for line in said[:-1]), err
+    first, *middle, last = out.splitlines()
+    assert (first, last) == ("evt_T1041_created → waiting_human", "evt_T1012_created → waiting_human")
+    assert all(" 次失败 → pending: " in line for line in middle), out
 
 
 def test_a_running_worker_whose_connections_are_cut_says_so_waits_and_goes_on(pg_lab):
