@@ -26,6 +26,7 @@ SQLite 事件库已经搬进了 PostgreSQL 却没设 DATABASE_URL(说明原因);
 三种触发源(webhook、邮件、定时任务)只往 events 里写一行;worker 领事件、跑图;
 发给客户的回复写进 outbox(今天不真的发邮件,写进这张表就算发出去了)。
 """
+import functools
 import json
 import logging
 import os
@@ -641,7 +642,7 @@ def open_pg_pool(url: str, durable: bool, **kwargs):
         reason = ";".join(line.strip() for line in _safe_url(str(e)).splitlines() if line.strip()) or type(e).__name__
         raise SystemExit(f"连不上 DATABASE_URL 指的 PostgreSQL:{reason}") from None
     # connect_timeout:接上了却一直不回话的服务器,连接池的后台线程也别一直等着(连不上时关连接池要等它)
-    pool = ConnectionPool(url, min_size=1, max_size=max_size,
+    pool = ConnectionPool(url, connection_class=_pooled_connection_class(), min_size=1, max_size=max_size,
                           kwargs={"autocommit": True, "application_name": pg_application_name(),
                                   "connect_timeout": PG_CONNECT_TIMEOUT_S, **kwargs},
                           configure=_configure(durable), check=check, open=False)
@@ -652,6 +653,30 @@ def open_pg_pool(url: str, durable: bool, **kwargs):
         raise SystemExit(f"连不上 DATABASE_URL 指的 PostgreSQL:连接池 {PG_CONNECT_TIMEOUT_S} 秒内没有连上"
                          "(单独连一次是通的:服务器太忙,或者连接数满了)") from None
     return pool
+
+
+def found_read_only(error: BaseException | None) -> bool:
+    """这个错误是不是说连接连到了只能读的服务器上(主备切换时连到了还只能读的那台、用户或库上设了
+    default_transaction_read_only)。这样连上的连接整个会话都只能读:还回连接池之前关掉,连接池另连一个,能写了
+    (或者 URL 里写了 target_session_attrs=read-write、换到了新的主库)就好了。原来留在池里,服务器早就能写了,
+    程序还一直说「只能读」。"""
+    return type(error).__name__ == "ReadOnlySqlTransaction"
+
+
+@functools.cache
+def _pooled_connection_class():
+    """连接池里的连接用的类:psycopg 的 Connection,多一件事 —— 用 with pool.connection() 借出去的(LangGraph 的
+    PostgresSaver 就这样借、这样还),在里面碰上 found_read_only() 的错误,还回去之前关掉。
+    事件表的连接不走 with,由 PgConnection.close() 做同一件事。"""
+    import psycopg
+
+    class PooledConnection(psycopg.Connection):
+        def __exit__(self, exc_type, exc_val, exc_tb) -> None:
+            super().__exit__(exc_type, exc_val, exc_tb)
+            if found_read_only(exc_val):
+                self.close()
+
+    return PooledConnection
 
 
 # 主机名里能有的字符(下划线不合规矩,但 docker compose 的服务名里常见,也解析得了);IP 地址另外认
@@ -790,8 +815,7 @@ class PgConnection:
         try:
             yield
         except Exception as e:
-            if type(e).__name__ == "ReadOnlySqlTransaction":
-                self.read_only = True
+            self.read_only = self.read_only or found_read_only(e)
             raise
 
     @staticmethod
@@ -801,10 +825,7 @@ class PgConnection:
 
     def close(self) -> None:
         if self.pool is not None:
-            if self.read_only:
-                # 主备切换时连到了还只能读的那台:这个连接一直只能读(会话开始时就定了)。还回去之前关掉,
-                # 连接池另连一个:能写了(或者 URL 里写了 target_session_attrs=read-write、换到了新的主库)就好了。
-                # 原来留在池里,服务器早就能写了,worker 还一直说「只能读」
+            if self.read_only:  # 见 found_read_only():关掉再还,连接池另连一个
                 self.raw.close()
             self.pool.putconn(self.raw)
 

@@ -351,3 +351,46 @@ def test_a_pooled_connection_that_finds_the_server_read_only_is_dropped_so_the_p
         after = [outcome() for _ in range(8)]
         # 池里最多两个只能读的连接:各失败一次就被换掉,之后一直能写
         assert set(after[:2]) <= {"ok", "ReadOnlySqlTransaction"} and after[2:] == ["ok"] * 6, after
+
+
+def test_a_checkpoint_connection_that_finds_the_server_read_only_is_dropped_so_drafts_are_saved_again(pg_lab,
+                                                                                                   monkeypatch):
+    """同上,换成 checkpoint 的连接池(LangGraph 的 PostgresSaver 自己借、自己还):原来只有事件表的连接会被换掉,
+    只能读时连上的 checkpoint 连接留在池里,服务器早就能写了,每个事件起草完存 checkpoint 还是 ReadOnlySqlTransaction,
+    一次次退避、最后全进死信。现在它还回去时关掉,连接池另连一个。"""
+    import psycopg
+    from conftest import read_write_role
+    from langgraph.checkpoint.base import empty_checkpoint
+    from psycopg.conninfo import conninfo_to_dict
+
+    owner_url = pg_lab["DATABASE_URL"]
+    saver, pool = store.open_checkpointer()  # 用库的所有者建好 checkpoint 的表
+    pool.close()
+    with read_write_role(owner_url) as (url, grant_read_write):
+        grant_read_write()
+        user = conninfo_to_dict(url)["user"]
+        monkeypatch.setenv("DATABASE_URL", url)
+        monkeypatch.setenv("PG_POOL_SIZE", "2")
+        store.close_pools()
+        saver, pool = store.open_checkpointer()
+        try:
+            def outcome(n: int) -> str:
+                config = {"configurable": {"thread_id": f"ticket-T{n}", "checkpoint_ns": ""}}
+                try:
+                    saver.put(config, empty_checkpoint(), {"source": "input", "step": -1}, {})
+                    return "ok"
+                except Exception as e:  # noqa: BLE001
+                    return type(e).__name__
+
+            assert outcome(0) == "ok"
+            with psycopg.connect(owner_url, autocommit=True) as conn:
+                conn.execute(f"ALTER ROLE {user} SET default_transaction_read_only = on")
+                conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s", (user,))
+            seen = [outcome(n) for n in range(1, 7)]
+            assert "ReadOnlySqlTransaction" in seen and "ok" not in seen, seen
+            with psycopg.connect(owner_url, autocommit=True) as conn:
+                conn.execute(f"ALTER ROLE {user} RESET default_transaction_read_only")
+            after = [outcome(n) for n in range(7, 15)]
+            assert set(after[:2]) <= {"ok", "ReadOnlySqlTransaction"} and after[2:] == ["ok"] * 6, after
+        finally:
+            pool.close()
