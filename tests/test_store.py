@@ -1,6 +1,7 @@
 """store.py 自己的几条出错路径:业务库建不了、PostgreSQL 单独连得上但连接池连不上;设了 DATABASE_URL 时业务表建在哪。"""
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -315,69 +316,49 @@ def test_an_events_table_from_before_waiting_since_gets_the_column_and_keeps_the
                 in r.stdout.splitlines())
 
 
-def test_a_pooled_connection_that_finds_the_server_read_only_is_dropped_so_the_pool_reconnects(pg_lab, monkeypatch):
+@contextmanager
+def pooled_writer(pool: str):
+    """往 pool 这个连接池里写一次的函数 write(n):事件表的(store.opened)或者 checkpoint 的(LangGraph 的 PostgresSaver
+    自己用 with pool.connection() 借、自己还)。"""
+    if pool == "events":
+        def touch(n: int) -> None:
+            with store.opened() as conn:
+                conn.execute("UPDATE events SET attempts = attempts WHERE event_id = ?", (f"nothing-{n}",))
+        yield touch
+        return
+    from langgraph.checkpoint.base import empty_checkpoint
+
+    saver, checkpoint_pool = store.open_checkpointer()
+    try:
+        yield lambda n: saver.put({"configurable": {"thread_id": f"ticket-T{n}", "checkpoint_ns": ""}},
+                                  empty_checkpoint(), {"source": "input", "step": -1}, {})
+    finally:
+        checkpoint_pool.close()
+
+
+@pytest.mark.parametrize("pool", ["events", "checkpoints"])
+def test_a_pooled_connection_that_finds_the_server_read_only_is_dropped_so_the_pool_reconnects(pg_lab, monkeypatch,
+                                                                                               pool):
     """主备切换时连到了只能读的那台:这个连接整个会话都只能读。原来它回到连接池里接着用,服务器早就能写了,
     程序还一直说「只能读」;现在碰上 ReadOnlySqlTransaction 的连接还回去之前关掉,连接池另连一个。
+    checkpoint 的连接池原来不管这个:服务器能写了,每个事件起草完存 checkpoint 还是失败,一次次退避、最后全进死信。
     这里用给用户设 default_transaction_read_only 来造「只能读的会话」:设回去以后不再断连接,全靠扔掉坏的。"""
     import psycopg
     from conftest import read_write_role
     from psycopg.conninfo import conninfo_to_dict
 
     owner_url = pg_lab["DATABASE_URL"]
+    store.open_checkpointer()[1].close()  # 表都由库的所有者建好
     with read_write_role(owner_url) as (url, grant_read_write):
         grant_read_write()
         user = conninfo_to_dict(url)["user"]
         monkeypatch.setenv("DATABASE_URL", url)
         monkeypatch.setenv("PG_POOL_SIZE", "2")
         store.close_pools()
-        touch = "UPDATE events SET attempts = attempts WHERE event_id = 'nothing'"
-
-        def outcome() -> str:
-            try:
-                with store.opened() as conn:
-                    conn.execute(touch)
-                return "ok"
-            except Exception as e:  # noqa: BLE001
-                return type(e).__name__
-
-        assert outcome() == "ok"
-        with psycopg.connect(owner_url, autocommit=True) as conn:
-            conn.execute(f"ALTER ROLE {user} SET default_transaction_read_only = on")
-            conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s", (user,))
-        seen = [outcome() for _ in range(6)]
-        assert "ReadOnlySqlTransaction" in seen and "ok" not in seen, seen
-        with psycopg.connect(owner_url, autocommit=True) as conn:
-            conn.execute(f"ALTER ROLE {user} RESET default_transaction_read_only")
-        after = [outcome() for _ in range(8)]
-        # 池里最多两个只能读的连接:各失败一次就被换掉,之后一直能写
-        assert set(after[:2]) <= {"ok", "ReadOnlySqlTransaction"} and after[2:] == ["ok"] * 6, after
-
-
-def test_a_checkpoint_connection_that_finds_the_server_read_only_is_dropped_so_drafts_are_saved_again(pg_lab,
-                                                                                                   monkeypatch):
-    """同上,换成 checkpoint 的连接池(LangGraph 的 PostgresSaver 自己借、自己还):原来只有事件表的连接会被换掉,
-    只能读时连上的 checkpoint 连接留在池里,服务器早就能写了,每个事件起草完存 checkpoint 还是 ReadOnlySqlTransaction,
-    一次次退避、最后全进死信。现在它还回去时关掉,连接池另连一个。"""
-    import psycopg
-    from conftest import read_write_role
-    from langgraph.checkpoint.base import empty_checkpoint
-    from psycopg.conninfo import conninfo_to_dict
-
-    owner_url = pg_lab["DATABASE_URL"]
-    saver, pool = store.open_checkpointer()  # 用库的所有者建好 checkpoint 的表
-    pool.close()
-    with read_write_role(owner_url) as (url, grant_read_write):
-        grant_read_write()
-        user = conninfo_to_dict(url)["user"]
-        monkeypatch.setenv("DATABASE_URL", url)
-        monkeypatch.setenv("PG_POOL_SIZE", "2")
-        store.close_pools()
-        saver, pool = store.open_checkpointer()
-        try:
+        with pooled_writer(pool) as write:
             def outcome(n: int) -> str:
-                config = {"configurable": {"thread_id": f"ticket-T{n}", "checkpoint_ns": ""}}
                 try:
-                    saver.put(config, empty_checkpoint(), {"source": "input", "step": -1}, {})
+                    write(n)
                     return "ok"
                 except Exception as e:  # noqa: BLE001
                     return type(e).__name__
@@ -391,6 +372,5 @@ def test_a_checkpoint_connection_that_finds_the_server_read_only_is_dropped_so_d
             with psycopg.connect(owner_url, autocommit=True) as conn:
                 conn.execute(f"ALTER ROLE {user} RESET default_transaction_read_only")
             after = [outcome(n) for n in range(7, 15)]
+            # 池里最多两个只能读的连接:各失败一次就被换掉,之后一直能写
             assert set(after[:2]) <= {"ok", "ReadOnlySqlTransaction"} and after[2:] == ["ok"] * 6, after
-        finally:
-            pool.close()
