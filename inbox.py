@@ -267,7 +267,8 @@ def act(graph, command: str, ticket_id: str, text: str) -> None:
         # 重写时模型说请求不对(400/413……):交回 worker 也只是原样再错一次就进死信,还让人等它「自动再试」。直接进死信,
         # 说清修好后怎么放回来;意见已经记在 checkpoint 里,--requeue-dead 之后从 draft 带着意见接着跑
         dead = not interrupted and status == "pending" and is_permanent(e)
-        owner, what = store.inbox_owner(), "被中断(Ctrl-C)" if interrupted else describe(e, dead=dead)
+        requeue = store.requeue_dead_command([ev["event_id"]]) if dead else None
+        owner, what = store.inbox_owner(), "被中断(Ctrl-C)" if interrupted else describe(e, requeue=requeue)
         if dead:
             store.set_status(ev["event_id"], "dead", what, owner=owner)
         elif status == "pending":

@@ -57,9 +57,8 @@ TRANSIENT_ERRORS = (openai.RateLimitError, openai.APITimeoutError, openai.APICon
                     openai.InternalServerError, openai.ConflictError, RequestTimeoutError)
 
 
-# 这几种重试解决不了,要人去修;last_error 里说清楚先查什么、修好后怎么办({then}):事件进了死信就是把它放回来,
+# 这几种重试解决不了,要人去修;last_error 里说清楚先查什么、修好后怎么办({then}):事件进了死信就是运行放回它的命令,
 # 还在队列里(401/402/403 走退避:换了 key、充了值就好,别把积压悄悄烧成死信)就什么都不用做。400/404/413/422 直接死信(agent.is_permanent)。
-REQUEUE = "运行 uv run python worker.py --requeue-dead"
 RETRIES = "它会自动再试,不用放回"
 BAD_REQUEST = "模型服务说请求不对:检查 LLM_MODEL、LLM_EXTRA_BODY,或者 MAX_TICKET_CHARS 对这个模型太大,修好后{then}"
 HINTS = {
@@ -84,13 +83,14 @@ def status_of(error: Exception) -> int | None:
     return getattr(error, "status_code", None) if isinstance(error, openai.APIStatusError) else None
 
 
-def describe(error: Exception, *, dead: bool = True) -> str:
+def describe(error: Exception, *, requeue: str | None = None) -> str:
     """写进 last_error、打印给人看的错误:类型名 + 原文(+ 怎么修),打过码。worker 和收件箱共用。
-    dead:事件是不是进了死信。还在队列里的(401 退避中、收件箱交回 worker)不叫人 --requeue-dead:那个命令只放回死信,
-    不给事件号时会把别的死信都放回去,对它却什么都没做。"""
+    requeue:事件进了死信时,把它放回队列的命令(store.requeue_dead_command,带着这个事件号:不带事件号的
+    --requeue-dead 会把别的死信也都放回去,比如工单不存在的那些,再死一遍、有的还再调一次模型);
+    None:还在队列里(401 退避中、收件箱交回 worker),说它会自动再试 —— 那个命令只放回死信,对它什么都不做。"""
     text = f"{type(error).__name__}: {error}"
     hint = next((h for cls, h in HINTS.items() if isinstance(error, cls)), None) or STATUS_HINTS.get(status_of(error))
-    hint = hint and hint.format(then=REQUEUE if dead else RETRIES)
+    hint = hint and hint.format(then=f"运行 {requeue}" if requeue else RETRIES)
     if hint is None and isinstance(error, TRANSIENT_ERRORS) and (backup := config.get("LLM_FALLBACK_MODEL")):
         # with_fallbacks 两个都失败时抛的是主模型的错误:说一声备用模型也试过了
         hint = f"备用模型 {backup} 也没有成功,稍后自动再试"

@@ -174,7 +174,8 @@ def process(graph, ev: dict, owner: str) -> str:
         failed = e
         status = "dead" if is_permanent(e) or ev["attempts"] >= max_attempts() else "pending"
         not_before = store.minutes_from_now(backoff_minutes(ev["attempts"])) if status == "pending" else None
-    why = failed and describe(failed, dead=status == "dead")
+    requeue = store.requeue_dead_command([ev["event_id"]]) if status == "dead" else None
+    why = failed and describe(failed, requeue=requeue)
     kept = store.set_status(ev["event_id"], status, why, not_before=not_before, owner=owner)
     # 慢到被放回队列、又被别人领走了:不覆盖,说一声(成功、失败都一样;原来失败时照样说「→ dead」,表里却没改)
     moved = "" if kept else "(这期间事件被放回了队列,状态留给接手的 worker 改)"

@@ -654,22 +654,25 @@ def test_respond_whose_redraft_is_refused_for_the_api_key_says_the_worker_retrie
 
 def test_respond_whose_redraft_the_model_rejects_as_invalid_goes_dead_with_the_feedback_kept(lab):
     """重写时模型说请求不对(400):重试也不会好。原来交回 worker、说「修好后它会自动再试,不用放回」,worker 却原样
-    再发一次、进了死信,叫人运行 --requeue-dead。现在直接进死信、说清怎么放回;意见记在 checkpoint 里,放回后带着它重写。"""
-    queue("T1012")
+    再发一次、进了死信,叫人运行 --requeue-dead。现在直接进死信、说清怎么放回;意见记在 checkpoint 里,放回后带着它重写。
+    放回的命令带着这个事件号:原来是不带事件号的 --requeue-dead,照着敲会把别的死信(这里是工单不存在的 T9999)也都放回去。"""
+    queue("T1012", "T9999")
     with OpenAIStub() as stub:
         stub.fail["stub-model"] = (400, "invalid_request_error")
         model = {"LLM_API_KEY": "sk-test", "LLM_BASE_URL": stub.base_url, "LLM_MODEL": "stub-model", "LLM_MAX_RETRIES": "2"}
         r = inbox({**lab, **model}, "respond", "T1012", "语气软一点")
         assert len(stub.requests) == 1  # 一次都不重试
+    command = "uv run python worker.py --requeue-dead evt_T1012_created"
     why = ("OpenAIInvalidRequestError: Error code: 400 - stub says invalid_request_error(模型服务说请求不对:检查 LLM_MODEL、"
-           "LLM_EXTRA_BODY,或者 MAX_TICKET_CHARS 对这个模型太大,修好后运行 uv run python worker.py --requeue-dead)")
+           f"LLM_EXTRA_BODY,或者 MAX_TICKET_CHARS 对这个模型太大,修好后运行 {command})")
     assert (r.returncode, r.stdout, r.stderr) == (1, "", f"T1012 处理失败({why}),进了死信\n")
-    assert rows("SELECT status, last_error, claimed_by FROM events") == [("dead", why, None)]
+    assert rows("SELECT event_id, status, last_error, claimed_by FROM events ORDER BY event_id") == [
+        ("evt_T1012_created", "dead", why, None), ("evt_T9999_created", "dead", "PermanentError: 工单不存在:T9999", None)]
     assert state("T1012")["feedback"] == ["语气软一点"]
     assert rows("SELECT COUNT(*) FROM outbox") == [(0,)]
     assert drain() == []  # worker 不会再白发一次
-    requeued = run(["worker.py", "--requeue-dead"], lab)  # 修好了(这里是离线模型)
-    assert requeued.returncode == 0, requeued.stderr
+    requeued = run(command.split()[3:], lab)  # 修好了(这里是离线模型),照着提示敲
+    assert (requeued.returncode, requeued.stdout, requeued.stderr) == (0, "已把 1 个死信放回队列\n", "")
     assert drain() == [("evt_T1012_created", "waiting_human")]
     assert state("T1012")["feedback"] == ["语气软一点"]
 

@@ -121,7 +121,7 @@ def test_wrong_api_key_backs_off_then_goes_dead_after_max_attempts_with_a_fix_hi
     (status, attempts, error, not_before), = rows("SELECT status, attempts, last_error, not_before FROM events")
     # OpenAIAuthenticationError 是 langchain-openai 包了一层的 openai.AuthenticationError
     failure = "OpenAIAuthenticationError: Error code: 401 - stub says invalid_api_key(模型服务拒绝了 API key:检查 LLM_API_KEY,"
-    reason = failure + "修好后运行 uv run python worker.py --requeue-dead)"
+    reason = failure + "修好后运行 uv run python worker.py --requeue-dead evt_T1012_created)"
     assert (status, attempts, not_before, error) == ("dead", 3, None, reason)
     # 还在退避时不叫人 --requeue-dead:那个命令只放回死信,不给事件号时还会把别的死信都放回去,对这个事件什么都不做
     retrying = failure + "修好后它会自动再试,不用放回)"
@@ -142,20 +142,20 @@ def test_transient_server_errors_are_retried_inside_one_attempt(lab, monkeypatch
     assert events() == [("evt_T1012_created", "waiting_human", 1)]
 
 
-BAD_REQUEST_HINT = "模型服务说请求不对:检查 LLM_MODEL、LLM_EXTRA_BODY,或者 MAX_TICKET_CHARS 对这个模型太大,修好后运行 uv run python worker.py --requeue-dead"
+BAD_REQUEST_HINT = "模型服务说请求不对:检查 LLM_MODEL、LLM_EXTRA_BODY,或者 MAX_TICKET_CHARS 对这个模型太大,修好后运行 uv run python worker.py --requeue-dead evt_T1012_created"
 
 
 @pytest.mark.parametrize("status, kind, reason", [
     (400, "invalid_request_error", f"OpenAIInvalidRequestError: Error code: 400 - stub says invalid_request_error({BAD_REQUEST_HINT})"),
     (404, "model_not_found", "OpenAIModelNotFoundError: Error code: 404 - stub says model_not_found"
-     "(模型服务说找不到:多半是 LLM_MODEL 或 LLM_BASE_URL 写错了,修好后运行 uv run python worker.py --requeue-dead)"),
+     "(模型服务说找不到:多半是 LLM_MODEL 或 LLM_BASE_URL 写错了,修好后运行 uv run python worker.py --requeue-dead evt_T1012_created)"),
     (422, "unprocessable_entity", f"UnprocessableEntityError: Error code: 422 - stub says unprocessable_entity({BAD_REQUEST_HINT})"),
     # openai 没有 413 的异常类:原来按暂时性错误退避,同样大的请求再发两次才进死信,也没说怎么修
     (413, "request_too_large", "APIStatusError: Error code: 413 - stub says request_too_large(模型服务说请求太大:"
-     "调小 MAX_TICKET_CHARS(或者放宽代理的请求大小限制),修好后运行 uv run python worker.py --requeue-dead)"),
+     "调小 MAX_TICKET_CHARS(或者放宽代理的请求大小限制),修好后运行 uv run python worker.py --requeue-dead evt_T1012_created)"),
     # langchain-openai 把消息里有这句话的错误换成没有状态码的 OpenAIAPIContextOverflowError:原来认不出 413,当成暂时性的退避
     (413, "input exceeds the context window", "APIStatusError: Error code: 413 - stub says input exceeds the context "
-     "window(模型服务说请求太大:调小 MAX_TICKET_CHARS(或者放宽代理的请求大小限制),修好后运行 uv run python worker.py --requeue-dead)"),
+     "window(模型服务说请求太大:调小 MAX_TICKET_CHARS(或者放宽代理的请求大小限制),修好后运行 uv run python worker.py --requeue-dead evt_T1012_created)"),
 ])
 def test_request_the_model_rejects_as_invalid_is_dead_at_once_with_what_to_fix(lab, monkeypatch, capsys, status, kind, reason):
     """模型说「你的请求不对」(400/404/422):重试也不会好,直接死信,一次都不重试;last_error 和打印的一行说清
