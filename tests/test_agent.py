@@ -318,6 +318,22 @@ def test_pii_with_web_form_spaces_word_hyphens_and_account_numbers_is_masked(tex
     assert llm.mask_pii(text) == masked
 
 
+@pytest.mark.parametrize("text, masked", [
+    ("我的手机号 138\u200b1234\u200b5678 收不到验证码", "我的手机号 138****5678 收不到验证码"),
+    ("电话 138\u00ad1234\u00ad5678", "电话 138****5678"),
+    ("电话 +86\u200c138\u20601234\u20605678", "电话 +86\u200c138****5678"),
+    ("身份证 110105\u200b19900307\u200b1234", "身份证 110105********1234"),
+    ("卡号 6222\ufeff0212\ufeff3456\ufeff7890", "卡号 **** **** **** 7890"),
+    ("卡号 6222\u200b 0212\u200b 3456\u200b 7890", "卡号 **** **** **** 7890"),
+    ("账号:\u200e12345678901", "账号:\u200e**** **** **** 8901"),
+    ("电话 1380\u200d0138\u200d000", "电话 138****8000"),
+])
+def test_pii_with_invisible_characters_between_the_digits_is_masked(text, masked):
+    """网页、聊天软件复制来的号码常夹着看不见的字符(零宽空格、软连字符、BOM、零宽连接符、方向标记):
+    原来它们不算分隔符,号码原样进了模型的提示词和 checkpoint,模型照样读得出来。"""
+    assert llm.mask_pii(text) == masked
+
+
 @pytest.mark.parametrize("junk", ["a" * 300_000, "1" * 300_000, "Ab3_-x" * 50_000, "a." * 150_000, "1 " * 150_000,
                                   "1-" * 150_000])
 def test_masking_a_huge_unbroken_paste_takes_linear_time(junk):
