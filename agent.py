@@ -39,6 +39,18 @@ NOTIFY_WORDS = ("律师", "起诉", "投诉到")  # 练习 5:出现这些词不�
 FINISHED = ("sent", "already_sent", "ignored")
 
 
+def finished_status(outcome: str) -> str:
+    """图走完了(outcome 在 FINISHED 里),事件该是什么状态:人选了不回是 ignored,发出了(或早就发过)是 done。"""
+    return "ignored" if outcome == "ignored" else "done"
+
+
+def interrupted_status(ticket_id: str, event_id: str) -> str:
+    """thread 停在收件箱(interrupt)时,这个事件该是什么状态:这张工单已经有别的事件在收件箱里,它就是 done
+    (一张工单一个 thread,收件箱里只占一条待办;它是上游换了个 event_id 又通知的一次);没有就由它接手等人。"""
+    waiting = store.events_by_status("waiting_human")
+    return "done" if any(e["ticket_id"] == ticket_id and e["event_id"] != event_id for e in waiting) else "waiting_human"
+
+
 def max_redrafts() -> int:
     return settings.integer("MAX_REDRAFTS", MAX_REDRAFTS, minimum=0)
 

@@ -40,7 +40,8 @@ if __name__ == "__main__":
 from langgraph.types import Command  # noqa: E402
 
 import store  # noqa: E402
-from agent import FINISHED, allowed, check_settings, is_permanent, max_text_chars, opened_graph, thread_of  # noqa: E402
+from agent import (FINISHED, allowed, check_settings, finished_status, interrupted_status, is_permanent,  # noqa: E402
+                   max_text_chars, opened_graph, thread_of)
 from llm import describe, mask_pii  # noqa: E402
 
 INBOX_USER = ""  # 谁在用收件箱(几个人共用时区分);空 = 「登录名@主机名」
@@ -94,7 +95,7 @@ def status_of(snap) -> str:
     if snap.interrupts:
         return "waiting_human"
     if snap.values.get("outcome") in FINISHED:
-        return "ignored" if snap.values["outcome"] == "ignored" else "done"
+        return finished_status(snap.values["outcome"])
     return "pending"
 
 
@@ -104,6 +105,10 @@ def reconcile(graph, ev: dict) -> str | None:
     status = status_of(graph.get_state(thread_of(ev["ticket_id"])))
     if status == ev["status"]:
         return None
+    if status == "waiting_human":
+        # 同一张工单的另一个事件已经在收件箱里(这个是上游又通知的一次,领它的 worker 中途没了):它算 done,和 worker
+        # 处理它时一样。原来也改成 waiting_human,同一张工单在收件箱里列两遍,日报也多算一条
+        status = interrupted_status(ev["ticket_id"], ev["event_id"])
     if ev["status"] == "processing" and status == "pending":
         # 交回 worker 续跑,和 worker 放回卡住的事件一样:死掉的是 worker 时记上崩溃的标记(原来清空了 last_error,
         # 每次都让 worker 崩溃的事件,每 list 一次就多跑一圈、多调一次模型),是收件箱命令时 worker 的尝试次数从头算
@@ -294,7 +299,7 @@ def act(graph, command: str, ticket_id: str, text: str) -> None:
         sys.stdout.flush()  # 真的写出去了才算看过(见 show_list)
         remember({ticket_id: item["action_request"]["args"]["reply"]})
         return
-    store.set_status(ev["event_id"], "ignored" if result["outcome"] == "ignored" else "done", owner=store.inbox_owner())
+    store.set_status(ev["event_id"], finished_status(result["outcome"]), owner=store.inbox_owner())
     print(ticket_id, "→", result["outcome"])
 
 

@@ -41,7 +41,8 @@ if __name__ == "__main__":
     config.handle_stop_signals(stop_while_importing, stop_while_importing)
 
 import store  # noqa: E402 —— 上面先装好信号处理,再做慢的导入
-from agent import FINISHED, PermanentError, is_permanent, known_new, open_graph, thread_of  # noqa: E402
+from agent import (FINISHED, PermanentError, finished_status, interrupted_status, is_permanent,  # noqa: E402
+                   known_new, open_graph, thread_of)
 from agent import check_settings as graph_settings  # noqa: E402
 from llm import describe, mask_pii  # noqa: E402
 
@@ -126,10 +127,11 @@ def handle(graph, ev: dict) -> str:
     snap = graph.get_state(cfg)
     if snap.interrupts:
         # 等人的 thread:已经在收件箱里了。若收件箱里没有它的事件(上次收件箱命令中途崩了),这个事件接手等人
-        waiting = {e["ticket_id"] for e in store.events_by_status("waiting_human")}
-        return "done" if ticket_id in waiting else "waiting_human"
-    if snap.values.get("outcome") in FINISHED:
-        return "done"  # 这张工单已经处理完了(上游换了个 event_id 又通知了一次)
+        return interrupted_status(ticket_id, ev["event_id"])
+    if (outcome := snap.values.get("outcome")) in FINISHED:
+        # 这张工单已经处理完了:上游换了个 event_id 又通知了一次,或者收件箱命令走完了图、没来得及改事件状态就没了
+        # (交回来的是它)。人选了不回的照样是 ignored:原来一律 done,日报和事件表里这张工单就成了处理过
+        return finished_status(outcome)
     if ev["attempts"] > max_attempts() and ev.get("last_error") == store.REQUEUED_STALE:
         # 普通的失败到了 MAX_ATTEMPTS 就进死信,领的次数超过它,只能是上一次处理到一半进程没了。
         # 每次都让 worker 崩溃的事件(太大、触发了 bug)不能无限循环、每圈都调一次模型
@@ -153,7 +155,7 @@ def handle(graph, ev: dict) -> str:
                               durability=durability())
     if "__interrupt__" in result:
         return "waiting_human"
-    return "ignored" if result.get("outcome") == "ignored" else "done"
+    return finished_status(result.get("outcome"))
 
 
 _say_lock = threading.Lock()

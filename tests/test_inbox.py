@@ -807,6 +807,33 @@ def test_list_and_actions_reconcile_after_a_resume_that_crashed_before_the_statu
     assert rows("SELECT COUNT(*) FROM outbox") == [(1,)]
 
 
+def test_an_orphaned_second_event_for_a_ticket_already_in_the_inbox_is_done_not_a_second_item(any_lab):
+    """上游换了个 event_id 又通知了一次,领它的 worker 中途没了(thread 早就停在收件箱):原来 list 把它也改成
+    waiting_human,同一张工单在收件箱里列两遍、日报多算一条,accept 之后下一次 list 又说它「上次处理中途中断」。
+    现在和 worker 处理它时一样记成 done,收件箱里只有一条。"""
+    queue("T1012")
+    payload = json.dumps({"id": "evt_T1012_again", "type": "ticket.updated", "data": {"ticket_id": "T1012"}})
+    assert store.add_event("evt_T1012_again", "webhook", "ticket.updated", payload)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    conn = store.connect()
+    conn.execute("UPDATE events SET status = 'processing', attempts = 1, claimed_by = ? WHERE event_id = 'evt_T1012_again'",
+                 (f"{store.socket.gethostname()}:{dead.pid}",))
+    conn.close()
+    listing = inbox(any_lab, "list")
+    assert (listing.returncode, listing.stdout, listing.stderr) == (
+        0, T1012_ITEM, "(更正:T1012 上次处理中途中断,事件 evt_T1012_again 改为 done)\n")
+    assert rows("SELECT event_id, status, claimed_by FROM events ORDER BY received_at, event_id") == [
+        ("evt_T1012_created", "waiting_human", None), ("evt_T1012_again", "done", None)]
+    accept = inbox(any_lab, "accept", "T1012")
+    assert (accept.returncode, accept.stdout, accept.stderr) == (0, "T1012 → sent\n", "")
+    again = inbox(any_lab, "list")
+    assert (again.returncode, again.stdout, again.stderr) == (0, "收件箱是空的\n", "")
+    assert rows("SELECT event_id, status FROM events ORDER BY received_at, event_id") == [
+        ("evt_T1012_created", "done"), ("evt_T1012_again", "done")]
+    assert rows("SELECT ticket_id FROM outbox") == [("T1012",)]
+
+
 def test_inbox_killed_after_the_decision_is_saved_is_finished_by_the_worker_not_asked_again(any_lab):
     """accept 之后、review 的结果写下了、下一个 checkpoint 还没写时收件箱命令被杀:人已经做了决定。
     下一次 list 把事件交回 worker;worker 用写下的决定把它发完 —— 不再把同一张工单放回收件箱问第二遍,只发一封。"""

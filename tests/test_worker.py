@@ -470,6 +470,23 @@ def test_another_event_for_a_ticket_already_answered_is_done_without_calling_the
     assert rows("SELECT COUNT(*) FROM outbox") == [(1,)]
 
 
+def test_an_ignored_ticket_whose_event_comes_back_to_the_worker_stays_ignored(lab):
+    """收件箱的 ignore 走完了图(review_log 记下了 ignore),没来得及改事件状态就没了:事件交回 worker(这里直接
+    改回 pending)。worker 看 checkpoint 知道这张工单处理完了,原来一律记成 done,日报和事件表里人选了不回的工单
+    就成了处理过的;现在和收件箱自己更正时一样是 ignored。不调模型,发件箱是空的。"""
+    from langgraph.types import Command
+
+    add("T1012")
+    assert drain() == [("evt_T1012_created", "waiting_human")]
+    with opened_graph() as graph:
+        graph.invoke(Command(resume={"type": "ignore", "args": None}), thread_of("T1012"))
+    store.set_status("evt_T1012_created", "pending")
+    assert drain() == [("evt_T1012_created", "ignored")]
+    assert rows("SELECT event_id, status FROM events") == [("evt_T1012_created", "ignored")]
+    assert rows("SELECT ticket_id, action FROM review_log") == [("T1012", "ignore")]
+    assert rows("SELECT COUNT(*) FROM outbox") == [(0,)]
+
+
 def test_requeue_dead_puts_dead_events_back_and_refuses_unknown_ids(any_lab):
     add("T9999"), add("T9998")
     drain()
