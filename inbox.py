@@ -54,7 +54,9 @@ COMMAND_OF = {v: k for k, v in ANSWER_TYPE.items()}
 NEEDS_TEXT = ("edit", "respond")
 # -f、--force、--dry-run:像选项的一个词(带空格的就是文字);单独的 - 和 --(原来当成回复原样发给了客户)
 OPTION = re.compile(r"--?(?:[A-Za-z0-9][A-Za-z0-9-]*)?")
-CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")  # 除了 \t \n \r 之外的控制字符
+# 除了 \t \n \r 之外的控制字符,也包括 C1 的 \x80–\x9f(用错编码解出来的 Word、Windows-1252 文字常带着,
+# \x9b 还是终端的 CSI):原来只拦 \x00–\x1f 和 \x7f,C1 的原样发给了客户
+CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
 
 
 class Refused(Exception):

@@ -306,6 +306,9 @@ def test_text_with_only_invisible_characters_is_refused_as_empty_and_nothing_is_
     ("edit", "您好,已经\x01退款", "\\x01"),
     ("edit", "您好,已经退款\x7f", "\\x7f"),
     ("respond", "语气软一点\x1b[0m", "\\x1b"),
+    ("edit", "您好,发票已重开\x85请查收", "\\x85"),
+    ("edit", "您好,\x9b31m已处理", "\\x9b"),
+    ("respond", "别说\x92退款\x93", "\\x92"),
 ])
 def test_text_with_a_control_character_is_refused_naming_it_and_nothing_is_sent(lab, command, text, shown):
     queue("T1012")
