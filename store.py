@@ -1199,7 +1199,11 @@ def orphans() -> list[dict]:
 
 
 def requeue_dead_command(event_ids: list[str]) -> str:
-    """提示里让人照着敲的放回队列命令。邮件的事件 id 是 <…@…> 形式的 Message-ID:不加引号,粘进 shell 就成了重定向。"""
+    """提示里让人照着敲的放回队列命令。邮件的事件 id 是 <…@…> 形式的 Message-ID:不加引号,粘进 shell 就成了重定向。
+    以「-」开头的 id(nanoid、base64url 的 id 六十几个里就有一个)跟在 --requeue-dead 后面,argparse 当它是一个
+    不认识的选项:这时每个 id 写成 --requeue-dead=<id>(写几次,几个 id 合在一起)。"""
+    if any(e.startswith("-") for e in event_ids):
+        return "uv run python worker.py " + " ".join(shlex.quote(f"--requeue-dead={e}") for e in event_ids)
     return f"uv run python worker.py --requeue-dead {shlex.join(event_ids)}"
 
 

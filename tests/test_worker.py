@@ -517,17 +517,21 @@ def test_requeue_dead_given_twice_checks_and_requeues_the_ids_of_both(any_lab):
         ("evt_T9997_created", "dead"), ("evt_T9998_created", "pending"), ("evt_T9999_created", "pending")]
 
 
-def test_the_requeue_command_in_hints_can_be_pasted_into_a_shell_even_for_mail_event_ids(lab):
+@pytest.mark.parametrize("first, command", [
+    ("<w30@example.com>", "uv run python worker.py --requeue-dead '<w30@example.com>' evt_T9998_created"),
+    # 以「-」开头的 id(nanoid 之类):原来照样跟在 --requeue-dead 后面,argparse 说「不认识的参数」,退出码 2
+    ("-V1StGXR8_Z5jdHi6B", "uv run python worker.py --requeue-dead=-V1StGXR8_Z5jdHi6B --requeue-dead=evt_T9998_created"),
+])
+def test_the_requeue_command_in_hints_can_be_pasted_into_a_shell_even_for_mail_event_ids(lab, first, command):
     """邮件的事件 id 是 <…@…> 形式的 Message-ID:提示里的命令原来不加引号,粘进 bash 就成了重定向(语法错误)。"""
-    mail, other = add("T9999", "<w30@example.com>"), add("T9998")
+    mail, other = add("T9999", first), add("T9998")
     drain()
-    command = store.requeue_dead_command([mail, other])
-    assert command == "uv run python worker.py --requeue-dead '<w30@example.com>' evt_T9998_created"
+    assert store.requeue_dead_command([mail, other]) == command
     pasted = subprocess.run(["bash", "-c", command.replace("uv run python", shlex.quote(sys.executable), 1)],
                             cwd=LAB, env=lab, capture_output=True, text=True, timeout=120)
     assert (pasted.returncode, pasted.stdout, pasted.stderr) == (0, "已把 2 个死信放回队列\n", "")
     assert rows("SELECT event_id, status FROM events ORDER BY event_id") == [
-        ("<w30@example.com>", "pending"), ("evt_T9998_created", "pending")]
+        (first, "pending"), ("evt_T9998_created", "pending")]
 
 
 def test_requeue_dead_on_a_write_locked_database_says_so_in_one_line_and_leaves_the_dead_letters(lab):
