@@ -19,6 +19,7 @@ restart 之后每张工单一行「T1012 已交回 worker 从头起草(…)」,w
 超过 INBOX_MAX_TEXT_CHARS(默认 2000)个字的文字、
 不是 UTF-8 的参数(终端的编码是 GBK 之类)。以「-」开头、后面还有别的字的回复(「- 第一步:…」)照常是文字。
 输出被提前关掉(list | head)时不打 traceback,退出码 141(和被 SIGPIPE 结束的命令一样),这次不记你看到了哪一版。
+只是列表不长、整个都写进了管道时,list 看不出 head 只显示了前几行:整个列表都算你看过(要看全部,别接 head)。
 启动时(导入要三四秒)按 Ctrl-C:一行「已中断(Ctrl-C):什么都还没动」,退出码 130。
 
 几个人共用收件箱时(INBOX_USER 区分是谁,见 .env.example):list 和 respond 记下你看到的是哪一版草稿,accept 只发
@@ -194,7 +195,8 @@ def show_list(graph, missing: set[str]) -> None:
             rounds = len(snap.values.get("feedback", []))
             print(f"        已按意见重写 {rounds} 次,到上限了:只能 {' / '.join(COMMAND_OF[k] for k in allowed(item))}")
     # 先让人看到;记下看到了哪一版可能要等一会儿锁。输出被提前关掉(list | head)时这里抛 BrokenPipeError,
-    # 就不记了:没送到人眼前的草稿不能算看过(见文件末尾)
+    # 就不记了:没送到人眼前的草稿不能算看过(见文件末尾)。写进了管道、对面读没读完,这里不知道(head 一次读走
+    # 一整块再丢掉后面的,管道里也看不出剩下多少):这时整个列表都算看过,文件开头的说明里写了
     sys.stdout.flush()
     remember(shown)
 
