@@ -110,6 +110,7 @@ class TicketState(TypedDict, total=False):
     feedback: list[str]    # 每一轮 respond 的意见;条数就是重写次数,跨进程重启也还在
     redraft_limit: int     # 起草这一版时的 MAX_REDRAFTS:待办允许不允许 respond 按它算,之后改设置不影响已经给人看到的待办
     decision: str          # accept / edit:最后是怎么发出去的
+    refused: str | None    # 上一个回答为什么不能用(别的客户端交来的):有它时 review 再问一次,待办的说明里带上这句
     outcome: str           # review 的决定 send / redraft / ignore;做完以后 sent / already_sent / ignored
 
 
@@ -250,24 +251,30 @@ def answer_problem(answer, item: dict) -> str | None:
 
 def review(state: TicketState) -> dict:
     item = inbox_item(state)
+    if state.get("refused"):
+        item = {**item, "description": f"{item['description']}(上一个回答不能用:{state['refused']})"}
     answer = interrupt(item)  # 这之前不能有副作用:恢复时整个节点从头再跑一遍
-    while problem := answer_problem(answer, item):
-        # 不能用的回答不抛错,再问一次(待办留在收件箱里,说明上一个为什么不行)。抛错的话,LangGraph 把这个回答和出错的
-        # review 绑在一起存下:以后不管给什么回答,review 重跑时拿到的都还是它,这条待办再也处理不了
-        answer = interrupt({**item, "description": f"{item['description']}(上一个回答不能用:{problem})"})
+    if problem := answer_problem(answer, item):
+        # 不能用的回答不抛错,这次 review 就此结束,回到 review 再问一次(待办留在收件箱里,说明上一个为什么不行)。
+        # 抛错的话,LangGraph 把这个回答和出错的 review 绑在一起存下:以后不管给什么回答,review 重跑时拿到的都还是它。
+        # 也不在这里循环着再 interrupt:那样下一个回答来时 review 从头重跑,被拒的回答按那时的上限(INBOX_MAX_TEXT_CHARS
+        # 放宽了、回答的进程设得大)再查一遍就可能通过,人给的 ignore 成了发出被拒的那段(tests/test_agent.py)
+        return {"refused": problem}
     kind, d = answer["type"], state["draft"]
     if kind == "accept":
-        return {"outcome": "send", "decision": "accept"}
+        return {"outcome": "send", "decision": "accept", "refused": None}
     if kind == "edit":
-        return {"outcome": "send", "decision": "edit", "draft": {**d, "reply": edited_reply(answer)}}
+        return {"outcome": "send", "decision": "edit", "draft": {**d, "reply": edited_reply(answer)}, "refused": None}
     if kind == "response":
         # 意见也要进模型:和工单一样先打码(客服常把客户的电话、邮箱抄进意见里)。inbox.py 交进来之前已经打过码
         # (回答本身也存进 checkpoint);别的客户端(Agent Inbox 之类)交来的回答在这里打码
-        return {"outcome": "redraft", "feedback": state.get("feedback", []) + [mask_pii(answer["args"])]}
-    return {"outcome": "ignore"}
+        return {"outcome": "redraft", "feedback": state.get("feedback", []) + [mask_pii(answer["args"])], "refused": None}
+    return {"outcome": "ignore", "refused": None}
 
 
-def after_review(state: TicketState) -> Literal["send", "draft", "ignore"]:
+def after_review(state: TicketState) -> Literal["review", "send", "draft", "ignore"]:
+    if state.get("refused"):
+        return "review"
     return {"send": "send", "redraft": "draft", "ignore": "ignore"}[state["outcome"]]
 
 
@@ -303,7 +310,7 @@ builder.add_node("ignore", ignore)
 builder.add_edge(START, "load")
 builder.add_edge("load", "draft")
 builder.add_edge("draft", "review")
-builder.add_conditional_edges("review", after_review, ["send", "draft", "ignore"])
+builder.add_conditional_edges("review", after_review, ["review", "send", "draft", "ignore"])
 builder.add_edge("send", END)
 builder.add_edge("ignore", END)
 

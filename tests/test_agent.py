@@ -567,6 +567,38 @@ def test_the_graph_refuses_over_long_text_from_any_client_before_it_reaches_the_
         assert "__interrupt__" in result
 
 
+@pytest.mark.parametrize("refused", [
+    {"type": "edit", "args": {"action": "send_reply", "args": {"ticket_id": "T1012", "reply": "您好" + "。" * 26}}},
+    {"type": "response", "args": "请先道歉" * 7},
+], ids=["edit", "response"])
+@pytest.mark.parametrize("later", ["accept", "ignore"])
+def test_an_answer_the_graph_refused_never_comes_back_after_the_limit_is_raised(lab, monkeypatch, refused, later):
+    """别的客户端交来的回答超过了 INBOX_MAX_TEXT_CHARS,review 拒绝、再问一次。原来拒绝后还是同一次 review:下一个回答来时
+    review 从头重跑,先把被拒的那个按现在的上限再查一遍 —— 上限放宽了(或者回答的那个进程设的上限大),它就通过了,
+    人这次给的 ignore 变成把被拒的那段发给客户,accept 变成按被拒的意见再调一次模型。现在被拒的回答用完就扔,
+    下一个回答是新的一次 review 收下的。"""
+    from langgraph.types import Command
+
+    queue_and_run("T1012")
+    cfg = thread_of("T1012")
+    item = inbox_item("T1012")
+    calls = rows("SELECT COUNT(*) FROM llm_usage")
+    monkeypatch.setenv("INBOX_MAX_TEXT_CHARS", "20")
+    with opened_graph() as graph:
+        result = graph.invoke(Command(resume=refused), cfg)
+        problem = f"{'edit' if refused['type'] == 'edit' else 'response'} 的文字有 28 个字,最多 20 个(INBOX_MAX_TEXT_CHARS)"
+        assert [i.value for i in result["__interrupt__"]] == [
+            {**item, "description": f"{item['description']}(上一个回答不能用:{problem})"}]
+        monkeypatch.delenv("INBOX_MAX_TEXT_CHARS")
+        done = graph.invoke(Command(resume={"type": later, "args": None}), cfg)
+        assert done["outcome"] == {"accept": "sent", "ignore": "ignored"}[later]
+        assert graph.get_state(cfg).values.get("feedback", []) == []
+    draft = item["action_request"]["args"]["reply"]
+    assert rows("SELECT ticket_id, body FROM outbox") == ([("T1012", draft)] if later == "accept" else [])
+    assert rows("SELECT ticket_id, action, final FROM review_log") == [("T1012", later, draft if later == "accept" else None)]
+    assert rows("SELECT COUNT(*) FROM llm_usage") == calls
+
+
 def test_every_model_call_of_a_ticket_is_traced_under_the_ticket_id_as_session(lab):
     """课文「上线以后」:trace 的 session id 用工单号。LangSmith、Langfuse 都是回调,读的就是这里的 metadata。"""
     from langchain_core.callbacks import BaseCallbackHandler
