@@ -1501,6 +1501,14 @@ def move_from_sqlite() -> tuple[str, str | None]:
                 raise MoveRefused(2, f"{checkpoints_db()} 里有 {len(strays)} 个 thread 在 {path} 里没有对应的事件"
                                      f"({'、'.join(strays[:5])}):两个文件不是同一套 —— EVENTS_DB、CHECKPOINTS_DB 指错了,"
                                      "或者拷事件库时漏了旁边的 -wal 文件(拷之前先停掉所有程序,连 -wal 一起拷)。什么都没搬")
+            waiting = source.execute("SELECT DISTINCT ticket_id FROM events WHERE status = 'waiting_human' "
+                                     "ORDER BY ticket_id").fetchall()
+            if lost := [r[0] for r in waiting if thread_id(r[0]) not in threads]:
+                # 反过来也不行:收件箱里的待办靠 checkpoint 才能 accept。CHECKPOINTS_DB 写错了(文件不在就是一个 checkpoint
+                # 都没有)时原来照样「搬好了」、SQLite 记成已搬走,那边这些待办只能 restart、再调一次模型重新起草
+                raise MoveRefused(2, f"{path} 的收件箱里有 {len(lost)} 条待办({'、'.join(lost[:5])}),"
+                                     f"{checkpoints_db()} 里却没有它们的 checkpoint:CHECKPOINTS_DB 指错了(文件不在,"
+                                     "或者是另一套);把它改成 worker 起草时用的那个再搬。什么都没搬")
             counted = copy_to_postgres(moved, checkpoints)
             source.execute(RETIRE_SQL[0])
             source.execute(RETIRE_SQL[1], (_safe_url(database_url()), now()))

@@ -286,6 +286,25 @@ def test_checkpoints_without_their_events_stop_the_move_and_nothing_is_moved(sql
     assert moved_mark(other) == ([], [])
 
 
+def test_inbox_items_whose_checkpoints_are_not_in_checkpoints_db_stop_the_move_and_nothing_is_moved(
+        sqlite_lab_in_use, pg_url, monkeypatch, tmp_path):
+    """CHECKPOINTS_DB 写错了(这里指到一个不存在的文件):原来照样「搬好了」(checkpoint 0 个 thread),SQLite 记成已搬走;
+    PostgreSQL 上收件箱的两条待办 accept 不了,设置改回来再搬又说「已经搬过」,只能 restart、再调模型重新起草。"""
+    lab, before = sqlite_lab_in_use
+    typo = tmp_path / "checkpoint.db"
+    with pg_schema() as url:
+        r = from_sqlite({**lab, "CHECKPOINTS_DB": str(typo), "DATABASE_URL": url})
+        built = f"已在 {store._safe_url(url)} 新建业务表 customers、tickets(从 {lab['BIZ_DB']} 拷过来)\n"  # 搬之前的一步
+        assert (r.returncode, r.stdout, r.stderr) == (
+            2, built, f"没有搬:{lab['EVENTS_DB']} 的收件箱里有 2 条待办(T1003、T1041),{typo} 里却没有它们的 checkpoint:"
+                      "CHECKPOINTS_DB 指错了(文件不在,或者是另一套);把它改成 worker 起草时用的那个再搬。什么都没搬\n")
+        nothing_moved(url, monkeypatch, before)
+        assert not typo.exists()
+        again = from_sqlite({**lab, "DATABASE_URL": url})  # 改回来再搬:照常搬好
+        assert again.returncode == 0, again.stderr
+    assert moved_mark(lab["EVENTS_DB"])[0] != []
+
+
 def test_a_reply_postgres_already_sent_for_the_same_ticket_stops_the_move_and_nothing_is_moved(
         sqlite_lab_in_use, pg_url, monkeypatch):
     """PostgreSQL 这边已经给 T1012 发过回复(没有 checkpoint,比如有人手工补的):两边的发件箱合不到一起,一行说清楚哪一条。"""
