@@ -386,6 +386,8 @@ def init() -> None:
         # 表的所有者),所以库的所有者建好表之后,只有读写权限的用户(生产上常这样配)也能运行每个程序;
         # 也不用每次启动都为 CREATE INDEX 拿一下 events 的 SHARE 锁,和正在领事件的 worker 互相等
         with opened() as conn:
+            if problem := foreign_table(conn):
+                raise SystemExit(problem)
             if pg_nothing_to_build(conn):
                 pg_rights_or_exit(conn)
                 return
@@ -466,17 +468,40 @@ def pg_rights_or_exit(conn) -> None:
                          f"TO {user}。什么都没做")
 
 
+# PostgreSQL 上当前 schema 里这几张表(ANY(?))各有哪些列
+PG_TABLE_COLUMNS = """
+SELECT c.relname, a.attname FROM pg_attribute a JOIN pg_class c ON a.attrelid = c.oid
+WHERE c.relnamespace = (SELECT oid FROM pg_namespace WHERE nspname = current_schema()) AND c.relname = ANY(?)
+  AND c.relkind IN ('r', 'p') AND a.attnum > 0 AND NOT a.attisdropped
+"""
+
+
 def foreign_table(conn) -> str | None:
     """库里已经有同名的表、却不是这里的结构(缺列)时给人看的一行:照课文做练习 4 时自己建的 review_log 最常见
     (课文只说记哪几样,列名各人起)。不说的话,CREATE TABLE IF NOT EXISTS 不动它,到了写审核记录、出日报时才是
-    「no such column」,还被当成「数据库暂时用不了,稍后再试」,等多久都不会好。事件表不算:缺的列 init() 会补。"""
-    for table, wanted in TABLE_COLUMNS.items():
-        have = {r["name"] for r in conn.execute(f"PRAGMA table_info({table})")}
-        if table != "events" and have and (missing := wanted - have):
-            path = events_db()
-            return (f"事件库 {path} 里已经有一张 {table} 表,却不是这里用的结构(缺 {'、'.join(sorted(missing))} 列;"
-                    f"多半是自己做练习时建的):先给它改个名,比如 sqlite3 {shlex.quote(str(path))} 'ALTER TABLE {table} "
-                    f"RENAME TO my_{table}',再运行,这里会新建一张。什么都没做")
+    「no such column」,还被当成「数据库暂时用不了,稍后再试」,等多久都不会好。
+    SQLite 的事件表不算:缺的列 init() 会补(照课文建的库也是这样升级的)。PostgreSQL 上除了 waiting_since
+    没有要补的:做练习 6 时照课文自己建的 events(没有 ticket_id、claimed_by……)原来是 UndefinedColumn 的 traceback;
+    业务表也在这个库里,别的程序的 tickets 原来让 store.py 叫人把它 DROP 掉。"""
+    if dialect() == "postgres":
+        tables = {**TABLE_COLUMNS, "events": TABLE_COLUMNS["events"] - {"waiting_since"},
+                  **{t: frozenset(columns) for t, columns in BIZ_COLUMNS.items()}}
+        have: dict[str, set] = {}
+        for table, column in conn.execute(PG_TABLE_COLUMNS, (list(tables),)).fetchall():
+            have.setdefault(table, set()).add(column)
+        where, whose = f"{_safe_url(database_url())} 里", "多半是自己做练习时建的,或者是别的程序的"
+        rename = "ALTER TABLE {table} RENAME TO my_{table}(或者换一个 schema)"
+    else:
+        tables = {t: columns for t, columns in TABLE_COLUMNS.items() if t != "events"}
+        have = {t: {r["name"] for r in conn.execute(f"PRAGMA table_info({t})")} for t in tables}
+        path = shlex.quote(str(events_db()))
+        where, whose = f"事件库 {events_db()} 里", "多半是自己做练习时建的"
+        rename = f"比如 sqlite3 {path} 'ALTER TABLE {{table}} RENAME TO my_{{table}}'"
+    for table, wanted in tables.items():
+        if have.get(table) and (missing := wanted - have[table]):
+            return (f"{where}已经有一张 {table} 表,却不是这里用的结构(缺 {'、'.join(sorted(missing))} 列;"
+                    f"{whose}):先给它改个名,{rename.format(table=table)},"
+                    "再运行,这里会新建一张。什么都没做")
     return None
 
 
@@ -1848,8 +1873,8 @@ def build_and_count(from_sqlite: bool = False) -> int:
         if source := build_biz_tables():
             print(f"已在 {url} 新建业务表 customers、tickets({source})")
         elif problem := biz_db_problem(hint=False):  # 只剩半套(有人删了一张):不在上面补,说清楚
-            print(f"{problem}。没有动它:把剩下的业务表也删掉(DROP TABLE)再运行 uv run python store.py,就会新建一套",
-                  file=sys.stderr)
+            print(f"{problem}。没有动它:确定剩下的那张业务表没用了(不是别的程序的),才把它也删掉(DROP TABLE)再运行 "
+                  "uv run python store.py,就会新建一套", file=sys.stderr)
             return 2
         if from_sqlite:
             try:

@@ -5,7 +5,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from conftest import rows, run, someone_holds_the_events_table, tcp_proxy
+from conftest import pg_schema, rows, run, someone_holds_the_events_table, tcp_proxy
 
 import store
 
@@ -162,12 +162,85 @@ def test_half_of_the_business_tables_in_postgres_is_named_and_left_alone(pg_lab)
     url = store._safe_url(pg_lab["DATABASE_URL"])
     r = run(["store.py"], pg_lab)
     assert (r.returncode, r.stdout, r.stderr) == (
-        2, "", f"业务库 {url} 里没有表:tickets。没有动它:把剩下的业务表也删掉(DROP TABLE)再运行 uv run python store.py,"
-               "就会新建一套\n")
+        2, "", f"业务库 {url} 里没有表:tickets。没有动它:确定剩下的那张业务表没用了(不是别的程序的),才把它也删掉"
+               "(DROP TABLE)再运行 uv run python store.py,就会新建一套\n")
     worker = run(["worker.py", "--once"], pg_lab)
     assert (worker.returncode, worker.stdout, worker.stderr) == (
         1, "", f"业务库 {url} 里没有表:tickets(运行 uv run python store.py,它说怎么修)\n")
     assert rows("SELECT COUNT(*), to_regclass('tickets') IS NULL FROM customers") == [(30, True)]
+
+
+LESSON_PG_EVENTS = ("CREATE TABLE events (event_id TEXT PRIMARY KEY, source TEXT NOT NULL, kind TEXT NOT NULL, "
+                    "payload TEXT NOT NULL, status TEXT NOT NULL DEFAULT 'pending', attempts INTEGER NOT NULL DEFAULT 0, "
+                    "last_error TEXT, received_at TEXT NOT NULL, updated_at TEXT NOT NULL)")
+
+
+FOREIGN_PG_TABLES = {
+    # 练习 6 照课文的表结构在 PostgreSQL 里自己建的事件表:原来 store.py 是 UndefinedColumn 的 traceback
+    "events": ("CREATE TABLE events (event_id TEXT PRIMARY KEY, source TEXT NOT NULL, kind TEXT NOT NULL, "
+               "payload TEXT NOT NULL, status TEXT NOT NULL DEFAULT 'pending', attempts INTEGER NOT NULL DEFAULT 0, "
+               "last_error TEXT, received_at TEXT NOT NULL, updated_at TEXT NOT NULL)", "claimed_by、not_before、ticket_id"),
+    # 练习 4 自己起的列名:原来 store.py 说一切正常,inbox accept 失败、日报是 traceback
+    "review_log": ("CREATE TABLE review_log (id SERIAL PRIMARY KEY, ticket_id TEXT, original TEXT, edited TEXT, "
+                   "decision TEXT)", "action、category、created_at、draft、feedback、final"),
+    # 同一个 schema 里别的程序的 tickets:原来 store.py 叫人把它 DROP 掉
+    "tickets": ("CREATE TABLE tickets (id SERIAL PRIMARY KEY, title TEXT, opened_by TEXT)",
+                "body、created_at、customer_id、status、subject"),
+}
+
+
+def foreign_pg_table(url: str, table: str) -> list[tuple]:
+    """在 url 的 schema 里建一张 FOREIGN_PG_TABLES 里的表、写一行;返回它的全部行。"""
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(FOREIGN_PG_TABLES[table][0])
+        conn.execute("INSERT INTO events VALUES ('evt_1', 'webhook', 'ticket.created', '{}', 'pending', 0, NULL, "
+                     "'2026-12-05T09:00:00', '2026-12-05T09:00:00')" if table == "events" else
+                     f"INSERT INTO {table} DEFAULT VALUES")
+        return conn.execute(f"SELECT * FROM {table}").fetchall()
+
+
+def pg_tables(url: str) -> dict[str, list[tuple]]:
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        names = [r[0] for r in conn.execute("SELECT relname FROM pg_class WHERE relkind = 'r' AND relnamespace = "
+                                            "(SELECT oid FROM pg_namespace WHERE nspname = current_schema()) ORDER BY 1")]
+        return {name: conn.execute(f"SELECT * FROM {name}").fetchall() for name in names}
+
+
+def named_foreign(url: str, table: str) -> str:
+    return (f"{store._safe_url(url)} 里已经有一张 {table} 表,却不是这里用的结构(缺 {FOREIGN_PG_TABLES[table][1]} 列;"
+            f"多半是自己做练习时建的,或者是别的程序的):先给它改个名,ALTER TABLE {table} RENAME TO my_{table}"
+            "(或者换一个 schema),再运行,这里会新建一张。什么都没做\n")
+
+
+@pytest.mark.parametrize("table", FOREIGN_PG_TABLES)
+def test_a_table_of_another_shape_in_postgres_is_named_by_store_py_and_nothing_is_built(lab, pg_url, table):
+    """PostgreSQL 里已经有一张同名、却不是这里结构的表:store.py 一开始就说是哪张、缺哪几列、怎么办,什么都不建、不动。"""
+    with pg_schema() as url:
+        before = {table: foreign_pg_table(url, table)}
+        r = run(["store.py"], {**lab, "DATABASE_URL": url})
+        assert (r.returncode, r.stdout, r.stderr) == (1, "", named_foreign(url, table))
+        assert pg_tables(url) == before
+
+
+@pytest.mark.parametrize("table", ["events", "review_log"])
+@pytest.mark.parametrize("command, code", [(["worker.py", "--once"], 1), (["inbox.py", "list"], 1),
+                                           (["cron_jobs.py", "report"], 2)])
+def test_every_program_names_a_table_of_another_shape_in_postgres_and_touches_nothing(lab, pg_url, monkeypatch, table,
+                                                                                     command, code):
+    """业务表已经建好(store.py 之前运行过),事件库的一张表是自己做练习时建的:每个程序都一样说清楚,什么都不动。"""
+    with pg_schema() as url:
+        monkeypatch.setenv("DATABASE_URL", url)
+        store.build_biz_tables()
+        store.close_pools()
+        foreign_pg_table(url, table)
+        before = pg_tables(url)
+        r = run(command, {**lab, "DATABASE_URL": url})
+        assert (r.returncode, r.stdout, r.stderr) == (code, "", named_foreign(url, table))
+        assert pg_tables(url) == before
 
 
 def test_programs_opening_a_new_lab_at_the_same_moment_all_get_it(tmp_path, monkeypatch):
