@@ -139,6 +139,13 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 """
 
 
+def dead_owner() -> str:
+    """本机上一个已经退出的进程的 worker id(「主机名:进程号」):它名下 processing 的事件算「进程没了」。"""
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    return f"{socket.gethostname()}:{dead.pid}"
+
+
 def die_at(env: dict, when: str, *args: str) -> subprocess.CompletedProcess:
     """跑实验目录里的一个脚本(args 同 run),在 when(见 DIE_AT)那一刻死掉;断言它确实是这样死的。"""
     r = run(["-c", DIE_AT, when, *args], env)

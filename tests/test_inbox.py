@@ -10,7 +10,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from conftest import LAB, checkpoint_bytes, cut_at, die_at, die_before_checkpoint, drain, free_port, rows, run, write_locked
+from conftest import (LAB, checkpoint_bytes, cut_at, dead_owner, die_at, die_before_checkpoint, drain, free_port, rows, run,
+                      write_locked)
 from openai_stub import OpenAIStub
 
 import inbox as inbox_mod
@@ -791,9 +792,7 @@ def test_send_run_twice_leaves_one_outbox_row(any_lab):
 def test_list_and_actions_reconcile_after_a_resume_that_crashed_before_the_status_update(any_lab):
     """收件箱命令在「图已经跑完」和「改事件状态」之间被杀:事件卡在 processing,进程已经不在了。"""
     queue("T1012", "T1041")
-    dead = subprocess.Popen([sys.executable, "-c", "pass"])
-    dead.wait()
-    owner = f"{store.socket.gethostname()}:{dead.pid}"
+    owner = dead_owner()
     script = ("import sys; sys.path.insert(0, '.'); from langgraph.types import Command; "
               "from agent import opened_graph, thread_of\nwith opened_graph() as g: "
               "g.invoke(Command(resume={'type': 'accept', 'args': None}), thread_of('T1012'))")
@@ -817,11 +816,10 @@ def test_an_orphaned_second_event_for_a_ticket_already_in_the_inbox_is_done_not_
     queue("T1012")
     payload = json.dumps({"id": "evt_T1012_again", "type": "ticket.updated", "data": {"ticket_id": "T1012"}})
     assert store.add_event("evt_T1012_again", "webhook", "ticket.updated", payload)
-    dead = subprocess.Popen([sys.executable, "-c", "pass"])
-    dead.wait()
+    dead = dead_owner()
     conn = store.connect()
     conn.execute("UPDATE events SET status = 'processing', attempts = 1, claimed_by = ? WHERE event_id = 'evt_T1012_again'",
-                 (f"{store.socket.gethostname()}:{dead.pid}",))
+                 (dead,))
     conn.close()
     listing = inbox(any_lab, "list")
     assert (listing.returncode, listing.stdout, listing.stderr) == (

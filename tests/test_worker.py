@@ -12,8 +12,8 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import (FULL_DISK, LAB, cut_at, cut_connections, die_before_checkpoint, drain, read_write_role, rows, run,
-                      tcp_proxy, write_locked)
+from conftest import (FULL_DISK, LAB, cut_at, cut_connections, dead_owner, die_before_checkpoint, drain, read_write_role,
+                      rows, run, tcp_proxy, write_locked)
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from openai_stub import OpenAIStub
 
@@ -569,14 +569,13 @@ def test_bad_worker_arguments_exit_2_with_usage_and_claim_nothing(lab, args, mes
 
 def test_stale_processing_event_of_a_dead_process_is_requeued_but_a_live_ones_is_not(any_lab, capsys):
     add("T1012"), add("T1041"), add("T1003"), add("T1008")
-    dead = subprocess.Popen([sys.executable, "-c", "pass"])
-    dead.wait()
+    dead = dead_owner()
     # 进程号还在,但那是后来的另一个进程(容器重启后主机名不变、进程号从头数,新 worker 拿到了同一个号):
     # 原来看进程号活着就一直不放回,这张工单的后续事件也永远领不到
     me, _, started = store.worker_id().partition("@")
     reused = f"{me}@{int(started) - 100}"
     conn = store.connect()
-    for ticket, owner in (("T1012", f"{store.socket.gethostname()}:{dead.pid}"), ("T1041", store.worker_id()),
+    for ticket, owner in (("T1012", dead), ("T1041", store.worker_id()),
                           ("T1008", reused)):
         conn.execute("UPDATE events SET status = 'processing', attempts = 1, claimed_by = ? WHERE ticket_id = ?",
                      (owner, ticket))
@@ -596,11 +595,10 @@ def test_two_workers_requeuing_at_once_never_put_back_a_claim_made_in_between(an
     原来在 PostgreSQL 上把 D 这次活着的领取也放回了(SELECT 不锁行),E 又领到它:两个 worker 同时起草同一张工单,
     还白白多算一次尝试、记上「进程没了」。现在只放回看过的那一次领取。SQLite 上 C 拿着写锁,B 等它做完。"""
     add("T1012")
-    dead = subprocess.Popen([sys.executable, "-c", "pass"])
-    dead.wait()
+    dead = dead_owner()
     conn = store.connect()
     conn.execute("UPDATE events SET status = 'processing', attempts = 1, claimed_by = ?",
-                 (f"{store.socket.gethostname()}:{dead.pid}",))
+                 (dead,))
     conn.close()
     owner_state, c_looked, c_goes_on = store._owner_state, threading.Event(), threading.Event()
 
@@ -636,8 +634,7 @@ def test_a_local_worker_that_dies_during_a_long_round_has_its_event_requeued_in_
     for ticket in ("T1012", "T1041", "T1003"):
         add(ticket)
     add("T1008")
-    dead = subprocess.Popen([sys.executable, "-c", "pass"])
-    dead.wait()
+    dead = dead_owner()
     conn = store.connect()
     conn.execute("UPDATE events SET status = 'processing', attempts = 1, claimed_by = 'other-host:1', updated_at = ? "
                  "WHERE ticket_id = 'T1008'", (store.now(),))  # 这一轮开始时:别的机器的、刚领的,不该放回
@@ -649,7 +646,7 @@ def test_a_local_worker_that_dies_during_a_long_round_has_its_event_requeued_in_
         if len(claims) == 2:  # 这一轮已经开始、做完一个事件之后:T1008 的主人原来是本机的一个进程,现在死了
             conn = store.connect()
             conn.execute("UPDATE events SET claimed_by = ? WHERE ticket_id = 'T1008'",
-                         (f"{store.socket.gethostname()}:{dead.pid}",))
+                         (dead,))
             conn.close()
             time.sleep(0.02)  # 超过 POLL_SECONDS
         return claim(owner)
@@ -673,12 +670,11 @@ def test_an_event_whose_worker_died_on_its_last_attempt_goes_dead_instead_of_loo
     add("T1041")
     assert drain() == [("evt_T1041_created", "waiting_human")]
     add("T1012"), add("T1003")
-    dead = subprocess.Popen([sys.executable, "-c", "pass"])
-    dead.wait()
+    dead = dead_owner()
     conn = store.connect()
     for ticket, attempts in (("T1041", 3), ("T1012", 3), ("T1003", 2)):  # 默认 MAX_ATTEMPTS = 3
         conn.execute("UPDATE events SET status = 'processing', attempts = ?, claimed_by = ? WHERE ticket_id = ?",
-                     (attempts, f"{store.socket.gethostname()}:{dead.pid}", ticket))
+                     (attempts, dead, ticket))
     conn.close()
     capsys.readouterr()
     assert drain() == [("evt_T1041_created", "waiting_human"), ("evt_T1012_created", "dead"),
