@@ -177,11 +177,13 @@ def indented(label: str, text: str) -> str:
 
 def show_list(graph, missing: set[str]) -> None:
     waiting = [e for e in store.events_by_status("waiting_human") if e["ticket_id"] not in missing]
-    if not waiting and not missing:
+    # 上面查完收件箱之后,另一个收件箱命令可能刚把其中一条处理完:checkpoint 里已经没有 interrupt,不列它
+    # (原来是 IndexError 的 traceback)
+    snaps = [(ev, snap) for ev in waiting if (snap := graph.get_state(thread_of(ev["ticket_id"]))).interrupts]
+    if not snaps and not missing:
         print("收件箱是空的")
     shown = {}
-    for ev in waiting:
-        snap = graph.get_state(thread_of(ev["ticket_id"]))
+    for ev, snap in snaps:
         item = snap.interrupts[0].value
         args = item["action_request"]["args"]
         print(f"{ev['ticket_id']}  {item['description']}")
@@ -215,6 +217,10 @@ def busy(ticket_id: str) -> Refused:
     return Refused(f"{ticket_id} 正在被处理(另一个收件箱命令或 worker),稍后再 list 看看")
 
 
+def taken_meanwhile(ticket_id: str) -> Refused:
+    return Refused(f"{ticket_id} 刚被另一个收件箱命令拿走处理了,稍后再 list 看看")
+
+
 def not_in_inbox(ticket_id: str, waiting: list[dict]) -> Refused:
     """这张工单没有等人处理的事件:说清楚它在哪(正在处理、死信),或者工单号是不是写错了大小写。"""
     if any(e["ticket_id"] == ticket_id for e in store.events_by_status("processing")):
@@ -236,6 +242,8 @@ def act(graph, command: str, ticket_id: str, text: str) -> None:
         raise not_in_inbox(ticket_id, waiting)
     cfg = thread_of(ticket_id, ev["event_id"])
     snap = graph.get_state(cfg)
+    if not snap.interrupts:  # 上面查完收件箱之后,另一个收件箱命令刚把它处理完(原来是 IndexError 的 traceback)
+        raise taken_meanwhile(ticket_id)
     item = snap.interrupts[0].value
     kinds = allowed(item)
     if ANSWER_TYPE[command] not in kinds:
@@ -247,7 +255,7 @@ def act(graph, command: str, ticket_id: str, text: str) -> None:
     if not store.take_for_review(ev["event_id"]):
         if any(e["event_id"] == ev["event_id"] for e in store.events_by_status("waiting_human")):
             raise busy(ticket_id)  # 待办还在,是同一张工单的另一个事件在 worker 手里
-        raise Refused(f"{ticket_id} 刚被另一个收件箱命令拿走处理了,稍后再 list 看看")
+        raise taken_meanwhile(ticket_id)
     if command == "accept":
         # 拿到手之后再核对:这之后别人改不了这条待办。没 list 过(seen 是 None)就照课文发;通知类待办没有草稿
         try:

@@ -1289,6 +1289,35 @@ def test_a_ticket_whose_event_is_still_with_the_worker_is_refused_as_busy_and_le
     assert state("T1012") == {}  # 没有替 worker 开跑这张工单的图
 
 
+def test_an_item_another_inbox_command_finished_in_between_is_refused_and_not_listed(any_lab, monkeypatch, capsys):
+    """这个命令查完收件箱、还没读 checkpoint 时,另一个收件箱命令把同一条待办整个处理完了(发出、事件改成 done):
+    原来 accept 和 list 都是 IndexError 的 traceback。现在 accept 说清楚、退出码 1,什么都不再做;list 不列它。"""
+    from langgraph.types import Command
+
+    queue("T1012", "T1041")
+    real_thread_of = inbox_mod.thread_of
+
+    def the_other_command_finishes(ticket_id, event_id=None):
+        if event_id is not None:  # act() 找到了待办,正要读它的 checkpoint
+            with opened_graph() as graph:
+                graph.invoke(Command(resume={"type": "accept", "args": None}), real_thread_of(ticket_id))
+            store.set_status(event_id, "done")
+        return real_thread_of(ticket_id, event_id)
+
+    monkeypatch.setattr(inbox_mod, "thread_of", the_other_command_finishes)
+    capsys.readouterr()
+    assert inbox_mod.main(["accept", "T1012"]) == 1
+    assert capsys.readouterr() == ("", "T1012 刚被另一个收件箱命令拿走处理了,稍后再 list 看看\n")
+    assert rows("SELECT ticket_id, sent_by FROM outbox") == [("T1012", "agent+reviewer")]
+    assert rows("SELECT ticket_id, action FROM review_log") == [("T1012", "accept")]
+    monkeypatch.setattr(inbox_mod, "thread_of", real_thread_of)
+    # list 读完事件表之后才被处理完的那一条:事件表里还是 waiting_human,checkpoint 里已经做完了
+    with opened_graph() as graph:
+        graph.invoke(Command(resume={"type": "ignore", "args": None}), real_thread_of("T1041"))
+        inbox_mod.show_list(graph, set())
+    assert capsys.readouterr() == ("收件箱是空的\n", "")
+
+
 def test_an_item_taken_by_another_inbox_command_in_between_is_refused_and_not_touched(lab, monkeypatch, capsys):
     """list 看到了、正要拿走时被另一个收件箱命令抢先拿走:说清楚,退出码 1,不动别人手里的事件。
     两个进程真的同时跑时谁先谁后不确定(见 test_two_inbox_commands_on_one_ticket_at_once_send_one_reply),
