@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -1239,14 +1240,18 @@ def test_a_review_log_built_for_exercise_4_in_another_shape_is_named_and_nothing
 
 
 def test_the_report_reads_review_log_times_written_without_a_time_zone_as_local_time(lab, tmp_path, in_shanghai):
-    """照课文的 now() 写的 review_log 时间不带时区(本地时间):原来日报一比时间就 TypeError、什么都没打印。"""
+    """照课文的 now() 写的 review_log 时间不带时区(本地时间):原来日报一比时间就 TypeError、什么都没打印。
+    这一行是北京时间 7 天零 4 小时以前写的:按本地时间读,它在「近 7 天」之外;当成 UTC 读就晚了 8 小时、算进了近 7 天。"""
+    from zoneinfo import ZoneInfo
+
+    written = datetime.now(ZoneInfo("Asia/Shanghai")).replace(tzinfo=None) - timedelta(days=7, hours=4)
     path = tmp_path / "lesson.db"
     lesson_db_with(path, "CREATE TABLE review_log (ticket_id TEXT PRIMARY KEY, category TEXT NOT NULL, draft TEXT NOT NULL, "
                          "final TEXT, action TEXT NOT NULL, feedback TEXT NOT NULL, created_at TEXT NOT NULL);",
-                   ("T1041", "refund", "原稿", "终稿", "edit", "[]", "2026-12-04T09:01:00"))
+                   ("T1041", "refund", "原稿", "终稿", "edit", "[]", written.isoformat(timespec="seconds")))
     r = run(["cron_jobs.py", "report"], {**lab, "EVENTS_DB": str(path), "TZ": "Asia/Shanghai"})
     assert (r.returncode, r.stderr) == (0, ""), r.stderr
-    assert "refund:1 张,accept 0,edit 1,ignore 0" in r.stdout
+    assert "  refund:1 张,accept 0,edit 1,ignore 0,原样批准率 0%;近 7 天没有" in r.stdout.splitlines(), r.stdout
 
 
 # ---------------------------------------------------------------- 数据库连接在服务器那头断了(PostgreSQL 重启、被掐断)
