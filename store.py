@@ -1447,6 +1447,11 @@ class MoveRefused(Exception):
         self.code = code
 
 
+class AlreadyMoved(Exception):
+    """要搬的东西 PostgreSQL 里已经一样不少(already_moved):什么都不再搬,只在 SQLite 里补上已搬走的记号。
+    消息是给人看的「N 个事件、M 个 checkpoint」。"""
+
+
 def thread_id(ticket_id: str) -> str:
     """一张工单一个 LangGraph thread,id 是 ticket-<工单号>(agent.thread_of 用它;搬家时拿它核对两个文件是不是一套)。"""
     return f"ticket-{ticket_id}"
@@ -1507,11 +1512,12 @@ def move_from_sqlite() -> tuple[str, str | None]:
     从读到写完一直拿着 SQLite 事件库的写锁(SQLite 的 worker 这期间领不了事件、收件箱拿不走待办,搬过去的就是读到的),
     PostgreSQL 提交之后在同一个 SQLite 事务里记下已搬走(RETIRE_SQL)。搬不了时抛 MoveRefused;
     SQLite 被别人锁着太久时抛 sqlite3.OperationalError(数据库暂时用不了)。
-    返回 (给人看的行数,None);PostgreSQL 已经提交、SQLite 却没能记下时,第二项是 SQLite 的错误。"""
+    要搬的 PostgreSQL 里已经一样不少(上一次在两个提交之间被杀掉了,见 already_moved):什么都不再搬,只补上 SQLite 的记号。
+    返回 (给人看的一行:搬了多少或者早已搬过,None);PostgreSQL 已经提交、SQLite 却没能记下时,第二项是 SQLite 的错误。"""
     path = events_db()
     if not path.exists() or path.stat().st_size == 0:
         raise MoveRefused(2, f"没有可搬的:EVENTS_DB 指的 {path} 不存在")
-    counted = None
+    done = None
     try:
         with transaction(path) as source:
             if "ticket_id" in events_columns(source):
@@ -1534,22 +1540,28 @@ def move_from_sqlite() -> tuple[str, str | None]:
                 raise MoveRefused(2, f"{path} 的收件箱里有 {len(lost)} 条待办({'、'.join(lost[:5])}),"
                                      f"{checkpoints_db()} 里却没有它们的 checkpoint:CHECKPOINTS_DB 指错了(文件不在,"
                                      "或者是另一套);把它改成 worker 起草时用的那个再搬。什么都没搬")
-            counted = copy_to_postgres(moved, checkpoints)
+            url = _safe_url(database_url())
+            try:
+                done = f"已从 {path}、{checkpoints_db()} 搬进 {url}:{copy_to_postgres(moved, checkpoints)}"
+            except AlreadyMoved as e:
+                done = (f"{path} 里的 {e} 已经都在 {url} 里了(搬过一次,只是没来得及在 {path} 里记下已搬走):"
+                        "这次什么都没再搬,只补上这个记号")
             source.execute(RETIRE_SQL[0])
-            source.execute(RETIRE_SQL[1], (_safe_url(database_url()), now()))
+            source.execute(RETIRE_SQL[1], (url, now()))
             for statement in RETIRE_SQL[2:]:
                 source.execute(statement)
     except sqlite3.Error as e:
-        if counted is not None:  # PostgreSQL 那边已经提交了
-            return counted, first_line(e)
+        if done is not None:  # PostgreSQL 那边已经提交了(或者早就有了)
+            return done, first_line(e)
         if isinstance(e, sqlite3.OperationalError):  # 被别人锁着太久、磁盘出错:稍后再搬
             raise
         raise MoveRefused(2, f"{path} 打不开:{first_line(e)}。什么都没搬") from None
-    return counted, None
+    return done, None
 
 
 def copy_to_postgres(moved: dict[str, list], checkpoints: list) -> str:
-    """在一个 PostgreSQL 事务里写进 moved(表 → 行)和 checkpoints;返回给人看的行数。冲突时抛 MoveRefused。"""
+    """在一个 PostgreSQL 事务里写进 moved(表 → 行)和 checkpoints;返回给人看的行数。冲突时抛 MoveRefused;
+    要搬的那边已经一样不少时抛 AlreadyMoved,什么都不写。"""
     import psycopg
 
     threads = sorted({t.config["configurable"]["thread_id"] for t in checkpoints})
@@ -1562,6 +1574,8 @@ def copy_to_postgres(moved: dict[str, list], checkpoints: list) -> str:
             there = [r["event_id"] for r in target.execute(
                 "SELECT event_id FROM events WHERE event_id = ANY(?) ORDER BY event_id", (event_ids,))]
             if there:
+                if len(there) == len(event_ids) and already_moved(target, moved["events"], checkpoints):
+                    raise AlreadyMoved(f"{len(event_ids)} 个事件、{len(checkpoints)} 个 checkpoint")
                 raise MoveRefused(2, f"PostgreSQL 里已经有 {len(there)} 个同样的事件({'、'.join(there[:5])}):"
                                      "多半已经搬过了。什么都没搬")
             there = [r["thread_id"] for r in target.execute(
@@ -1594,6 +1608,23 @@ def copy_to_postgres(moved: dict[str, list], checkpoints: list) -> str:
     counted = ",".join(f"{t} {len(rows)} 行" for t, rows in moved.items())
     counted += f";checkpoint {len(threads)} 个 thread({len(checkpoints)} 个 checkpoint)"
     return counted + (f";从 {biz_db()} 补上 PostgreSQL 业务表里还没有的工单 {tickets} 张" if tickets else "")
+
+
+def already_moved(target, events: list, checkpoints: list) -> bool:
+    """SQLite 里的每个事件(同一个 id、同一个收到时间,精确到微秒)和每个 checkpoint(id 是 uuid)PostgreSQL 里都有:
+    那边就是从这个库搬过去的那一套 —— 上一次搬家在 PostgreSQL 提交之后、SQLite 记下已搬走之前被杀掉了(或者磁盘满了
+    没记下),或者这是搬之前拷的一份。只是事件 id 撞上了的另一套(比如两边都用 send_webhook.py 发过同样的事件)不算。"""
+    at = MOVED_COLUMNS["events"].index("received_at")
+    mine = {(r[0], parse_time(r[at])) for r in events}
+    theirs = {(r["event_id"], parse_time(r["received_at"])) for r in target.execute(
+        "SELECT event_id, received_at FROM events WHERE event_id = ANY(?)", (sorted(e for e, _ in mine),))}
+    if mine != theirs:
+        return False
+    keys = {tuple(t.config["configurable"][k] for k in ("thread_id", "checkpoint_ns", "checkpoint_id")) for t in checkpoints}
+    there = {(r["thread_id"], r["checkpoint_ns"], r["checkpoint_id"]) for r in target.execute(
+        "SELECT thread_id, checkpoint_ns, checkpoint_id FROM checkpoints WHERE thread_id = ANY(?)",
+        (sorted({k[0] for k in keys}),))}
+    return keys <= there
 
 
 def copy_missing_tickets(target, ticket_ids: set[str]) -> int:
@@ -1878,16 +1909,17 @@ def build_and_count(from_sqlite: bool = False) -> int:
             return 2
         if from_sqlite:
             try:
-                moved, not_marked = move_from_sqlite()
+                done, not_marked = move_from_sqlite()
             except MoveRefused as e:
                 print(f"没有搬:{e}", file=sys.stderr)
                 return e.code
-            print(f"已从 {events_db()}、{checkpoints_db()} 搬进 {url}:{moved}")
+            print(done)
             if not_marked is None:
                 print(f"{events_db()} 里记下了已搬进 PostgreSQL:以后不设 DATABASE_URL 的程序都会说明原因、不用它,"
                       "还开着的 SQLite worker 也领不到事件了,同一张工单不会在两边各处理一遍")
             else:  # PostgreSQL 已经提交了:搬家本身成功,只是 SQLite 挡不住了
-                print(f"没能在 {events_db()} 里记下已搬走({not_marked}):以后一定设着 DATABASE_URL 运行,"
+                print(f"没能在 {events_db()} 里记下已搬走({not_marked}):修好以后再运行一次 uv run python store.py "
+                      "--from-sqlite 补上这个记号(不会再搬一遍);在那之前一定设着 DATABASE_URL 运行,"
                       "别再不设它跑 worker 或收件箱,不然同一张工单会在两边各处理一遍", file=sys.stderr)
         where = {"事件库": (url, None), "业务库": (url, None)}
     else:

@@ -2,8 +2,10 @@
 搬过去的待办在 PostgreSQL 上照样处理、只发一次;做了一半的图接着跑;搬不了时说明原因,什么都没搬。"""
 import json
 import os
+import signal
 import sqlite3
 from contextlib import contextmanager
+from datetime import timedelta
 
 import pytest
 from conftest import (LAB, cut_connections, drain, pg_schema, read_write_role, refused_startup, rows, run, webhook_server,
@@ -178,9 +180,29 @@ def copy_of(path: str, to) -> str:
     return str(to)
 
 
+def already_there(lab: dict, path, url: str) -> list[str]:
+    """sqlite_lab_in_use 要搬的 PostgreSQL 里已经一样不少时,store.py --from-sqlite 打印的全部行:什么都没再搬,
+    只补上 path 里的记号。"""
+    (checkpoints,), = rows("SELECT COUNT(*) FROM checkpoints", (), lab["CHECKPOINTS_DB"])
+    return [f"{path} 里的 5 个事件、{checkpoints} 个 checkpoint 已经都在 {url} 里了(搬过一次,只是没来得及在 "
+            f"{path} 里记下已搬走):这次什么都没再搬,只补上这个记号",
+            f"{path} 里记下了已搬进 PostgreSQL:以后不设 DATABASE_URL 的程序都会说明原因、不用它,"
+            "还开着的 SQLite worker 也领不到事件了,同一张工单不会在两边各处理一遍",
+            f"事件库 {url}:events 5 行,outbox 1 行,review_log 1 行,llm_usage 3 行",
+            f"业务库 {url}:customers 30 行,tickets 41 行"]
+
+
 def test_moving_twice_is_refused_and_nothing_is_moved_again(sqlite_lab_in_use, pg_url, monkeypatch, tmp_path):
     lab, before = sqlite_lab_in_use
     copy = copy_of(lab["EVENTS_DB"], tmp_path / "copy-of-ambient.db")  # 有人在搬之前拷了一份
+    # 另一份:同样的事件 id,其中一个收到的时间差 1 微秒 —— 不是搬过去的那一套(比如另一套实验发过同样的事件)
+    lookalike = copy_of(lab["EVENTS_DB"], tmp_path / "lookalike.db")
+    conn = sqlite3.connect(lookalike)
+    with conn:
+        (received_at,), = conn.execute("SELECT received_at FROM events WHERE event_id = 'evt_T1021_created'")
+        conn.execute("UPDATE events SET received_at = ? WHERE event_id = 'evt_T1021_created'",
+                     ((store.parse_time(received_at) + timedelta(microseconds=1)).isoformat(),))
+    conn.close()
     with pg_schema() as url:
         env = {**lab, "DATABASE_URL": url}
         assert from_sqlite(env).returncode == 0
@@ -188,12 +210,29 @@ def test_moving_twice_is_refused_and_nothing_is_moved_again(sqlite_lab_in_use, p
         (_, moved_at), = moved_mark(lab["EVENTS_DB"])[0]
         assert (again.returncode, again.stdout.count("\n"), again.stderr) == (
             2, 0, f"没有搬:{lab['EVENTS_DB']} 已经在 {moved_at:%Y-%m-%d %H:%M:%S} UTC 搬进过 {url}。什么都没搬\n")
-        # 拷贝里没有搬走的记号:PostgreSQL 那边认出这些事件已经在了
-        again = from_sqlite({**env, "EVENTS_DB": copy})
+        again = from_sqlite({**env, "EVENTS_DB": lookalike})
+        assert (again.returncode, again.stderr) == (
+            2, "没有搬:PostgreSQL 里已经有 5 个同样的事件(evt_T1003_created、evt_T1012_created、evt_T1020_created、"
+               "evt_T1021_created、evt_T1041_created):多半已经搬过了。什么都没搬\n")
+        assert moved_mark(lookalike) == ([], [])
+        # 事件一样,checkpoint 却多一个那边没有的(这份拷贝后来又被 SQLite 的 worker 用过):也不是搬过去的那一套
+        more_checkpoints = copy_of(lab["CHECKPOINTS_DB"], tmp_path / "more-checkpoints.db")
+        conn = sqlite3.connect(more_checkpoints)
+        with conn:
+            conn.execute("INSERT INTO checkpoints SELECT thread_id, checkpoint_ns, 'ffffffff-ffff-6fff-8fff-ffffffffffff', "
+                         "checkpoint_id, type, checkpoint, metadata FROM checkpoints "
+                         "WHERE thread_id = 'ticket-T1020' ORDER BY checkpoint_id DESC LIMIT 1")
+        conn.close()
+        again = from_sqlite({**env, "EVENTS_DB": copy, "CHECKPOINTS_DB": more_checkpoints})
         assert (again.returncode, again.stderr) == (
             2, "没有搬:PostgreSQL 里已经有 5 个同样的事件(evt_T1003_created、evt_T1012_created、evt_T1020_created、"
                "evt_T1021_created、evt_T1041_created):多半已经搬过了。什么都没搬\n")
         assert moved_mark(copy) == ([], [])
+        # 真的拷贝里没有搬走的记号,东西却一样不少都在 PostgreSQL 里:不再搬,只补上记号,拷贝也就不会再被拿去用
+        again = from_sqlite({**env, "EVENTS_DB": copy})
+        assert (again.returncode, again.stderr, again.stdout.splitlines()) == (0, "", already_there(lab, copy, url))
+        r = run(["worker.py", "--once"], {**lab, "EVENTS_DB": copy})
+        assert (r.returncode, r.stdout, r.stderr) == (1, "", refusal({**lab, "EVENTS_DB": copy}, url) + "\n")
         monkeypatch.setenv("DATABASE_URL", url)
         assert snapshot() == before
         # README 里 PostgreSQL 的「从头再来」:清空事件表再运行 store.py。原来它看 SQLite 里还有没做完的事件,
@@ -575,7 +614,7 @@ def test_a_sqlite_writer_holding_the_lock_makes_the_move_wait_then_stop_with_not
 def test_when_sqlite_cannot_record_the_move_it_says_so_and_postgres_keeps_everything(
         sqlite_lab_in_use, pg_url, monkeypatch, capsys):
     """PostgreSQL 已经提交、SQLite 却记不下(这里让建记号表的语句撞上已有的表,和磁盘满时一样是真的 SQLite 错误):
-    搬家算成功(退出码 0),标准错误上说清楚 SQLite 没挡住、以后要怎么做;再搬一次会被 PostgreSQL 那边拒绝。"""
+    搬家算成功(退出码 0),标准错误上说清楚 SQLite 没挡住、以后要怎么做;修好以后再运行一次,不再搬,只补上记号。"""
     lab, before = sqlite_lab_in_use
     with pg_schema() as url:
         with on_postgres(monkeypatch, url), monkeypatch.context() as m:
@@ -586,7 +625,55 @@ def test_when_sqlite_cannot_record_the_move_it_says_so_and_postgres_keeps_everyt
         assert out.splitlines()[1].startswith(f"已从 {lab['EVENTS_DB']}、{lab['CHECKPOINTS_DB']} 搬进 {url}:events 5 行,")
         assert len(out.splitlines()) == 4
         assert err == (f"没能在 {lab['EVENTS_DB']} 里记下已搬走(OperationalError: table events already exists):"
-                       "以后一定设着 DATABASE_URL 运行,别再不设它跑 worker 或收件箱,不然同一张工单会在两边各处理一遍\n")
+                       "修好以后再运行一次 uv run python store.py --from-sqlite 补上这个记号(不会再搬一遍);"
+                       "在那之前一定设着 DATABASE_URL 运行,"
+                       "别再不设它跑 worker 或收件箱,不然同一张工单会在两边各处理一遍\n")
         assert moved_mark(lab["EVENTS_DB"]) == ([], [])
         assert snapshot() == before
-        assert from_sqlite({**lab, "DATABASE_URL": url}).stderr.startswith("没有搬:PostgreSQL 里已经有 5 个同样的事件")
+        again = from_sqlite({**lab, "DATABASE_URL": url})
+        assert (again.returncode, again.stderr, again.stdout.splitlines()) == (
+            0, "", already_there(lab, lab["EVENTS_DB"], url))
+        r = run(["worker.py", "--once"], lab)
+        assert (r.returncode, r.stdout, r.stderr) == (1, "", refusal(lab, url) + "\n")
+        assert snapshot() == before
+        with on_postgres(monkeypatch, url):
+            assert snapshot() == before
+
+
+# store.py --from-sqlite,只是 PostgreSQL 那边一提交(copy_to_postgres 返回),进程就被 kill -9:SQLite 还没记下已搬走
+KILLED_AFTER_COPY = """
+import os, signal, sys
+import store
+copy = store.copy_to_postgres
+def copy_then_die(*args):
+    counted = copy(*args)
+    os.kill(os.getpid(), signal.SIGKILL)
+store.copy_to_postgres = copy_then_die
+sys.exit(store.main(["--from-sqlite"]))
+"""
+
+
+def test_a_move_killed_between_the_postgres_commit_and_the_sqlite_mark_is_finished_by_the_rerun_without_moving_twice(
+        sqlite_lab_in_use, pg_url, monkeypatch):
+    """kill -9 正好落在 PostgreSQL 提交之后、SQLite 记下已搬走之前(几毫秒的空子):原来再运行只说「多半已经搬过了」、
+    退出码 2,SQLite 一直没记号 —— 不设 DATABASE_URL 的 worker 照样在 SQLite 上起草、发送,同一张工单两边各处理一遍。
+    现在再运行认出 PostgreSQL 里一样不少(每个事件连收到时间、每个 checkpoint 的 id),不再搬,只补上记号。"""
+    lab, before = sqlite_lab_in_use
+    with pg_schema() as url:
+        env = {**lab, "DATABASE_URL": url}
+        assert run(["store.py"], env).returncode == 0  # 先建好库:被杀的那一次只剩搬家本身
+        killed = run(["-c", KILLED_AFTER_COPY], env)
+        assert (killed.returncode, killed.stdout, killed.stderr) == (-signal.SIGKILL, "", "")
+        assert moved_mark(lab["EVENTS_DB"]) == ([], [])
+        with on_postgres(monkeypatch, url):
+            assert snapshot() == before  # PostgreSQL 那边已经提交了
+        again = from_sqlite(env)
+        assert (again.returncode, again.stderr, again.stdout.splitlines()) == (
+            0, "", already_there(lab, lab["EVENTS_DB"], url))
+        r = run(["worker.py", "--once"], lab)  # T1021 在 SQLite 里还是 pending:原来这里会在 SQLite 上再起草一遍
+        assert (r.returncode, r.stdout, r.stderr) == (1, "", refusal(lab, url) + "\n")
+        assert snapshot() == before
+        with on_postgres(monkeypatch, url):
+            assert snapshot() == before
+            assert rows("SELECT COUNT(*) FROM checkpoints") == rows("SELECT COUNT(*) FROM checkpoints", (),
+                                                                      lab["CHECKPOINTS_DB"])
