@@ -116,6 +116,13 @@ def integer(name: str, default: int, *, minimum: int | None = None, maximum: int
     return int(value)
 
 
+def hide_password(text: str) -> str:
+    """打印用:去掉网址、连接串里的密码 —— URL 的「用户:密码@」、key=value 写法的 password=…。text 也可以是一句报错:
+    libpq 说连接串写错了(比如少了 :// 里的冒号)时会把整串原样引出来,密码不能跟着进终端和 cron.log。"""
+    text = re.sub(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s\"]+)", r"\1***", text)
+    return re.sub(r"(^|[/\s\"])([^:/@\s\"]+):(?!//)[^@\s\"]*@", r"\1\2:***@", text)
+
+
 def url(name: str, default: str = "", *, secret: bool = False) -> str:
     """读一个 http(s) 网址设置(没设置时是 default,可以为空)。不是 http:// 或 https:// 开头、没有主机名、
     端口不是数字时以 SystemExit 退出,说明是哪一项 —— 不然要等到真的去连时,才报一个像是「对方没开」的错。
@@ -133,7 +140,7 @@ def url(name: str, default: str = "", *, secret: bool = False) -> str:
     except ValueError as e:
         problem = str(e)
     if problem:
-        shown = raw[:16] + "…" if secret and len(raw) > 16 else raw
+        shown = raw[:16] + "…" if secret and len(raw) > 16 else hide_password(raw)  # 网址里的密码不进终端和 cron.log
         raise SystemExit(f"配置错误:{name}={shown!r} 不是合法的网址({problem})")
     return raw
 

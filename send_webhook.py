@@ -50,14 +50,6 @@ def port_of(url: str) -> int:
     return parts.port or (443 if parts.scheme == "https" else 80)
 
 
-def printable_url(url: str) -> str:
-    """打印用的网址:里面带了密码(http://用户:密码@主机/…)时换成 ***。"""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    return parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@", 1)).geturl()
-
-
 def no_answer(url: str, e: httpx.HTTPError, ticket_id: str) -> str:
     """请求发出去以后超时、连接断了:不是「服务没起来」。webhook 可能已经把事件存下了,只是回答没送到;
     同一个事件再发一次是安全的 —— 事件 id 一样,存下了的只会回 duplicate: true,不会存两份。"""
@@ -77,8 +69,9 @@ def main(argv: list[str]) -> int:
     if not 1 <= len(argv) <= 2:
         print(f"{'缺少工单号' if not argv else '参数太多了'}\n{USAGE}", file=sys.stderr)
         return 2
-    # isascii:「²」「٣」之类也算 isdigit(),int() 却不认
-    if len(argv) == 2 and not (argv[1].isascii() and argv[1].isdigit() and int(argv[1]) >= 1):
+    # isascii:「²」「٣」之类也算 isdigit(),int() 却不认。超过 4300 位的数字串 int() 不肯转(ValueError 的 traceback),
+    # 所以先去掉开头的 0 看位数:比 MAX_TIMES 还长的,下面说「最多 MAX_TIMES」
+    if len(argv) == 2 and not (argv[1].isascii() and argv[1].isdigit() and argv[1].strip("0")):
         print(f"重复次数要是正整数,现在是 {argv[1]!r}\n{USAGE}", file=sys.stderr)
         return 2
     if argv[0].startswith("-") or not argv[0].strip():  # 写错的选项(--halp)、空工单号:不能当工单号发出去
@@ -87,8 +80,8 @@ def main(argv: list[str]) -> int:
     if not TICKET_ID.fullmatch(argv[0]):  # 「T 1」、全角的「T１２」:webhook 会回一句英文的 400,这里先用中文说
         print(f"工单号只能由英文字母、数字、_ 和 - 组成(最多 64 个),现在是 {argv[0]!r}\n{USAGE}", file=sys.stderr)
         return 2
-    ticket_id, times = argv[0], int(argv[1]) if len(argv) == 2 else 1
-    if times > MAX_TIMES:
+    ticket_id, digits = argv[0], argv[1].lstrip("0") if len(argv) == 2 else "1"
+    if len(digits) > len(str(MAX_TIMES)) or (times := int(digits)) > MAX_TIMES:
         print(f"重复次数最多 {MAX_TIMES}(模拟上游重试,几次就够了)\n{USAGE}", file=sys.stderr)
         return 2
     try:
@@ -108,10 +101,10 @@ def main(argv: list[str]) -> int:
                 hint = "WEBHOOK_URL 是 https://,可 uv run uvicorn webhook:app 起的服务是 http 的:把 WEBHOOK_URL 改成 http://…"
             else:
                 hint = f"webhook 服务起来了吗?先在另一个终端运行 uv run uvicorn webhook:app --port {port_of(url)}"
-            print(f"发不出去:{printable_url(url)} 连不上({type(e).__name__}: {e})。{hint}", file=sys.stderr)
+            print(f"发不出去:{config.hide_password(url)} 连不上({type(e).__name__}: {e})。{hint}", file=sys.stderr)
             return 1
         except httpx.HTTPError as e:  # 连上了、请求发出去了,却没等到回答:对方可能已经收下了
-            print(no_answer(printable_url(url), e, ticket_id), file=sys.stderr)
+            print(no_answer(config.hide_password(url), e, ticket_id), file=sys.stderr)
             return 1
         try:
             shown = r.json()

@@ -956,6 +956,14 @@ ADD_EVENTS_SQL = (
 INSERT_CHUNK = 500  # 行;一条 INSERT 最多带这么多行(7 × 500 个参数,远低于 SQLite 的 32766、PostgreSQL 的 65535)
 
 
+# 邮件(email_poller)和定时任务(cron_jobs)的事件 id 都以这几个开头:邮件是 Message-ID 的 <…>,没有或者认不出
+# Message-ID 时是 no-message-id: / message-id-sha1: 加 sha1;定时任务是 cron:…。三个来源共用 event_id 这一个唯一键,
+# webhook 不收以它们开头的 id,谁也占不了别的来源的事件
+MAIL_ID_PREFIXES = ("<", "no-message-id:", "message-id-sha1:")
+CRON_ID_PREFIX = "cron:"
+OTHER_SOURCE_ID_PREFIXES = (*MAIL_ID_PREFIXES, CRON_ID_PREFIX)
+
+
 def add_event(event_id: str, source: str, kind: str, payload: str) -> bool:
     """返回 True 表示新事件,False 表示重复投递(已经收过)。"""
     return add_events([(event_id, source, kind, payload)])[0]
@@ -1681,11 +1689,7 @@ def sqlite_note() -> str:
             "停掉用 SQLite 的 worker、webhook、邮件轮询和收件箱,运行 uv run python store.py --from-sqlite")
 
 
-def _safe_url(text: str) -> str:
-    """打印用:去掉连接串里的密码 —— URL 的「用户:密码@」、key=value 写法的 password=…。text 也可以是一句报错:
-    libpq 说连接串写错了(比如少了 :// 里的冒号)时会把整串原样引出来,密码不能跟着进终端和 cron.log。"""
-    text = re.sub(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s\"]+)", r"\1***", text)
-    return re.sub(r"(^|[/\s\"])([^:/@\s\"]+):(?!//)[^@\s\"]*@", r"\1\2:***@", text)
+_safe_url = config.hide_password  # 打印用:去掉连接串(或者引了它的报错)里的密码
 
 
 def same_database(a: str, b: str) -> bool:

@@ -39,6 +39,7 @@ from pathlib import Path
 
 from fastapi import FastAPI, HTTPException, Request, Response
 from fastapi.responses import JSONResponse
+from starlette.requests import ClientDisconnect
 
 import config
 import store
@@ -318,10 +319,12 @@ def verify_standard(raw: bytes, msg_id: str | None, ts: str | None, header: str,
 def verify(request: Request, raw: bytes) -> None:
     secret = config.get("WEBHOOK_SECRET", DEFAULT_SECRET)
     headers = request.headers
-    if (header := headers.get("x-cloudledger-signature")) is not None:
-        verify_cloudledger(raw, header, secret)
-    elif (header := headers.get("webhook-signature")) is not None:
-        verify_standard(raw, headers.get("webhook-id"), headers.get("webhook-timestamp"), header, secret)
+    # 签名头可能有好几行(换密钥期间上游每把密钥各写一行):和代理合成一行(RFC 9110 §5.3)一样对待,任意一个签名对上就行。
+    # 原来只看第一行:新密钥的签名在第二行时回 401,合成一行时却回 202
+    if signed := headers.getlist("x-cloudledger-signature"):
+        verify_cloudledger(raw, ",".join(signed), secret)
+    elif signed := headers.getlist("webhook-signature"):
+        verify_standard(raw, headers.get("webhook-id"), headers.get("webhook-timestamp"), " ".join(signed), secret)
     else:
         raise fail(400, "missing signature header (X-CloudLedger-Signature or webhook-signature)")
 
@@ -331,11 +334,16 @@ async def read_body(request: Request) -> bytes:
     if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
         raise fail(413, f"body larger than {MAX_BODY_BYTES} bytes")
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > MAX_BODY_BYTES:
-            raise fail(413, f"body larger than {MAX_BODY_BYTES} bytes")
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > MAX_BODY_BYTES:
+                raise fail(413, f"body larger than {MAX_BODY_BYTES} bytes")
+            chunks.append(chunk)
+    except ClientDisconnect:
+        # 上游发到一半断开(它那边超时了,稍后会重发):没人收这个回答,日志里一行 400 就够,什么都没存。
+        # 原来一整段 traceback(Exception in ASGI application),盯着日志报警的会以为服务出了错
+        raise fail(400, "client disconnected before the whole body arrived") from None
     return b"".join(chunks)
 
 
@@ -357,6 +365,14 @@ def parse_event(raw: bytes) -> dict:
         # 放过去的话同一批组提交整批失败,和它一起到的好事件也都回 503
         # 不间断空格、零宽字符这类看不见的也不收(isprintable 为假):事件 id 要在终端、日志里认得出来
         raise fail(400, "id must be printable: no control, invisible or non-ASCII space characters, no unpaired surrogates")
+    if event["id"] != event["id"].strip():
+        # 空格这类看得见的空白(isprintable 为真):只有空格的 id 在日志里是空的,前后带空格的和不带的成了两个事件
+        raise fail(400, "id must not start or end with whitespace")
+    if event["id"].startswith(store.OTHER_SOURCE_ID_PREFIXES):
+        # 三个来源共用一个 event_id 唯一键:原来一个签名对的请求用一封信的 Message-ID 或 cron:stale:… 当 id,
+        # 就让那封信成了 duplicate(标了已读、不建工单)、那天的提醒不再入队
+        raise fail(400, "id must not start with " + ", ".join(store.OTHER_SOURCE_ID_PREFIXES)
+                   + " (those are the ids of mail and cron events)")
     if not isinstance(event.get("type"), str):
         raise fail(400, "type must be a string")
     return event

@@ -33,7 +33,7 @@ def test_bad_arguments_say_what_is_wrong_print_usage_and_exit_2_without_sending(
     assert rows("SELECT COUNT(*) FROM events") == [(0,)]
 
 
-@pytest.mark.parametrize("times", ["101", "99999999999999999999999"])
+@pytest.mark.parametrize("times", ["101", "99999999999999999999999", "1" + "0" * 5000])  # 5001 位:int() 不肯转
 def test_a_repeat_count_over_100_is_refused_and_nothing_is_sent(lab, times):
     """原来重复次数没有上限:多写几个 0 就一直发下去(走查时发了两万多次才按住)。"""
     with webhook_server(lab) as (_, url):
@@ -41,6 +41,15 @@ def test_a_repeat_count_over_100_is_refused_and_nothing_is_sent(lab, times):
     assert (r.returncode, r.stdout) == (2, "")
     assert r.stderr == "重复次数最多 100(模拟上游重试,几次就够了)\n用法:uv run python send_webhook.py 工单号 [重复次数,正整数]\n"
     assert rows("SELECT COUNT(*) FROM events") == [(0,)]
+
+
+def test_a_repeat_count_with_thousands_of_leading_zeros_is_just_that_number(lab):
+    """原来 int() 遇到超过 4300 位的数字串就是 ValueError 的 traceback、退出码 1,哪怕它的值只是 2。"""
+    with webhook_server(lab) as (_, url):
+        r = run(["send_webhook.py", "T1012", "0" * 5000 + "2"], {**lab, "WEBHOOK_URL": url + "/hooks/cloudledger"})
+    assert (r.returncode, r.stderr, r.stdout) == (0, "", "202 {'accepted': True, 'duplicate': False}\n"
+                                                         "202 {'accepted': True, 'duplicate': True}\n")
+    assert rows("SELECT event_id FROM events") == [("evt_T1012_created",)]
 
 
 @pytest.mark.parametrize("ticket_id", ["--halp", "-T1012", "", "  "])
@@ -82,11 +91,14 @@ def test_help_prints_usage_and_sends_nothing(lab, flag):
     # idna 编不出来的主机名:原来是连接时的 UnicodeError traceback、退出码 1
     ("http://a..b/hooks", "主机名有一段是空的(连着两个点、以点开头)或者超过 63 个字符"),
     ("http://hooks\x80.example/hooks", "主机名有域名里不允许的字符:'hooks\\x80'"),
+    # 网址里的密码不打印出来(原来原样打印;连不上时却打成 ***)
+    ("http://admin:S3cretPW@127.0.0.1:99999/hooks/cloudledger", "Port out of range 0-65535"),
 ])
 def test_malformed_webhook_url_is_a_clear_error_and_nothing_is_sent(lab, url, problem):
     r = run(["send_webhook.py", "T1012"], {**lab, "WEBHOOK_URL": url})
     assert (r.returncode, r.stdout) == (2, "")
-    assert r.stderr == f"配置错误:WEBHOOK_URL={url!r} 不是合法的网址({problem})\n"
+    shown = url.replace(":S3cretPW@", ":***@")
+    assert r.stderr == f"配置错误:WEBHOOK_URL={shown!r} 不是合法的网址({problem})\n"
     assert rows("SELECT COUNT(*) FROM events") == [(0,)]
 
 

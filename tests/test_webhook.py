@@ -89,6 +89,30 @@ def test_any_matching_v1_signature_passes_during_secret_rotation(client):
     assert stored() == [("evt_T1012_created", "webhook", "ticket.created", "pending", 0)]
 
 
+@pytest.mark.parametrize("scheme", ["cloudledger", "standard"])
+def test_a_valid_signature_on_a_second_signature_header_line_is_accepted_like_on_one_merged_line(client, scheme):
+    """换密钥期间上游每把密钥各写一行签名头(代理也可能把它们合成一行,RFC 9110 §5.3 说两种一样):原来只看第一行,
+    新密钥的签名在第二行时回 401,同样的签名合成一行却回 202。现在两种都是 202;两行都不对照样 401、什么都不存。"""
+    body = body_for()
+    ts = int(time.time())
+    if scheme == "cloudledger":
+        name, lines = "x-cloudledger-signature", [send_webhook.sign(body, s, ts) for s in ("old-secret", SECRET)]
+        extra, bad = [], send_webhook.sign(body, "another-secret", ts)
+    else:
+        name = "webhook-signature"
+        lines = [standard_headers(body, s, ts=ts)[name] for s in (b"old-secret", SECRET.encode())]
+        extra = [(k, v) for k, v in standard_headers(body, SECRET.encode(), ts=ts).items() if k != name]
+        bad = standard_headers(body, b"another-secret", ts=ts)[name]
+    r = client.post(URL, content=body, headers=[*extra, (name, lines[0]), (name, bad)])
+    assert (r.status_code, r.json()) == (401, {"detail": "bad signature"})
+    assert stored() == []
+    r = client.post(URL, content=body, headers=[*extra, (name, lines[0]), (name, lines[1])])
+    assert (r.status_code, r.json()) == (202, {"accepted": True, "duplicate": False})
+    merged = client.post(URL, content=body, headers=[*extra, (name, (", " if scheme == "cloudledger" else " ").join(lines))])
+    assert (merged.status_code, merged.json()) == (202, {"accepted": True, "duplicate": True})
+    assert stored() == [("evt_T1012_created", "webhook", "ticket.created", "pending", 0)]
+
+
 def frozen_clock(monkeypatch) -> int:
     """webhook 看到的「现在」停在这一秒:刚好超出 ±300 秒一秒的时间戳,不会因为测试和服务端之间跨过了一秒而变成刚好在界内
     (CI 上碰到过:now + 301 在服务端看来只差 300 秒,回了 202)。"""
@@ -144,6 +168,7 @@ def test_signature_over_reserialized_json_is_rejected(client):
 
 
 NOT_PRINTABLE = "id must be printable: no control, invisible or non-ASCII space characters, no unpaired surrogates"
+WHITESPACE = "id must not start or end with whitespace"
 
 
 @pytest.mark.parametrize("body, detail", [
@@ -159,6 +184,9 @@ NOT_PRINTABLE = "id must be printable: no control, invisible or non-ASCII space 
     (b'{"id": "a\\u00a0b", "type": "ticket.created", "data": {"ticket_id": "T1"}}', NOT_PRINTABLE),  # 不间断空格
     (b'{"id": "a\\u200bb", "type": "ticket.created", "data": {"ticket_id": "T1"}}', NOT_PRINTABLE),  # 零宽空格
     (b'{"id": "e\\n1", "type": "ticket.created", "data": {"ticket_id": "T1"}}', NOT_PRINTABLE),
+    (b'{"id": " ", "type": "ticket.created", "data": {"ticket_id": "T1"}}', WHITESPACE),  # 日志里看不见
+    (b'{"id": "e1 ", "type": "ticket.created", "data": {"ticket_id": "T1"}}', WHITESPACE),  # 和 e1 成了两个事件
+    (b'{"id": " e1", "type": "ticket.closed"}', WHITESPACE),
     (b'{"id": "e1", "data": {"ticket_id": "T1"}}', "type must be a string"),
     (b'{"id": "e1", "type": "ticket.created"}', "data.ticket_id must be a string of letters, digits, _ or - (at most 64)"),
     (b'{"id": "e1", "type": "ticket.created", "data": {"ticket_id": 1012}}', "data.ticket_id must be a string of letters, digits, _ or - (at most 64)"),
@@ -675,3 +703,54 @@ def test_standard_webhooks_without_id_or_timestamp_or_from_the_future_is_rejecte
     r = client.post(URL, content=body, headers=headers)
     assert (r.status_code, r.json()) == (400, {"detail": detail})
     assert stored() == []
+
+
+RESERVED = ("id must not start with <, no-message-id:, message-id-sha1:, cron: "
+            "(those are the ids of mail and cron events)")
+
+
+def test_ids_of_mail_and_cron_events_are_refused_so_a_signed_request_cannot_take_them(client, lab):
+    """三个来源共用 event_id 这一个唯一键。原来一个签名对的请求拿一封信的 Message-ID 当 id,回 202;那封信来时成了
+    duplicate(IMAP 上标了已读,不建工单),拿 cron:stale:T1007:<今天> 当 id,那天 T1007 的提醒就不再入队。
+    现在这些 id 一律 400、什么都不存;信和提醒照常入队。"""
+    import cron_jobs
+    import email_poller
+
+    sample = LAB / "samples" / "01_utf8_plain.eml"
+    raw = sample.read_bytes()
+    mail_id = email_poller.parse(raw)["message_id"]
+    no_id = email_poller.parse((LAB / "samples" / "08_no_message_id.eml").read_bytes())["message_id"]
+    cron_id = cron_jobs.stale_event_id("T1007", store.now()[:10])
+    assert (mail_id[0], no_id.split(":")[0], cron_id) == (
+        "<", "no-message-id", f"cron:stale:T1007:{store.now()[:10]}")  # 真的是这两个程序会用的 id
+    for event_id in (mail_id, no_id, cron_id, "message-id-sha1:0123", "cron:report"):
+        for kind in ("ticket.created", "ticket.closed"):  # 不处理的类型也一样先查 id
+            body = body_for("T1041", event_id=event_id, kind=kind)
+            r = post(client, body, send_webhook.sign(body, SECRET))
+            assert (event_id, r.status_code, r.json()) == (event_id, 400, {"detail": RESERVED})
+    assert stored() == []
+    mail = run(["email_poller.py", "--eml", str(sample)], lab)
+    assert (mail.returncode, mail.stderr, mail.stdout.splitlines()[-1]) == (
+        0, "", "本次收取 1 封:新工单 1,重复 0,跳过 0,无法解析 0,存储失败 0")
+    assert rows("SELECT event_id, source FROM events") == [(mail_id, "email")]
+
+
+def test_an_upstream_that_hangs_up_mid_body_gets_one_line_not_a_traceback_and_nothing_is_stored(lab):
+    """上游发了一半的请求体就断开(它那边超时了,稍后会重发):原来 uvicorn 的日志里是一整段 traceback
+    (Exception in ASGI application … ClientDisconnect),盯着日志报警的以为服务出错了。现在什么都不记、什么都不存,
+    服务照常收下一个。真的 uvicorn,真的 TCP 连接。"""
+    import socket
+
+    body = body_for("T1012")
+    with webhook_server({**lab, "WEBHOOK_SECRET": SECRET}) as (proc, base_url):
+        port = int(base_url.rsplit(":", 1)[1])
+        with socket.create_connection(("127.0.0.1", port)) as conn:
+            conn.sendall((f"POST {URL} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                          f"X-CloudLedger-Signature: {send_webhook.sign(body, SECRET)}\r\n"
+                          f"Content-Length: {len(body)}\r\n\r\n").encode() + body[:20])
+            time.sleep(0.5)  # 让服务端读到这 20 个字节、等着后面的
+        time.sleep(0.5)
+        assert stored() == []
+        assert deliver(base_url, body_for("T1041")) == (202, {"accepted": True, "duplicate": False})
+    assert proc.stderr.read().decode() == ""
+    assert stored() == [("evt_T1041_created", "webhook", "ticket.created", "pending", 0)]
