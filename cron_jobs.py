@@ -19,7 +19,9 @@
 3 数据库暂时用不了(PostgreSQL 重启、连接被掐断、SQLite 被锁太久),一行说明,下次照常跑(scan 重跑不会重复入队)。
 """
 import json
+import queue
 import sys
+import threading
 from datetime import date, datetime, timedelta, timezone
 
 import httpx
@@ -29,7 +31,7 @@ import store
 
 STALE_DAYS = 20                  # 天(0–36500);开着超过这么多天(课文:「超过 20 天还开着的工单」)就该跟进
 SCAN_LIMIT = 5                   # 个;scan 一次最多入队几个,别一早把收件箱塞满(--limit 可改)
-STALE_EVENT_PREFIX = "cron:stale:"
+STALE_EVENT_PREFIX = store.CRON_ID_PREFIX + "stale:"
 SLACK_TIMEOUT_S = 10             # 秒(0.1–3600);Slack 连不上或不回话时最多等这么久,crontab 里的任务不能挂住
 INBOX_ALERT_HOURS = 24           # 小时(至少 0);收件箱里有待办等了超过这么久(约一个工作日),日报里标出来提醒值班的人
 # 元 / 千 token,输入输出合起来算的一个均价。默认按课文「一次起草约 0.0015 元」反推:一次起草大约
@@ -196,14 +198,30 @@ def cost_line(usage: dict) -> str:
 
 
 def post_to_slack(url: str, text: str, timeout: float) -> None:
-    """POST {"text": 日报}。连不上、超时、对方回非 2xx 都抛 SlackError;错误里不带完整 URL(路径里有密钥)。"""
+    """POST {"text": 日报}。连不上、超时、对方回非 2xx 都抛 SlackError;错误里不带完整 URL(路径里有密钥)。
+    整个请求(连接、发送、读完回答)最多 timeout 秒:httpx 的 timeout 只管每一次读写,对方每秒挤一个字节的话
+    原来能一直拖下去(试过 SLACK_TIMEOUT_S=3 时等了 41 秒)。所以请求放在一个后台线程里,这里只等 timeout 秒;
+    到点还没回完就说超时,那个线程不再管(守护线程,进程退出时跟着结束)。"""
     where = _host_of(url)
+    answer: queue.Queue = queue.Queue()
+
+    def send() -> None:
+        try:
+            answer.put(httpx.post(url, json={"text": text}, timeout=timeout))
+        except Exception as e:  # noqa: BLE001 —— 交给下面按种类说
+            answer.put(e)
+
+    threading.Thread(target=send, name="slack", daemon=True).start()
     try:
-        r = httpx.post(url, json={"text": text}, timeout=timeout)
-    except httpx.TimeoutException as e:
-        raise SlackError(f"发送到 Slack({where})超时:{timeout:g} 秒没有回应") from e
-    except (httpx.HTTPError, httpx.InvalidURL) as e:
-        raise SlackError(f"连不上 Slack({where}):{e or type(e).__name__}(检查 SLACK_WEBHOOK_URL 和网络)") from e
+        r = answer.get(timeout=timeout)
+    except queue.Empty:
+        r = httpx.TimeoutException("whole request took too long")
+    if isinstance(r, httpx.TimeoutException):
+        raise SlackError(f"发送到 Slack({where})超时:{timeout:g} 秒没有回应") from r
+    if isinstance(r, (httpx.HTTPError, httpx.InvalidURL)):
+        raise SlackError(f"连不上 Slack({where}):{r or type(r).__name__}(检查 SLACK_WEBHOOK_URL 和网络)") from r
+    if isinstance(r, Exception):
+        raise r
     if not r.is_success:
         raise SlackError(f"Slack({where})拒绝了日报:HTTP {r.status_code} {r.text.strip()[:200]}")
 

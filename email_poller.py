@@ -159,16 +159,24 @@ def header_text(value) -> str:
 class _HTMLText(HTMLParser):
     """HTML 邮件转纯文本:去掉标签、样式和脚本,块级标签换行,&amp; 之类的实体还原。"""
 
-    SKIP = {"script", "style", "head", "title"}
+    SKIP = {"script", "style", "title"}
+    HEAD = {"meta", "title", "link", "style", "script", "base", "noscript", "template"}  # 能待在 <head> 里的标签
     BLOCKS = {"br", "p", "div", "li", "tr", "table", "ul", "ol", "blockquote", "h1", "h2", "h3", "h4", "h5", "h6"}
 
     def __init__(self) -> None:
         super().__init__(convert_charrefs=True)
         self.parts: list[str] = []
         self.skipping = 0
+        self.in_head = False
 
     def handle_starttag(self, tag, attrs) -> None:
-        if tag == "body":  # 没写 </head> 的 HTML(HTML5 里合法):到 <body> 为止;原来整封信的正文都被当成 head 跳过了
+        # head 不一定写 </head>、<body>(HTML5 里合法):和浏览器一样,碰到不属于 head 的标签(<p>、<div>)head 就结束了。
+        # 原来一直跳到 </head> 或 <body>,只写了 <head> 的信整封正文都被跳过,存下一张空工单
+        if self.in_head and tag not in self.HEAD:
+            self.in_head = False
+        if tag == "head":
+            self.in_head = True
+        elif tag == "body":  # 没关上的 <title> 到 <body> 为止,正文不跟着被跳过
             self.skipping = 0
         elif tag in self.SKIP:
             self.skipping += 1
@@ -176,14 +184,18 @@ class _HTMLText(HTMLParser):
             self.parts.append("\n")
 
     def handle_endtag(self, tag) -> None:
-        if tag in self.SKIP:
+        if tag == "head":
+            self.in_head = False
+        elif tag in self.SKIP:
             self.skipping = max(0, self.skipping - 1)
         elif tag in self.BLOCKS:
             self.parts.append("\n")
 
     def handle_data(self, data) -> None:
-        if not self.skipping:
-            self.parts.append(data)
+        if self.skipping or (self.in_head and not data.strip()):
+            return
+        self.in_head = False  # head 里出现了 title、style、script 以外的文字:head 也到这里结束(HTML5 的规矩)
+        self.parts.append(data)
 
 
 def html_to_text(html: str) -> str:
@@ -223,7 +235,7 @@ def _texts(part: Message, inner: bool) -> list[str]:
         plain = [t for c, t in versions if c.get_content_type() == "text/plain" and t]
         rest = [t for _, t in versions if t]
         return plain[:1] or rest[-1:]  # 没有纯文本时取最后一种(按规矩最后一种最接近原样)
-    if part.get_content_disposition() == "attachment":
+    if is_attachment(part):
         return []
     if part.get_content_type() == "text/plain":
         text = tidy_text(_decoded(part))
@@ -234,6 +246,13 @@ def _texts(part: Message, inner: bool) -> list[str]:
     return [text] if text else []
 
 
+def is_attachment(part: Message) -> bool:
+    """这一段是附件,不是客户写的正文:Content-Disposition 是 attachment,或者带着文件名(Content-Disposition 的
+    filename、Content-Type 的 name)。Apple Mail 把附件标成「inline; filename=export.log」:原来当成正文,
+    日志文件最后一个字被截断时整封信成了「无法解析」,永远建不了工单;没截断的,日志又混进了工单正文。"""
+    return part.get_content_disposition() == "attachment" or part.get_filename() is not None
+
+
 def _decoded(part: Message) -> str:
     raw = part.get_payload(decode=True) or b""  # base64 / quoted-printable 在这里解开
     return decode_bytes(raw, part.get_content_charset())
@@ -241,7 +260,7 @@ def _decoded(part: Message) -> str:
 
 def derived_message_id(raw: bytes) -> str:
     """没有 Message-ID 的邮件:用邮件字节的 sha1 当 id。先统一换行符,同一封信从 IMAP 收还是从 .eml 读,id 都一样。"""
-    return "no-message-id:" + hashlib.sha1(raw.replace(b"\r\n", b"\n")).hexdigest()
+    return store.MAIL_ID_PREFIXES[1] + hashlib.sha1(raw.replace(b"\r\n", b"\n")).hexdigest()  # no-message-id:
 
 
 def mail_event_id(msg: Message, raw: bytes) -> str:
@@ -259,7 +278,7 @@ def mail_event_id(msg: Message, raw: bytes) -> str:
     if not (text.startswith("<") and text.endswith(">")):
         text = f"<{text}>"
     if "\ufffd" in text or len(text) > MAX_EVENT_ID_CHARS:
-        return "message-id-sha1:" + hashlib.sha1(header_bytes).hexdigest()
+        return store.MAIL_ID_PREFIXES[2] + hashlib.sha1(header_bytes).hexdigest()  # message-id-sha1:
     return text
 
 
@@ -317,7 +336,7 @@ def cut_short(msg: Message, raw: bytes) -> str:
             return "multipart 邮件没有结束边界(邮件被截断或损坏?)"
         if any(isinstance(d, StartBoundaryNotFoundDefect) for d in part.defects):
             return "multipart 邮件里找不到分段的边界(邮件被截断或损坏?)"
-        if part.is_multipart() or part.get_content_maintype() != "text" or part.get_content_disposition() == "attachment":
+        if part.is_multipart() or part.get_content_maintype() != "text" or is_attachment(part):
             continue
         data = part.get_payload(decode=True) or b""  # base64 的缺陷在解码时才记到 part.defects 上
         if any(isinstance(d, (InvalidBase64PaddingDefect, InvalidBase64LengthDefect)) for d in part.defects):
@@ -427,18 +446,18 @@ def eml_files(paths: list[str]) -> list[Path]:
                 found = sorted(f for f in p.iterdir() if f.name.lower().endswith(".eml")
                                and (f.is_file() or dangling(f)))
                 if not found:
-                    raise SetupError(f"目录里没有 .eml 文件:{given}")
+                    raise SetupError(f"目录里没有 .eml 文件:{shown(given)}")
                 files += found
             elif p.is_file():
                 files.append(p)
             elif p.exists():  # 管道、设备文件:在,只是不是文件(原来说「找不到」)
-                raise SetupError(f"不是普通文件或目录:{given}")
+                raise SetupError(f"不是普通文件或目录:{shown(given)}")
             elif dangling(p):
-                raise SetupError(f"找不到文件或目录:{given}{link_note(p)}")
+                raise SetupError(f"找不到文件或目录:{shown(given)}{link_note(p)}")
             else:
-                raise SetupError(f"找不到文件或目录:{given}")
+                raise SetupError(f"找不到文件或目录:{shown(given)}")
         except OSError as e:  # 目录没有读或进入的权限、名字太长:原来是 traceback
-            raise SetupError(f"读不了 {given}:{e.strerror or e}") from e
+            raise SetupError(f"读不了 {shown(given)}:{e.strerror or e}") from e
     return files
 
 
@@ -450,9 +469,16 @@ def dangling(p: Path) -> bool:
 def link_note(p: Path) -> str:
     """说明这是一个断了的符号链接、指向哪里;读不到链接本身时不多说。"""
     try:
-        return f"(它是符号链接,指向的 {os.readlink(p)} 不存在)"
+        return f"(它是符号链接,指向的 {shown(os.readlink(p))} 不存在)"
     except OSError:
         return ""
+
+
+def shown(path: str | Path) -> str:
+    """打印出来的文件名:不是 UTF-8 的字节(Windows 压缩包解出来的 GBK 文件名常这样)写成 \\xNN。
+    原来原样打印,标准输出是严格的 UTF-8 时(PYTHONIOENCODING=utf-8:strict)报 UnicodeEncodeError 崩掉,
+    每次重跑都崩在这个文件上,它后面的文件永远存不进去。"""
+    return os.fsencode(path).decode("utf-8", "backslashreplace")
 
 
 def store_files(files: list[Path]) -> list[Outcome]:
@@ -463,9 +489,9 @@ def store_files(files: list[Path]) -> list[Outcome]:
             raw = f.read_bytes()
         except OSError as e:  # 存在但读不了:没有权限、磁盘 I/O 错误
             why = f"{e.strerror or e}{link_note(f) if dangling(f) else ''}"
-            done.append(report(Outcome(str(f), "unreadable", f"读不了这个文件,修好后重跑这条命令:{why}")))
+            done.append(report(Outcome(shown(f), "unreadable", f"读不了这个文件,修好后重跑这条命令:{why}")))
             continue
-        done.append(handle(raw, str(f), retry="修好后重跑这条命令,已经存好的会显示 duplicate"))
+        done.append(handle(raw, shown(f), retry="修好后重跑这条命令,已经存好的会显示 duplicate"))
         if stops_here(done[-1], len(files) - i - 1, "个文件没有处理,修好后重跑这条命令"):
             break
     return done
@@ -554,8 +580,11 @@ def ssl_context(cafile: str = "") -> ssl.SSLContext:
 
 
 def server_words(error: Exception) -> str:
-    """imaplib 的错误里服务器原话常是 bytes 的 repr,转成人能读的。"""
-    said = error.args[0] if error.args else error
+    """imaplib 的错误里服务器原话常是 bytes 的 repr,转成人能读的。断线这类 socket 错误说原因(Connection reset by peer):
+    它的 args[0] 只是错误号,原来说成「收信中途出错:104」;什么都没说的说是哪种错误。"""
+    if isinstance(error, OSError) and error.strerror:
+        return error.strerror
+    said = error.args[0] if error.args else type(error).__name__
     text = str(said)
     if isinstance(said, str) and re.fullmatch(r"b(['\"]).*\1", text, re.S):  # bytes 的 repr
         try:
@@ -708,6 +737,8 @@ def poll_mailbox(s: ImapSettings | None = None) -> list[Outcome]:
                     outcome.unmarked = True
                     print(f"{source} 已处理,但标已读失败:{server_words(Exception(answer[0]))};"
                           "下次会再收到它,不会重复建工单", file=sys.stderr, flush=True)
+    except BrokenPipeError:  # 是标准输出的读端关了(… | head),不是邮箱的事(imaplib 发命令时断线报的是 IMAP4.abort):
+        raise  # 交给 config.run(),和 --eml 一样退出码 141。原来说成「收信中途出错:32」、退出码 3
     except (imaplib.IMAP4.error, OSError) as e:
         raise MailboxError(f"收信中途出错:{server_words(e)};已处理 {len(done)} 封,没标已读的下次再收") from e
     finally:

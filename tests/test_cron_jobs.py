@@ -441,14 +441,35 @@ def closed_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.mark.parametrize("case", ["http 500", "refused", "no answer"])
+def trickling_port(stack: list) -> int:
+    """回了响应头以后,每 0.2 秒才挤出一个字节正文的端口(说好 1000 个字节):每一次读都不超时,整个回答要 200 秒。"""
+    s = socket.create_server(("127.0.0.1", 0))
+    stack.append(s)
+
+    def serve() -> None:
+        try:
+            conn, _ = s.accept()
+            conn.recv(65536)
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 1000\r\n\r\n")
+            for _ in range(1000):
+                conn.sendall(b"o")
+                time.sleep(0.2)
+        except OSError:  # 测试结束关了端口,或者客户端走了
+            pass
+
+    threading.Thread(target=serve, daemon=True).start()
+    return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("case", ["http 500", "refused", "no answer", "trickle"])
 def test_slack_failure_is_reported_after_the_report_exits_non_zero_and_never_hangs(slack_env, case):
     started = time.monotonic()
     assert run(["cron_jobs.py", "report"], slack_env).returncode == 0
     alone = time.monotonic() - started  # 不发 Slack 的日报要多久:下面最多多出 SLACK_TIMEOUT_S=1 秒
     opened: list = []
     slack = Receiver(status=500, body=b"invalid_payload") if case == "http 500" else None
-    port = closed_port() if case == "refused" else silent_port(opened) if case == "no answer" else None
+    port = {"refused": closed_port, "no answer": lambda: silent_port(opened),
+            "trickle": lambda: trickling_port(opened)}.get(case, lambda: None)()
     url = slack.url if slack else f"http://127.0.0.1:{port}/services/T000/B000/SECRETTOKEN"
     started = time.monotonic()
     try:
@@ -468,6 +489,8 @@ def test_slack_failure_is_reported_after_the_report_exits_non_zero_and_never_han
         "http 500": f"日报没有发到 Slack:Slack({where})拒绝了日报:HTTP 500 invalid_payload",
         "refused": f"日报没有发到 Slack:连不上 Slack({where}):[Errno 111] Connection refused(检查 SLACK_WEBHOOK_URL 和网络)",
         "no answer": f"日报没有发到 Slack:发送到 Slack({where})超时:1 秒没有回应",
+        # 对方一直在挤字节,每一次读都不超时:原来要等到它挤完(这里 200 秒)
+        "trickle": f"日报没有发到 Slack:发送到 Slack({where})超时:1 秒没有回应",
     }[case]
     assert r.stderr == expected + "\n"
     assert "SECRETTOKEN" not in r.stderr  # webhook 地址的路径就是密钥,不能进日志

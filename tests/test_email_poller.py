@@ -7,6 +7,7 @@ import re
 import shutil
 import socket
 import ssl
+import struct
 import subprocess
 import sys
 import threading
@@ -520,17 +521,22 @@ def test_server_that_never_answers_times_out_instead_of_hanging(imap_env):
     nothing_stored()
 
 
-@pytest.mark.parametrize("cut_at, message", [
-    (b" LOGIN ", "登录 IMAP 服务器 127.0.0.1:{port} 时连接断了:command: LOGIN => socket error: EOF"),
-    (b" SELECT ", "打开邮箱文件夹 INBOX 时和 IMAP 服务器 127.0.0.1:{port} 的连接断了:command: SELECT => socket error: EOF"),
-    (b"UID SEARCH", "收信中途出错:command: UID => socket error: EOF;已处理 0 封,没标已读的下次再收"),
-    (b"UID FETCH", "收信中途出错:command: UID => socket error: EOF;已处理 0 封,没标已读的下次再收"),
-])
+@pytest.mark.parametrize("cut_at, reset, message", [
+    (b" LOGIN ", False, "登录 IMAP 服务器 127.0.0.1:{port} 时连接断了:command: LOGIN => socket error: EOF"),
+    (b" SELECT ", False,
+     "打开邮箱文件夹 INBOX 时和 IMAP 服务器 127.0.0.1:{port} 的连接断了:command: SELECT => socket error: EOF"),
+    (b"UID SEARCH", False, "收信中途出错:command: UID => socket error: EOF;已处理 0 封,没标已读的下次再收"),
+    (b"UID FETCH", False, "收信中途出错:command: UID => socket error: EOF;已处理 0 封,没标已读的下次再收"),
+    # 对方重置了连接(防火墙、服务器重启):socket 错误的 args[0] 只是错误号,原来说成「收信中途出错:104」
+    (b" LOGIN ", True, "登录 IMAP 服务器 127.0.0.1:{port} 时连接断了:Connection reset by peer"),
+    (b"UID SEARCH", True, "收信中途出错:Connection reset by peer;已处理 0 封,没标已读的下次再收"),
+    (b"UID FETCH", True, "收信中途出错:Connection reset by peer;已处理 0 封,没标已读的下次再收"),
+], ids=["login", "select", "search", "fetch", "login-reset", "search-reset", "fetch-reset"])
 def test_connection_lost_before_a_mail_is_read_is_one_clear_line_and_nothing_is_stored(imap_env, imap_server, cut_at,
-                                                                                        message):
+                                                                                        reset, message):
     """原来登录、选文件夹时连接断了,说成「检查 IMAP_USER 和 IMAP_PASSWORD」「检查 IMAP_MAILBOX」。"""
     imap_server.append(ZHANG)
-    front = Front(imap_server.port, cut_at=cut_at)
+    front = Front(imap_server.port, cut_at=cut_at, reset=reset)
     try:
         r = run(["email_poller.py"], {**imap_env, "IMAP_PORT": str(front.port)})
     finally:
@@ -555,6 +561,24 @@ def test_connection_lost_while_marking_a_stored_mail_read_loses_nothing_and_the_
     assert (again.returncode, again.stderr) == (0, "")
     assert again.stdout == "duplicate  UID 101\n本次收取 1 封:新工单 0,重复 1,跳过 0,无法解析 0,存储失败 0\n"
     assert len(rows(EVENTS)) == 1 and imap_server.unseen() == []
+
+
+def test_output_closed_early_exits_141_quietly_and_the_next_run_picks_up_every_mail(imap_env, imap_server):
+    """email_poller.py | head -1,head 先走了:写标准输出时的 BrokenPipeError 原来被当成邮箱出错,
+    说「收信中途出错:32」、退出码 3。现在和 --eml 一样安静退出,退出码 141。已经存好、还没标已读的那封
+    下次是 duplicate,没收的下次照常收,一封都不丢。"""
+    from test_config import into_a_closed_pipe
+
+    imap_server.append(ZHANG, LI)
+    code, err = into_a_closed_pipe(["email_poller.py"], imap_env)
+    t1, t3 = ticket_of("<t1@example.com>"), ticket_of("<t3@example.com>")
+    assert (code, err) == (141, "")
+    assert imap_server.unseen() == [101, 102]
+    assert ([t[0] for t in biz_rows(MAIL_TICKETS)], [e[0] for e in rows(EVENTS)]) == ([t1], ["<t1@example.com>"])
+    again = run(["email_poller.py"], imap_env)
+    assert (again.returncode, again.stdout, again.stderr) == (
+        0, f"duplicate  UID 101\n{t3}  UID 102\n本次收取 2 封:新工单 1,重复 1,跳过 0,无法解析 0,存储失败 0\n", "")
+    assert imap_server.unseen() == [] and [e[0] for e in rows(EVENTS)] == ["<t1@example.com>", "<t3@example.com>"]
 
 
 @pytest.mark.parametrize("change, message", [
@@ -650,16 +674,17 @@ class Front:
     tls=(证书, 私钥):SSL 直连(IMAPS)的前端,做完 TLS 把解密后的字节转给 pymap 的明文端口。pymap 自己只支持
     STARTTLS,所以 IMAP_SSL=1 的路径靠它测。
     cut_at:客户端发出含这段字节的命令时,两头的连接都断掉,命令不转给服务器 —— 像网络恰好在这一刻断了。
+    reset:cut_at 时不是好好关掉,而是重置连接(SO_LINGER 0 再关,发出 RST),客户端读到的是 ConnectionResetError 不是 EOF。
     answer(行, 客户端这个连接上到现在发过的全部字节):服务器的每一行回答先过它,返回的字节才交给客户端
     (改写、删掉一行),用来扮演行为不一样的服务器。"""
 
     def __init__(self, backend_port: int, tls: tuple[Path, Path] | None = None, cut_at: bytes | None = None,
-                 answer=None):
+                 answer=None, reset: bool = False):
         self.ctx = None
         if tls:
             self.ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
             self.ctx.load_cert_chain(*tls)
-        self.backend_port, self.cut_at, self.answer = backend_port, cut_at, answer
+        self.backend_port, self.cut_at, self.answer, self.reset = backend_port, cut_at, answer, reset
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port = self.listener.getsockname()[1]
         threading.Thread(target=self._serve, daemon=True).start()
@@ -684,15 +709,17 @@ class Front:
         sent = bytearray()
         rewrite = (lambda line: self.answer(line, bytes(sent))) if self.answer else None
         threading.Thread(target=self._pipe, args=(back, front, None, None, rewrite), daemon=True).start()
-        self._pipe(front, back, self.cut_at, sent)
+        self._pipe(front, back, self.cut_at, sent, reset=self.reset)
 
     @staticmethod
     def _pipe(src: socket.socket, dst: socket.socket, cut_at: bytes | None = None, record: bytearray | None = None,
-              rewrite=None) -> None:
+              rewrite=None, reset: bool = False) -> None:
         held = b""  # rewrite 时:还没凑成一整行的字节
         try:
             while data := src.recv(65536):
                 if cut_at and cut_at in data:
+                    if reset:
+                        src.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
                     break
                 if record is not None:
                     record += data
@@ -895,6 +922,33 @@ def test_a_folder_scan_finds_mail_files_whatever_the_case_of_their_extension(lab
     assert biz_rows(MAIL_TICKETS) == sorted([(t1, "C001", "发票开错了", "发票抬头写错了,麻烦重开。", "open"),
                                              (t3, "C002", "扣款", "又被扣了一次款。", "open")])
     assert [e[0] for e in rows(EVENTS)] == ["<t1@example.com>", "<t3@example.com>"]
+
+
+def test_eml_files_whose_names_are_not_utf8_are_named_with_byte_escapes_and_stored_on_a_strict_utf8_output(lab,
+                                                                                                           tmp_path):
+    """Windows 压缩包解出来的文件名常是 GBK 字节(导出.eml、工单.eml),不是 UTF-8:原来原样打印,标准输出是严格的 UTF-8 时
+    UnicodeEncodeError 崩掉,每次重跑都崩在同一个文件上,后面的文件永远存不进去。现在不是 UTF-8 的字节写成 \\xNN,
+    标准输出、标准错误都是这样。"""
+    folder = os.fsencode(tmp_path)
+    (tmp_path / "b.eml").write_bytes(LI)
+    Path(os.fsdecode(folder + b"/" + "导出.eml".encode("gbk"))).write_bytes(ZHANG)
+    Path(os.fsdecode(folder + b"/" + "工单.eml".encode("gbk"))).write_bytes(sample("10_broken.eml"))
+    strict = {**lab, "PYTHONIOENCODING": "utf-8:strict"}
+    t1, t3 = ticket_of("<t1@example.com>"), ticket_of("<t3@example.com>")
+    broken = f"无法解析:没有邮件头,不像一封邮件(文件被截断或损坏?)  {tmp_path}/\\xb9\\xa4\\xb5\\xa5.eml\n"
+    r = run(["email_poller.py", "--eml", str(tmp_path)], strict)
+    assert (r.returncode, r.stdout, r.stderr) == (
+        1, f"{t3}  {tmp_path}/b.eml\n{t1}  {tmp_path}/\\xb5\\xbc\\xb3\\xf6.eml\n"
+           "本次收取 3 封:新工单 2,重复 0,跳过 0,无法解析 1,存储失败 0\n", broken)
+    assert [e[0] for e in rows(EVENTS)] == ["<t1@example.com>", "<t3@example.com>"]
+    again = run(["email_poller.py", "--eml", str(tmp_path)], strict)
+    assert (again.returncode, again.stdout, again.stderr) == (
+        1, f"duplicate  {tmp_path}/b.eml\nduplicate  {tmp_path}/\\xb5\\xbc\\xb3\\xf6.eml\n"
+           "本次收取 3 封:新工单 0,重复 2,跳过 0,无法解析 1,存储失败 0\n", broken)
+    missing = run(["email_poller.py", "--eml", os.fsdecode(folder + b"/" + "发票.eml".encode("gbk"))], strict)
+    assert (missing.returncode, missing.stdout, missing.stderr) == (
+        2, "", f"找不到文件或目录:{tmp_path}/\\xb7\\xa2Ʊ.eml\n")  # 发票 的 GBK 字节里 C6 B1 恰好是合法的 UTF-8(Ʊ)
+    assert len(biz_rows(MAIL_TICKETS)) == 2 and len(rows(EVENTS)) == 2
 
 
 def broken_beside_a_good_one(env: dict, folder, raw: bytes, reason: str) -> str:
@@ -1136,6 +1190,47 @@ FORWARDED = ("Content-Type: message/rfc822\nContent-Disposition: attachment\n\n"
 ])
 def test_the_body_is_every_text_part_the_customer_wrote_and_not_a_forwarded_mail(layout, body):
     assert email_poller.parse((HEAD + layout).encode())["body"] == body
+
+
+def poll_one(imap_env: dict, imap_server: ImapServer, raw: bytes, message_id: str, body: str) -> None:
+    """收件箱里只有 raw 这一封:它照常成为一张工单,正文是 body,标已读,不加星标。"""
+    imap_server.append(raw)
+    r = run(["email_poller.py"], imap_env)
+    ticket = ticket_of(message_id)
+    assert (r.returncode, r.stdout, r.stderr) == (
+        0, f"{ticket}  UID 101\n本次收取 1 封:新工单 1,重复 0,跳过 0,无法解析 0,存储失败 0\n", "")
+    assert [(t[0], t[3]) for t in biz_rows(MAIL_TICKETS)] == [(ticket, body)]
+    assert [e[0] for e in rows(EVENTS)] == [message_id]
+    assert imap_server.flags() == {101: {"\\Seen"}}
+
+
+@pytest.mark.parametrize("html, body", [
+    ('<!DOCTYPE html><html><head><meta charset="utf-8"><title>CloudLedger</title><p>发票抬头写错了,麻烦重开。</p></html>',
+     "发票抬头写错了,麻烦重开。"),
+    ("<head><style>p { color: red }</style><div>hello</div>", "hello"),
+    ("<html><head><title>CloudLedger</title>\n  发票抬头写错了。<br>麻烦重开。</html>", "发票抬头写错了。\n麻烦重开。"),  # 文字也结束 head
+], ids=["tag-ends-head", "div-after-style", "text-ends-head"])
+def test_html_mail_whose_head_is_never_closed_becomes_a_ticket_with_the_customers_text(imap_env, imap_server, html,
+                                                                                        body):
+    """HTML5 里 </head>、<body> 都可以不写:head 碰到不属于它的标签(<p>、<div>)或者 title、style、script 以外的文字
+    就结束了。原来一直跳到 </head> 或 <body>,客户写的话全被跳过,存下一张空工单、标了已读。"""
+    raw = mail("<html-head@example.com>", "zhang.wei@example.com", "发票", html).replace(b"text/plain", b"text/html")
+    poll_one(imap_env, imap_server, raw, "<html-head@example.com>", body)
+
+
+@pytest.mark.parametrize("attachment", [
+    "Content-Type: text/plain; charset=utf-8\nContent-Disposition: inline; filename=export.log",  # Apple Mail 这样发
+    'Content-Type: text/plain; charset=utf-8; name="export.log"\nContent-Disposition: inline',
+    'Content-Type: text/plain; charset=utf-8; name="export.log"',
+], ids=["inline-filename", "inline-type-name", "type-name-only"])
+def test_a_text_attachment_marked_inline_whose_last_character_is_cut_is_not_broken_mail_nor_part_of_the_body(
+        imap_env, imap_server, attachment):
+    """带文件名的段是附件,即使标的是 inline(Apple Mail 的附件都这样):附件里的日志最后一个字被截了半个,原来整封信
+    说成「无法解析:正文的最后一个字不完整」、标已读加星标,永远建不了工单。现在照常建工单,正文只有客户写的话。"""
+    log = base64.b64encode("2026-11-30 导出凭证失败:连接超时".encode()[:-1]).decode()
+    raw = (HEAD + multipart("mixed", "Content-Type: text/plain; charset=utf-8\n\n导出报表时报错,日志附上。",
+                            f"{attachment}\nContent-Transfer-Encoding: base64\n\n{log}")).encode()
+    poll_one(imap_env, imap_server, raw, "<parts@example.com>", "导出报表时报错,日志附上。")
 
 
 @pytest.mark.parametrize("text", ["你好", "你好啊", "发票抬头错了,麻烦重开"])
