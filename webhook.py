@@ -57,7 +57,7 @@ MAX_BATCH_CHARS = 8 * 1024 * 1024  # 字符;一批的请求体加起来最多这
 WRITER_EXIT_TIMEOUT_S = 10    # 秒;关服务时等写库进程写完最后一批、退出,超时就杀掉
 WRITER = Path(__file__).with_name("event_writer.py")
 TICKET_ID = re.compile(r"[A-Za-z0-9_-]{1,64}", re.ASCII)
-TIMESTAMP = re.compile(r"-?\d{1,12}", re.ASCII)
+TIMESTAMP = re.compile(r"-?\d{1,18}", re.ASCII)  # 13 位的毫秒时间戳也认得出来,好说清楚
 
 
 class StoreUnavailable(Exception):
@@ -257,6 +257,8 @@ def check_timestamp(ts: str) -> None:
     if age > TOLERANCE_S:
         raise fail(400, "timestamp too old")
     if age < -TOLERANCE_S:
+        if abs(time.time() - int(ts) / 1000) <= TOLERANCE_S:  # 上游用的是毫秒(JavaScript 的 Date.now()):常见的接错
+            raise fail(400, "timestamp is in milliseconds: send unix seconds")
         raise fail(400, "timestamp too far in the future")
 
 

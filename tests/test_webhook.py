@@ -142,6 +142,10 @@ def test_timestamp_up_to_300_seconds_off_either_way_is_accepted_and_stored(clien
     ("t={now},v0=00", 400, "bad signature header"),
     ("t={old},v1={sig_old}", 400, "timestamp too old"),
     ("t={future},v1={sig_future}", 400, "timestamp too far in the future"),
+    # 毫秒时间戳:原来 13 位一律说「签名头格式不对」,README 却说未来的时间戳是 too far in the future
+    ("t={millis},v1={sig_millis}", 400, "timestamp is in milliseconds: send unix seconds"),
+    ("t={now}000000,v1=00", 400, "timestamp too far in the future"),
+    ("t=1{now}00000000,v1=00", 400, "bad signature header"),  # 19 位:不像任何时间戳
     ("t={now},v1={wrong}", 401, "bad signature"),
     ("t={now},v1=非ASCII签名", 401, "bad signature"),
 ])
@@ -151,7 +155,8 @@ def test_bad_signature_is_rejected_and_nothing_stored(client, monkeypatch, heade
     sig = lambda ts, secret=SECRET: send_webhook.sign(body, secret, ts).split("v1=")[1]  # noqa: E731
     if header is not None:
         header = header.format(now=now, old=now - 301, future=now + 301, sig_old=sig(now - 301),
-                               sig_future=sig(now + 301), wrong=sig(now, "wrong-secret"))
+                               sig_future=sig(now + 301), wrong=sig(now, "wrong-secret"),
+                               millis=now * 1000 + 123, sig_millis=sig(now * 1000 + 123))
     r = client.post(URL, content=body, headers={"x-cloudledger-signature": header.encode("utf-8")}
                     if header is not None else {})
     assert (r.status_code, r.json()) == (status, {"detail": detail})
