@@ -350,6 +350,8 @@ async def read_body(request: Request) -> bytes:
 
 
 def parse_event(raw: bytes) -> dict:
+    if raw.startswith(b"\xef\xbb\xbf"):  # JSON 不许带 BOM(RFC 8259 §8.1);原来说「不是 UTF-8」,可它是
+        raise fail(400, "body starts with a byte order mark: send UTF-8 JSON without it")
     try:
         event = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError):

@@ -179,6 +179,8 @@ WHITESPACE = "id must not start or end with whitespace"
 @pytest.mark.parametrize("body, detail", [
     (b"not json", "body is not UTF-8 JSON"),
     (b"\xff\xfe{}", "body is not UTF-8 JSON"),
+    (b'\xef\xbb\xbf{"id": "e1", "type": "ticket.created", "data": {"ticket_id": "T1"}}',
+     "body starts with a byte order mark: send UTF-8 JSON without it"),
     (b"[" * 100000 + b"]" * 100000, "body is nested too deeply"),  # 合法的 JSON,只是嵌套太深
     (b"[" * 100000, "body is nested too deeply"),  # 没写完的也一样:还没读到结尾就已经递归太深
     (b"[1, 2]", "body must be a JSON object with id, type and data.ticket_id"),
