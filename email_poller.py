@@ -49,7 +49,7 @@ from email.errors import (CloseBoundaryNotFoundDefect, HeaderParseError, Invalid
                           InvalidBase64PaddingDefect, MissingHeaderBodySeparatorDefect, StartBoundaryNotFoundDefect)
 from email.header import decode_header
 from email.message import Message
-from email.utils import parseaddr
+from email.utils import getaddresses, parseaddr
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -290,7 +290,7 @@ def parse(raw: bytes) -> dict:
             raise BrokenMail("没有邮件头,不像一封邮件(文件被截断或损坏?)")
         if reason := cut_short(msg, raw):
             raise BrokenMail(reason)
-        address = parseaddr(str(msg.get("From") or ""))[1].strip().lower()
+        address = sender_address(str(msg.get("From") or ""))
         if "@" not in address:
             raise BrokenMail(masked(f"找不到发件人地址(From: {header_text(msg.get('From'))!r})"))
         # NUL 之类:PostgreSQL 上查客户时就报错,这封信每次都「存储失败」;SQLite 上却说不是已知客户。两种库都当坏信
@@ -306,6 +306,17 @@ def parse(raw: bytes) -> dict:
         raise
     except Exception as e:  # noqa: BLE001 —— email 库在怪邮件上抛什么都有可能;一封坏信不能拖垮其余的
         raise BrokenMail(masked(f"{type(e).__name__}: {e}")) from e
+
+
+def sender_address(from_header: str) -> str:
+    """From 头里的发件人地址(小写);找不到是空串。显示名里有没加引号的逗号(「Zhang, Wei <zhang.wei@…>」,
+    有的邮件程序、有的网关这样写)时 parseaddr 只看到逗号前面的「Zhang」:原来这封信成了「找不到发件人地址」的坏信,
+    标已读加星标,客户的信没建工单。这时按地址列表拆开,只有一个带 @ 的地址就是它;有两个不同的,说不清是谁,照旧是坏信。"""
+    address = parseaddr(from_header)[1].strip().lower()
+    if "@" in address:
+        return address
+    found = {a.strip().lower() for _, a in getaddresses([from_header]) if "@" in a}
+    return found.pop() if len(found) == 1 else ""
 
 
 def cut_short(msg: Message, raw: bytes) -> str:

@@ -1249,6 +1249,23 @@ def test_mail_without_a_sender_address_cannot_be_parsed():
         email_poller.parse("From: =?utf-8?B?5a6i5pyN57O757uf?=\nSubject: x\n\nbody\n".encode())
 
 
+def test_a_display_name_with_an_unquoted_comma_still_finds_the_customer(lab, tmp_path):
+    """「From: Zhang, Wei <Zhang.Wei@Example.com>」:显示名里的逗号没加引号(规矩上要加,有的邮件程序不加)。
+    原来 parseaddr 只看到「Zhang」,这封信成了「找不到发件人地址」的坏信,退出码 1,客户的信没建工单。
+    两个不同的地址时说不清是谁发的,照旧是坏信,什么都不存。"""
+    good = tmp_path / "comma.eml"
+    good.write_bytes(mail("<comma@example.com>", "Zhang, Wei <Zhang.Wei@Example.com>", "发票开错了", "麻烦重开。"))
+    r = run(["email_poller.py", "--eml", str(good)], lab)
+    ticket = ticket_of("<comma@example.com>")
+    assert (r.returncode, r.stderr, r.stdout) == (
+        0, "", f"{ticket}  {good}\n本次收取 1 封:新工单 1,重复 0,跳过 0,无法解析 0,存储失败 0\n")
+    assert rows("SELECT event_id, source FROM events") == [("<comma@example.com>", "email")]
+    with pytest.raises(email_poller.BrokenMail) as e:
+        email_poller.parse(mail("<two@example.com>", "Zhang, Wei <zhang.wei@example.com>, Li <li.na@example.com>",
+                                "x", "y"))
+    assert str(e.value) == "找不到发件人地址(From: 'Zhang, Wei <z***@example.com>, Li <l***@example.com>')"  # 照旧打码
+
+
 def test_the_from_header_in_a_missing_sender_reason_is_masked():
     with pytest.raises(email_poller.BrokenMail) as e:
         email_poller.parse("From: 张伟 13812345678 身份证 110101199003071234\nSubject: x\n\nbody\n".encode())
