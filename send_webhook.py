@@ -111,6 +111,9 @@ def main(argv: list[str]) -> int:
         except ValueError:
             shown = r.text
         print(r.status_code, shown)
+        if r.is_redirect:  # 比如 WEBHOOK_URL 末尾多了一个 /:原来只打印「307 」,看不出哪里不对。不跟着跳(POST 跳过去要重发)
+            print(f"对方让改发到 {config.hide_password(r.headers.get('location', '?'))}:"
+                  "把 WEBHOOK_URL 改成这个地址再发", file=sys.stderr)
         failed |= not r.is_success
     return 1 if failed else 0
 

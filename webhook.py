@@ -270,8 +270,8 @@ def verify_cloudledger(raw: bytes, header: str, secret: str) -> None:
             raise fail(400, "bad signature header")
         if key == "t":
             ts = value
-        elif key == "v1":
-            signatures.append(value.encode())
+        elif key == "v1":  # 十六进制不分大小写:上游用大写字母写的是同一个签名(原来回 401)
+            signatures.append(value.lower().encode())
     if ts is None or not signatures:
         raise fail(400, "bad signature header")
     check_timestamp(ts)

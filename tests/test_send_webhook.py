@@ -102,6 +102,16 @@ def test_malformed_webhook_url_is_a_clear_error_and_nothing_is_sent(lab, url, pr
     assert rows("SELECT COUNT(*) FROM events") == [(0,)]
 
 
+def test_a_redirect_says_which_address_to_use_and_nothing_is_stored(lab):
+    """WEBHOOK_URL 末尾多了一个 /:FastAPI 回 307 让改发到没有 / 的地址。原来只打印「307 」、退出码 1,看不出哪里不对。
+    不跟着跳过去(POST 跳转要重发请求体,由人改好设置再发)。"""
+    with webhook_server(lab) as (_, url):
+        r = run(["send_webhook.py", "T1012"], {**lab, "WEBHOOK_URL": url + "/hooks/cloudledger/"})
+    assert (r.returncode, r.stdout, r.stderr) == (
+        1, "307 \n", f"对方让改发到 {url}/hooks/cloudledger:把 WEBHOOK_URL 改成这个地址再发\n")
+    assert rows("SELECT COUNT(*) FROM events") == [(0,)]
+
+
 def test_server_not_running_is_one_clear_message_with_the_port_of_webhook_url_and_exit_1(lab):
     """提示的端口是 WEBHOOK_URL 里的那个(原来总说 8139)。"""
     port = free_port()

@@ -79,6 +79,15 @@ def test_other_event_types_are_acknowledged_but_not_queued(client):
     assert stored() == []
 
 
+def test_a_signature_written_in_upper_case_hex_is_the_same_signature(client):
+    body = body_for()
+    ts = int(time.time())
+    good = send_webhook.sign(body, SECRET, ts).split("v1=")[1]
+    r = post(client, body, f"t={ts},v1={good.upper()}")
+    assert (r.status_code, r.json()) == (202, {"accepted": True, "duplicate": False})
+    assert stored() == [("evt_T1012_created", "webhook", "ticket.created", "pending", 0)]
+
+
 def test_any_matching_v1_signature_passes_during_secret_rotation(client):
     body = body_for()
     ts = int(time.time())
