@@ -356,18 +356,26 @@ def _announce_offline() -> None:
 # ---------------------------------------------------------------- PII 脱敏:进模型之前、写日志之前
 # 每个式子都只从一串的开头试((?<!…)):原来「一长串字母或数字、后面没有 @ / 横线」要从每个位置都扫到串尾,
 # 贴进工单的 4 万位数字、一段 base64 要打码几十秒(比模型还慢,工单原文有几十万字时要几分钟)
-_EMAIL = re.compile(r"(?<![A-Za-z0-9._%+-])([A-Za-z0-9._%+-])[A-Za-z0-9._%+-]*([@＠][A-Za-z0-9.-]+\.[A-Za-z]{2,})")  # ＠:全角
 # 数字之间的空白:空格、制表符、不间断空格(网页表单复制来的常带 \xa0)、窄空格、全角空格;最多两个(「6222  0212」)。
 # 看不见的格式字符也算:零宽空格、软连字符、零宽连接符、BOM、方向标记(网页、聊天软件复制来的常夹着),
 # 原来「138\u200b1234\u200b5678」原样进了提示词和 checkpoint,模型照样读得出号码
 _INVISIBLE = "\u00ad\u061c\u180e\u200b-\u200f\u202a-\u202e\u2060-\u2064\u2066-\u206f\ufeff"
-_SPACE = f"[ \t\xa0\u2007\u202f\u3000{_INVISIBLE}]"
+_INVISIBLE_RUN = f"[{_INVISIBLE}]*"
+_SPACE = f"[ \t\xa0\u2000-\u200a\u202f\u205f\u3000{_INVISIBLE}]"  # \u2000-\u200a:各种宽度的空格(窄空格 \u2009 也在)
+# 邮箱:输入法全角模式打出来的整串(ｚｈａｎｇ＠ｑｑ．ｃｏｍ)、中文标点模式把点打成「。」(zhang@qq。com)、中间夹着零宽字符的
+# (zhang\u200b@qq.com)也算,原来都原样进了提示词和 checkpoint,模型照样读得出来
+_MAIL_CHAR = rf"[A-Za-z0-9._%+\-\uff10-\uff19\uff21-\uff3a\uff41-\uff5a\uff0e{_INVISIBLE}]"
+_EMAIL = re.compile(rf"(?<!{_MAIL_CHAR})({_MAIL_CHAR}){_MAIL_CHAR}*([@\uff20]{_INVISIBLE_RUN}"
+                    r"[A-Za-z0-9\-\uff10-\uff19\uff21-\uff3a\uff41-\uff5a.\uff0e\u3002]+[.\uff0e\u3002]"
+                    r"[A-Za-z\uff21-\uff3a\uff41-\uff5a]{2,})")
 _GAP = rf"(?:{_SPACE}{{1,2}}|[\-－‐‑])"  # 一串号码里两位数字之间最多隔这么一下(‐‑ 是 Word 换掉的连字符)
-_ID_CARD = re.compile(rf"(?<!\d)(\d{{6}}){_GAP}?(?:19|20)\d{{2}}(?:0[1-9]|1[0-2])(?:0[1-9]|[12]\d|3[01]){_GAP}?"
+# 身份证号中间是生日,认错的可能很小:分段之间的点也算(110105.19900307.2345,和手机号一样)
+_ID_GAP = rf"(?:{_GAP}|[.．])"
+_ID_CARD = re.compile(rf"(?<!\d)(\d{{6}}){_ID_GAP}?(?:19|20)\d{{2}}(?:0[1-9]|1[0-2])(?:0[1-9]|[12]\d|3[01]){_ID_GAP}?"
                       r"(\d{3}[\dXx])(?![\dXx])")
 _OLD_ID_CARD = re.compile(r"(?<!\d)(\d{6})\d{2}(?:0[1-9]|1[0-2])(?:0[1-9]|[12]\d|3[01])(\d{3})(?!\d)")  # 15 位,年份两位
 # 账号、卡号后面跟着的一串数字(8 位以上):对公账号常是 12–14 位或 20 位以上,不像银行卡那样好认
-_ACCOUNT = re.compile(rf"((?:账号|帐号|账户|帐户|卡号|account(?: ?(?:no\.?|number))?)(?:{_SPACE}|[::])*)"
+_ACCOUNT = re.compile(rf"((?:账号|帐号|账户|帐户|卡号|account(?: ?(?:no\.?|number))?)(?:{_SPACE}|[:\uff1a])*)"
                       rf"(\d(?:{_GAP}?\d){{7,}})(?!{_GAP}?\d)", re.I)
 # 15–30 位(15 位是美国运通这类信用卡,20 位以上是对公账号),两位之间可以有一下 _GAP;15 位的老身份证在前面已经打过码。
 # 一串更长的(中间那一下之后还有数字)整串不算,不会只打掉前 19 位、露出后面几位
@@ -376,7 +384,9 @@ _BANK_CARD = re.compile(rf"(?<!\d)\d(?:{_GAP}?\d){{14,29}}(?!{_GAP}?\d)")
 _DASH = rf"{_SPACE}*[\-－—–‐‑]{_SPACE}*"
 # 用这样的横线连起来的一串数字:日期范围(2024-01-01 - 2024-01-31)、发票号段、金额列表也长这样,
 # 所以只有分组正好是卡号的样子(4-4-4-4 后面可以再带 1–3 位、运通卡的 4-6-5)才打码,见 _card_or_not
-_DASHED_RUN = re.compile(rf"(?<!\d)\d+(?:{_DASH}\d+)+")
+# 点隔开的也一样(6222.0212.3456.7890):只有卡号的分组才打码,小数、版本号、带小数的时间戳不动
+_RUN_SEP = rf"(?:{_DASH}|[.．])"
+_DASHED_RUN = re.compile(rf"(?<!\d)\d+(?:{_RUN_SEP}\d+)+")
 _CARD_GROUPS = ((4, 4, 4, 4), (4, 6, 5))
 # 138 1234 5678、138-1234-5678、138.1234.5678、138 - 1234 - 5678、+86 13812345678、(138)1234-5678 也算;
 # \d 也认全角数字(１３８…),开头两位单独写上全角;分隔符也认输入法全角模式打出的「－」「　」「．」(银行卡号同样)。
@@ -415,7 +425,7 @@ def _masked_card(number: str) -> str:
 
 
 def _card_or_not(m: re.Match) -> str:
-    groups = tuple(len(g) for g in re.split(_DASH, m.group(0)))
+    groups = tuple(len(g) for g in re.split(_RUN_SEP, m.group(0)))
     is_card = groups in _CARD_GROUPS or (groups[:4] == (4, 4, 4, 4) and len(groups) == 5 and groups[4] <= 3)
     return _masked_card(m.group(0)) if is_card else m.group(0)
 
@@ -436,7 +446,10 @@ REPLIES = {
     "account": "关于账号的问题,为了您的账户安全,我们会先核实身份,再协助您处理,请留意预留手机收到的验证信息。",
     "other": "我们已经收到您的消息,相关同事会尽快查看并回复您。",
 }
-_AMOUNT = re.compile(r"[¥¥]\s*\d+(?:\.\d+)?|\d+(?:\.\d+)?\s*(?:元|块钱|块|RMB)")  # 草稿里不许出现退款金额
+# 草稿里不许出现退款金额。¥ 是 U+00A5,输入法打出的全角 ￥ 是 U+FFE5;千位分隔符「1,299」「1，299」整个算一个数
+# (原来只拿掉「1」或「¥ 1」,留下「,299.00」「1」这样错的数)
+_NUMBER = r"(?:\d{1,3}(?:[,，]\d{3})+|\d+)(?:\.\d+)?"
+_AMOUNT = re.compile(rf"[\u00a5\uffe5]\s*{_NUMBER}|{_NUMBER}\s*(?:元|块钱|块|RMB)")
 _DIRECTIVE = ("别", "不要", "不用", "语气")  # 以这些开头的意见是给起草人的指令,不写进回复
 # 带这些词的也是指令:道歉由开头那句负责(「先道歉」不该原样出现在给客户的回复里),长短是写法
 _INSTRUCTION_WORDS = ("语气", "道歉", "抱歉", "简短", "短一点")
@@ -493,7 +506,8 @@ def offline_draft(prompt: str) -> dict:
 def _statement(note: str) -> str:
     """把一条主管意见改写成回复里的陈述句:去掉「别写金额」这类指令,把「告诉客户」后面的内容留下。"""
     kept = []
-    for clause in re.split(r"[,,;;。]", note):
+    note = _AMOUNT.sub("", note)  # 先拿掉金额再按逗号断句:不然「1,299 元」在逗号处被断开,留下一个「1」
+    for clause in re.split("[,\uff0c;\uff1b\u3002]", note):  # 半角和全角的逗号、分号,句号
         clause = clause.strip()
         if not clause or clause.startswith(_DIRECTIVE) or any(w in clause for w in _INSTRUCTION_WORDS):
             continue

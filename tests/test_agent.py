@@ -55,7 +55,7 @@ def test_offline_drafts_for_every_seed_ticket_follow_the_draft_rules(lab):
         state = {"ticket_id": t["id"], "ticket_text": llm.mask_pii(f"{t['subject']}:{t['body']}")}
         d = llm.offline_draft(build_prompt(state))
         assert len(d["reply"]) <= 150, (t["id"], d["reply"])
-        assert not re.search(r"\d+\s*元|[¥¥]\s*\d", d["reply"]), (t["id"], d["reply"])
+        assert not re.search(r"\d+\s*元|[\u00a5\uffe5]\s*\d", d["reply"]), (t["id"], d["reply"])
         assert d["category"] in Draft.model_fields["category"].annotation.__args__
 
 
@@ -79,6 +79,19 @@ def test_offline_model_does_not_take_the_customers_bullet_lines_for_supervisor_n
         "category": "invoice", "summary": "客户反映:发票开错了", "reply": f"您好,{llm.REPLIES['invoice']}感谢您的耐心。"}
     again = llm.offline_draft(build_prompt({**state, "feedback": ["告诉客户今天重开"]}))
     assert again["reply"] == "您好,今天重开。给您添麻烦了。"
+
+
+@pytest.mark.parametrize("note, reply", [
+    ("告诉客户已退 ￥88", "您好,已退。"),  # 输入法打出的全角 ￥(U+FFE5):原来「已退 ￥88」原样写进草稿
+    ("告诉客户已退款 1,299 元", "您好,已退款。"),  # 原来在千位的逗号处断开,留下「已退款 1」
+    ("告诉客户已退 ¥ 1,299.00", "您好,已退。"),  # 原来留下「已退 ,299.00」
+    ("告诉客户已退款 1，299 元，今天到账", "您好,已退款,今天到账。"),  # 全角逗号:也是断句的地方
+])
+def test_the_offline_model_writes_no_refund_amount_however_the_note_writes_it(note, reply):
+    """草稿里不写退款金额(Draft.reply 的规矩):原来全角 ￥ 和带千位分隔符的金额漏过去,accept 就原样发给了客户,
+    有的还只去掉一半,剩下一个错的数。"""
+    state = {"ticket_id": "T1012", "ticket_text": "重复扣款:上个月扣了两次", "feedback": [note]}
+    assert llm.offline_draft(build_prompt(state))["reply"] == reply + "到账或处理时间以实际渠道为准,给您添麻烦了。"
 
 
 def test_real_chatopenai_path_end_to_end_with_extra_body(lab, monkeypatch):
@@ -332,6 +345,34 @@ def test_pii_with_invisible_characters_between_the_digits_is_masked(text, masked
     """网页、聊天软件复制来的号码常夹着看不见的字符(零宽空格、软连字符、BOM、零宽连接符、方向标记):
     原来它们不算分隔符,号码原样进了模型的提示词和 checkpoint,模型照样读得出来。"""
     assert llm.mask_pii(text) == masked
+
+
+@pytest.mark.parametrize("text, masked", [
+    # 中文里冒号是全角的「：」:原来只认半角,8–14 位的账号、卡号原样进了提示词(15 位以上的还有银行卡那一条兜着)
+    ("请退到我的账号：1234567890123", "请退到我的账号：**** **** **** 0123"),
+    ("卡号：1234 5678 9012", "卡号：**** **** **** 9012"),
+    ("帐户：12345678", "帐户：**** **** **** 5678"),
+    # 邮箱:全角模式打出的整串、中文标点模式的「。」、夹着零宽空格
+    ("邮箱 zhang@qq。com", "邮箱 z***@qq。com"),
+    ("邮箱 zhang＠qq．com", "邮箱 z***＠qq．com"),
+    ("邮箱 ｚｈａｎｇ＠ｑｑ．ｃｏｍ", "邮箱 ｚ***＠ｑｑ．ｃｏｍ"),
+    ("邮箱 zhang\u200b@qq.com", "邮箱 z***@qq.com"),
+    ("邮箱 caiwu.xie@example.com。谢谢", "邮箱 c***@example.com。谢谢"),  # 句号还是句号
+    # 点隔开的身份证号、卡号(手机号原来就认),窄空格 U+2009
+    ("身份证 110105.19900307.2345", "身份证 110105********2345"),
+    ("卡 6222.0212.3456.7890", "卡 **** **** **** 7890"),
+    ("卡 6222．0212．3456．7890", "卡 **** **** **** 7890"),
+    ("电话 138\u20091234\u20095678", "电话 138****5678"),
+    # 不是 PII 的不动:小数、版本号、带小数的时间戳、句末的句号
+    ("单价 1380.01 元,版本 1.2.3,时间戳 1733300000.123456,金额 1234.5678",
+     "单价 1380.01 元,版本 1.2.3,时间戳 1733300000.123456,金额 1234.5678"),
+    ("见 a@b。好的", "见 a@b。好的"),
+])
+def test_pii_written_with_chinese_punctuation_full_width_letters_or_dots_is_masked(text, masked):
+    """一次审查在真的 agent.load → draft 里看到这些写法原样进了 checkpoint 和发给模型的请求。"""
+    assert llm.mask_pii(text) == masked
+
+
 
 
 @pytest.mark.parametrize("junk", ["a" * 300_000, "1" * 300_000, "Ab3_-x" * 50_000, "a." * 150_000, "1 " * 150_000,
