@@ -208,6 +208,7 @@ class Worker:
         self._stop_signals = itertools.count()  # next() 是一次 C 调用,中间插不进别的信号:谁拿到 0 谁是第一个
         self._wake = queue.SimpleQueue()        # 空闲时在它上面等;put() 可重入,信号处理函数里可以用
         self.in_hand: set[str] = set()
+        self.round_failed = False  # 这一轮有个处理线程碰上数据库出错:别的线程做完手上的就停,不再领新的
         self.requeue_every_s = poll_seconds()
         self._requeue_lock = threading.Lock()
         self._requeued_at = -math.inf
@@ -233,7 +234,7 @@ class Worker:
             self._requeue_lock.release()
 
     def drain(self, done: list) -> None:
-        while not self.stopping:
+        while not self.stopping and not self.round_failed:
             store.same_checkpoints_or_exit(self.conn)  # 事件库在 claim 里查
             self.requeue(unless_recent=True)
             if not (ev := store.claim(self.owner)):
@@ -247,6 +248,15 @@ class Worker:
                 return
             done.append((ev["event_id"], process(self.graph, ev, self.owner)))
             self.in_hand.discard(ev["event_id"])
+
+    def drain_or_end_round(self, done: list) -> None:
+        """几个处理线程之一:drain(),出错时让别的线程也停下。原来一个线程碰上数据库出错(「这一轮停下」),
+        别的线程照样把队列领完、起草完,说停下的这一轮其实一直做到了底(常驻模式也要等到这时才隔一会儿再试)。"""
+        try:
+            self.drain(done)
+        except BaseException:
+            self.round_failed = True
+            raise
 
     def hand_back(self) -> None:
         """把这个进程名下还在 processing 的事件交回队列(这次不算一次失败):立即退出时手上还没做完的、数据库出错时
@@ -266,9 +276,9 @@ class Worker:
         if self.concurrency == 1:
             self.drain(done)
         else:
-            pool, interrupted = ThreadPoolExecutor(self.concurrency), False
+            pool, interrupted, self.round_failed = ThreadPoolExecutor(self.concurrency), False, False
             try:
-                for f in [pool.submit(self.drain, done) for _ in range(self.concurrency)]:
+                for f in [pool.submit(self.drain_or_end_round, done) for _ in range(self.concurrency)]:
                     f.result()
             except KeyboardInterrupt:
                 interrupted = True
@@ -356,7 +366,15 @@ def main(argv: list[str] | None = None) -> int:
         if worker is None:  # 还在等数据库(或者正在建 Worker):手上没有事件,没什么要交回的
             print("收到停止信号:还没开始领事件,退出", file=sys.stderr, flush=True)
             return 0
-        worker.hand_back()
+        try:
+            worker.hand_back()
+        except store.unavailable_errors() as e:
+            # 第二次 Ctrl-C 时数据库正好用不了(被别人锁着超过 BUSY_TIMEOUT_S、PostgreSQL 在重启):交不回去。
+            # 原来是一整段 traceback;事件留在 processing,下次启动的 worker 看这个进程没了就放回队列(算一次尝试)
+            print(f"{store.unavailable(e)}:手上的事件没能交回队列,留在处理中;下次启动 worker 时会放回队列",
+                  file=sys.stderr, flush=True)
+            sys.stdout.flush()
+            os._exit(1)
         # 立即退出:别等还卡在模型调用里的线程(它们的事件已经交回队列了)
         sys.stdout.flush(), sys.stderr.flush()
         os._exit(0)

@@ -180,6 +180,37 @@ def test_second_ctrl_c_exits_at_once_and_hands_the_events_back(any_lab, concurre
     assert rows("SELECT status, attempts, claimed_by FROM events") == [("pending", 0, None)] * concurrency
 
 
+def test_a_second_ctrl_c_while_the_database_is_locked_says_so_in_one_line_and_the_event_is_not_lost(lab):
+    """第二次 Ctrl-C 时事件库正被别人锁着(超过 BUSY_TIMEOUT_S):手上的事件交不回去。原来是一整段 traceback、退出码 1;
+    现在一行说明(事件留在处理中、下次启动时放回)、退出码 1。锁放开以后下一次运行把它放回队列、做完。"""
+    from conftest import write_locked
+
+    with OpenAIStub(delay=60) as stub:
+        env = {**lab, "LLM_API_KEY": "sk-test", "LLM_BASE_URL": stub.base_url, "LLM_MAX_RETRIES": "0",
+               "BUSY_TIMEOUT_S": "0.5"}
+        queue(add_tickets(1))
+        (proc,) = start_workers(env, 1)
+        deadline = time.time() + 60
+        while not stub.requests and time.time() < deadline:
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        first = proc.stderr.readline()
+        try:
+            with write_locked():
+                proc.send_signal(signal.SIGINT)
+                out, err = proc.communicate(timeout=20)
+        finally:
+            proc.kill()
+    (ticket,) = [t for (t,) in rows("SELECT ticket_id FROM events")]
+    assert (proc.returncode, out, first, err) == (
+        1, "", STOP_LINE, "数据库暂时用不了(OperationalError: database is locked):手上的事件没能交回队列,"
+                          "留在处理中;下次启动 worker 时会放回队列\n")
+    assert rows("SELECT status, attempts FROM events") == [("processing", 1)]
+    again = run(["worker.py", "--once"], lab)  # 离线模型
+    assert (again.returncode, again.stdout) == (0, f"放回队列 1 个卡住的事件\nevt_{ticket}_created → waiting_human\n")
+    assert rows("SELECT status FROM events") == [("waiting_human",)]
+
+
 def test_a_second_ctrl_c_that_arrives_while_the_first_is_being_announced_still_exits_at_once(lab, monkeypatch):
     """Python 在信号处理函数的字节码之间就会处理下一个信号。原来先说「收到停止信号」、再记下在停了:第二次 Ctrl-C
     正好在说的时候到(看到这一行马上再按),被当成第一次,这一行说两遍、worker 不退出

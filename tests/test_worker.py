@@ -1649,6 +1649,34 @@ def test_worker_once_losing_the_database_after_it_claimed_an_event_hands_it_back
     assert events() == [("evt_T1012_created", "waiting_human", 1)]
 
 
+def test_a_database_error_in_one_of_several_threads_ends_the_round_for_all_of_them(lab, monkeypatch, capsys):
+    """--concurrency 2,一个处理线程改状态时数据库出错(被锁太久):「这一轮停下」。原来另一个线程照样把队列领完、
+    起草完(十个事件做了九个),停下的一轮其实一直做到了底。现在另一个线程做完手上的就停,其余的留在队列里。"""
+    tickets = ["T1012", "T1041", "T1003", "T1008", "T1020", "T1030", "T1010", "T1011", "T1013", "T1014"]
+    for t in tickets:
+        add(t)
+    real, calls, lock = store.set_status, [], threading.Lock()
+
+    def set_status_failing_once(*args, **kwargs):
+        with lock:
+            calls.append(args[0])
+            first = len(calls) == 1
+        if first:
+            raise sqlite3.OperationalError("database is locked")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(store, "set_status", set_status_failing_once)
+    assert worker_mod.main(["--once", "--concurrency", "2"]) == 1
+    out, err = capsys.readouterr()
+    assert said_besides_offline_model(err) == [
+        "数据库暂时用不了(OperationalError: database is locked),这一轮停下,下次再跑", f"{calls[0]} 交回队列"]
+    status = dict(rows("SELECT event_id, status FROM events"))
+    assert status[calls[0]] == "pending"
+    # 另一个线程最多做完出错时手上的那一个(和出错之前做完的,这里最多再一个):原来十个里九个都做了
+    assert len(out.splitlines()) == len([s for s in status.values() if s == "waiting_human"]) <= 2
+    assert list(status.values()).count("pending") >= 8
+
+
 def test_worker_once_on_a_write_locked_database_says_so_in_one_line_exits_1_and_the_event_waits(lab):
     """SQLite 的事件库被别人占着写锁(有人在 sqlite3 里改了东西没提交)超过 BUSY_TIMEOUT_S:--once 一行说明、退出码 1,
     事件原样留在队列里;锁放开之后照常处理。"""
