@@ -409,6 +409,8 @@ def init() -> None:
         return
     try:
         with opened() as conn:
+            if role := not_events_db(conn):  # 在改成 WAL、建表之前:别人的库一点都不动
+                raise SystemExit(role)
             use_wal(conn)  # 写进库文件,之后每个连接都是 WAL;不能放在事务里
             if moved := moved_to(conn):  # 每个程序都先 init():用一个已经搬走的库,在这里说清楚,什么都还没做
                 raise SystemExit(moved_away(events_db(), *moved))
@@ -428,6 +430,22 @@ def init() -> None:
     with transaction() as conn:
         upgrade_events_table(conn)
         conn.execute(ONE_PROCESSING_PER_TICKET)
+
+
+def not_events_db(conn) -> str | None:
+    """EVENTS_DB 指到了这个实验的业务库或 checkpoint 库(没有事件表,却有它们的表)时给人看的一行。原来 init() 悄悄在
+    业务库里建起事件表、把它改成 WAL,退出码 0;反方向(BIZ_DB 指到事件库)早就会说(other_lab_db)。"""
+    tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    if "events" in tables:
+        return None
+    if found := sorted(tables & set(BIZ_COLUMNS)):
+        role = "业务库"
+    elif found := sorted(tables & {"checkpoints", "writes"}):
+        role = "checkpoint 库"
+    else:
+        return None
+    return (f"EVENTS_DB 指的 {events_db()} 是{role}(里面有 {'、'.join(found)} 表、没有 events 表),不是事件库:没有动它。"
+            "让 EVENTS_DB 指到事件库(不设就是脚本旁边的 ambient.db)")
 
 
 def pg_objects(conn) -> set[str]:
@@ -523,7 +541,17 @@ def upgrade_events_table(conn) -> None:
 
 
 # 课文的 ambient.db 里有时间的列;它们存的是本地时间、精确到秒、不带时区
-LESSON_TIME_COLUMNS = {"events": ("received_at", "updated_at"), "outbox": ("sent_at",)}
+# (not_before 是课文练习 3 让加的列,照课文的 now() 写的也是本地时间:原来不换,东八区的机器上失败重试的事件要多等 8 小时,
+# 同一张工单的别的事件也一起等)
+LESSON_TIME_COLUMNS = {"events": ("received_at", "updated_at", "not_before"), "outbox": ("sent_at",)}
+# 课文的库没有「同一张工单最多一个 processing」的约束,两个 worker(课文说 cron 里的 --once 可以重叠)被杀掉后,
+# 同一张工单可能留下两个 processing 的事件:原来建唯一索引时 IntegrityError 的 traceback,每个程序都先 init(),
+# 一个都起不来。升级时每张工单只留最早领的那个,别的放回队列(和卡住的事件一样)
+LESSON_EXTRA_PROCESSING = """
+UPDATE events SET status = 'pending' WHERE status = 'processing' AND ticket_id IS NOT NULL AND EXISTS (
+  SELECT 1 FROM events AS first WHERE first.ticket_id = events.ticket_id AND first.status = 'processing'
+    AND (first.updated_at, first.event_id) < (events.updated_at, events.event_id))
+"""
 
 
 def upgrade_lesson_db(conn) -> None:
@@ -538,6 +566,7 @@ def upgrade_lesson_db(conn) -> None:
                              [(stamp(datetime.fromisoformat(r[1])), r[0]) for r in old])
     events = conn.execute("SELECT event_id, payload FROM events WHERE ticket_id IS NULL").fetchall()
     conn.executemany("UPDATE events SET ticket_id = ? WHERE event_id = ?", [(ticket_of(r[1]), r[0]) for r in events])
+    conn.execute(LESSON_EXTRA_PROCESSING)
 
 
 # ---------------------------------------------------------------- PostgreSQL(设了 DATABASE_URL 时)
@@ -1407,20 +1436,36 @@ def sqlite_biz_rows(path: Path) -> tuple[list, list]:
                      for table, columns in BIZ_COLUMNS.items())
 
 
-def build_biz_db(path: Path, today: date | None = None) -> None:
-    """从 cloudledger_seed.json 造业务库的 SQLite 文件(没设 DATABASE_URL 时)。"""
-    tmp = path.with_name(path.name + ".building")
+def build_biz_db(path: Path, today: date | None = None) -> bool:
+    """从 cloudledger_seed.json 造业务库的 SQLite 文件(没设 DATABASE_URL 时)。返回 False:别的进程同时建好了,用的是它那份。"""
+    # 建好再换上,建到一半崩了不会留下半个库。临时文件名带进程号:两个 store.py 同时第一次运行时,原来共用一个
+    # 「.building」,一个删掉另一个正写着的文件,两个都报「disk I/O error」「库文件只能读」,业务库谁也没建成
+    tmp = path.with_name(f"{path.name}.building-{os.getpid()}")
     tmp.unlink(missing_ok=True)
     try:
         conn = sqlite3.connect(tmp)
     except sqlite3.OperationalError as e:  # 目录不存在、没有写权限:说清楚是哪一项设置,不要说成「数据库暂时用不了」
         raise SystemExit(cannot_open("业务库", "BIZ_DB", path, e)) from None
     try:
-        with conn:
-            fill_biz(conn, *seed_rows(today))
+        try:
+            with conn:
+                fill_biz(conn, *seed_rows(today))
+        finally:
+            conn.close()
+        if path.exists() and path.stat().st_size == 0:  # touch 出来的空文件:换掉它
+            tmp.replace(path)
+            return True
+        try:
+            os.link(tmp, path)  # 不覆盖:同时建好的那一份可能已经收进了邮件建的工单
+        except FileExistsError:
+            return False  # 别的进程同时建好了,用它的
+        except OSError:  # 不支持硬链接的文件系统
+            if path.exists():
+                return False
+            tmp.replace(path)
+        return True
     finally:
-        conn.close()
-    tmp.replace(path)  # 建好再换上,建到一半崩了不会留下半个库
+        tmp.unlink(missing_ok=True)
 
 
 # ---------------------------------------------------------------- 从 SQLite 搬到 PostgreSQL(store.py --from-sqlite)
@@ -1929,8 +1974,8 @@ def build_and_count(from_sqlite: bool = False) -> int:
     else:
         biz = biz_db()
         if not biz.exists() or biz.stat().st_size == 0:  # 空文件(touch 出来的)里什么都没有,建在它上面不丢东西
-            build_biz_db(biz)
-            print(f"已新建业务库 {biz}")
+            if build_biz_db(biz):
+                print(f"已新建业务库 {biz}")
         elif problem := biz_db_problem(hint=False):
             print(problem + biz_advice(problem), file=sys.stderr)
             return 2

@@ -1,11 +1,14 @@
 """store.py 自己的几条出错路径:业务库建不了、PostgreSQL 单独连得上但连接池连不上;设了 DATABASE_URL 时业务表建在哪。"""
+import os
+import subprocess
+import sys
 import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from conftest import pg_schema, rows, run, someone_holds_the_events_table, tcp_proxy
+from conftest import LAB, pg_schema, rows, run, someone_holds_the_events_table, tcp_proxy
 
 import store
 
@@ -17,7 +20,46 @@ def test_a_business_database_in_a_missing_directory_names_the_setting_and_create
     r = run(["store.py"], {**lab, "BIZ_DB": str(path)})
     assert (r.returncode, r.stdout, r.stderr) == (1, "", f"业务库打不开:BIZ_DB={path}(目录 {path.parent} 不存在)\n")
     assert not path.parent.exists()
-    assert list(tmp_path.rglob("*.building")) == []
+    assert list(tmp_path.rglob("*.building*")) == []
+
+
+def test_store_py_started_four_times_at_once_on_a_new_directory_builds_the_business_db_once_and_all_succeed(tmp_path):
+    """几个终端(或 cron 里几个程序)同时第一次运行 store.py:原来共用一个临时文件「cloudledger.db.building」,一个删掉
+    另一个正写着的,多半个个都报「disk I/O error」「库文件只能读」退出 1,业务库谁也没建成,还留下那个临时文件。
+    现在每一个都成功;只有一个说「已新建业务库」,别的用它建好的那份。一共 5 轮,每轮一个新目录。"""
+    base = {k: v for k, v in os.environ.items() if k not in ("LLM_API_KEY", "DATABASE_URL")}
+    for i in range(5):
+        folder = tmp_path / f"lab{i}"
+        folder.mkdir()
+        env = {**base, "EVENTS_DB": str(folder / "ambient.db"), "BIZ_DB": str(folder / "cloudledger.db"),
+               "CHECKPOINTS_DB": str(folder / "checkpoints.db"), "AMBIENT_NO_DOTENV": "1"}
+        procs = [subprocess.Popen([sys.executable, "store.py"], cwd=LAB, env=env, text=True,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(4)]
+        results = [(p.wait(60), *p.communicate()) for p in procs]
+        counts = [f"事件库 {folder / 'ambient.db'}:events 0 行,outbox 0 行,review_log 0 行,llm_usage 0 行",
+                  f"业务库 {folder / 'cloudledger.db'}:customers 30 行,tickets 41 行"]
+        built = f"已新建业务库 {folder / 'cloudledger.db'}"
+        assert sorted(results) == sorted([(0, "\n".join([built, *counts]) + "\n", "")]
+                                         + [(0, "\n".join(counts) + "\n", "")] * 3), results
+        assert sorted(p.name for p in folder.iterdir()) == ["ambient.db", "cloudledger.db"]  # 没留下临时文件
+
+
+@pytest.mark.parametrize("other, tables, role", [("BIZ_DB", "customers、tickets", "业务库"),
+                                                 ("CHECKPOINTS_DB", "checkpoints、writes", "checkpoint 库")])
+def test_events_db_pointing_at_the_business_or_checkpoint_db_is_named_and_that_file_is_left_alone(lab, other, tables,
+                                                                                                   role):
+    """EVENTS_DB 写成了业务库(或 checkpoint 库)的路径:原来 store.py 悄悄在里面建起事件表、把它改成 WAL,退出码 0,
+    worker、收件箱接着就在别人的库里记事件。反过来 BIZ_DB 指到事件库早就会说。现在每个程序一开始就说清楚,文件一点不动。"""
+    if other == "CHECKPOINTS_DB":
+        run(["-c", "import store; store.open_checkpointer()[1].close()"], lab).check_returncode()
+    path = Path(lab[other])
+    before = path.read_bytes()
+    for command, code in ((["store.py"], 1), (["worker.py", "--once"], 1), (["inbox.py", "list"], 1)):
+        r = run(command, {**lab, "EVENTS_DB": str(path)})
+        assert (r.returncode, r.stdout, r.stderr) == (code, "", (
+            f"EVENTS_DB 指的 {path} 是{role}(里面有 {tables} 表、没有 events 表),不是事件库:没有动它。"
+            "让 EVENTS_DB 指到事件库(不设就是脚本旁边的 ambient.db)\n")), command
+    assert path.read_bytes() == before
 
 
 def first_connection_only(seen: dict) -> bool:

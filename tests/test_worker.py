@@ -1220,6 +1220,56 @@ def test_an_events_database_built_the_lessons_way_is_upgraded_then_worked_on(lab
         ("evt_T1003_created", "done"), ("evt_T1012_created", "waiting_human"), ("evt_T1041_created", "waiting_human")]
 
 
+def test_a_lesson_database_left_with_two_processing_events_for_one_ticket_is_upgraded_keeping_one(lab, tmp_path,
+                                                                                                     monkeypatch):
+    """课文的库没有「一张工单最多一个 processing」的约束:两个重叠的 --once(课文说 cron 里可以重叠)被杀掉后,
+    T1014 的 webhook 事件和定时任务的事件都停在 processing。原来升级时建唯一索引就是 IntegrityError 的 traceback,
+    每个程序都先 init(),一个都起不来,也永远好不了。现在先领的那个留着(等卡住的事件放回队列),另一个放回队列。"""
+    path = tmp_path / "lesson.db"
+    with sqlite3.connect(path) as conn:
+        conn.executescript(LESSON_SCHEMA)
+        for event_id, updated in (("evt_T1014_created", "2026-12-04T09:00:00"),
+                                  ("cron:stale:T1014:2026-12-04", "2026-12-04T09:00:05")):
+            conn.execute("INSERT INTO events (event_id, source, kind, payload, status, attempts, received_at, updated_at) "
+                         "VALUES (?, 'webhook', 'ticket.created', ?, 'processing', 1, ?, ?)",
+                         (event_id, json.dumps({"data": {"ticket_id": "T1014"}}), updated, updated))
+    conn.close()
+    r = run(["store.py"], {**lab, "EVENTS_DB": str(path), "TZ": "UTC"})
+    assert (r.returncode, r.stderr) == (0, ""), r.stderr
+    assert f"事件库 {path}:events 2 行,outbox 0 行,review_log 0 行,llm_usage 0 行" in r.stdout.splitlines()
+    monkeypatch.setenv("EVENTS_DB", str(path))
+    assert rows("SELECT event_id, ticket_id, status, attempts, updated_at FROM events ORDER BY updated_at") == [
+        ("evt_T1014_created", "T1014", "processing", 1, "2026-12-04T09:00:00.000000+00:00"),
+        ("cron:stale:T1014:2026-12-04", "T1014", "pending", 1, "2026-12-04T09:00:05.000000+00:00")]
+
+
+def test_the_lessons_exercise_3_not_before_in_local_time_is_converted_so_a_due_retry_is_claimed(lab, tmp_path,
+                                                                                                monkeypatch, in_shanghai):
+    """练习 3 让给 events 加 not_before,照课文的 now() 写的是本地时间。原来升级时只换了 received_at、updated_at:
+    东八区一分钟前就该重试的事件,和 UTC 的「现在」按字符串一比,成了 8 小时以后,要多等 8 小时(同一张工单的别的事件也等)。"""
+    from datetime import datetime, timedelta
+
+    due = (datetime.now() - timedelta(minutes=1)).isoformat(timespec="seconds")
+    later = (datetime.now() + timedelta(minutes=30)).isoformat(timespec="seconds")
+    path = tmp_path / "lesson.db"
+    with sqlite3.connect(path) as conn:
+        conn.executescript(LESSON_SCHEMA + "ALTER TABLE events ADD COLUMN not_before TEXT;")
+        for ticket_id, not_before in (("T1012", due), ("T1041", later)):
+            conn.execute("INSERT INTO events (event_id, source, kind, payload, status, attempts, last_error, "
+                         "received_at, updated_at, not_before) VALUES (?, 'webhook', 'ticket.created', ?, 'pending', 1, "
+                         "'RateLimitError', ?, ?, ?)", (f"evt_{ticket_id}_created",
+                                                       json.dumps({"data": {"ticket_id": ticket_id}}), due, due,
+                                                       not_before))
+    conn.close()
+    monkeypatch.setenv("EVENTS_DB", str(path))
+    store.init()
+    assert rows("SELECT event_id, not_before FROM events ORDER BY event_id") == [
+        ("evt_T1012_created", store.stamp(datetime.fromisoformat(due))),
+        ("evt_T1041_created", store.stamp(datetime.fromisoformat(later)))]
+    assert store.claim("w1")["event_id"] == "evt_T1012_created"
+    assert store.claim("w1") is None  # 30 分钟以后才重试的那个还不到时候
+
+
 def lesson_db_with(path, review_log_schema: str, *review_rows: tuple) -> None:
     """照课文建的事件库,加上一张自己做练习 4 时建的 review_log,一个待处理的事件。"""
     with sqlite3.connect(path) as conn:
