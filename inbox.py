@@ -17,7 +17,9 @@ restart 之后每张工单一行「T1012 已交回 worker 从头起草(…)」,w
 看过之后被别人 respond 改写了 → 说明原因,退出码 1;命令写错 → 用法,退出码 2,什么都不动。命令写错也包括:
 --force 这样的选项(只有 -h / --help)、只有空白 / 零宽字符 / 控制字符的文字、文字里夹着制表符和换行以外的控制字符、
 超过 INBOX_MAX_TEXT_CHARS(默认 2000)个字的文字、
-不是 UTF-8 的参数(终端的编码是 GBK 之类)。以「-」开头、后面还有别的字的回复(「- 第一步:…」)照常是文字。
+不是 UTF-8 的参数(终端的编码是 GBK 之类)。以「-」开头、后面还有别的字的回复(「- 第一步:…」)照常是文字;
+以 - 开头的工单号(-A7)或者像选项的文字(--reply=…)写在 -- 后面:inbox.py accept -- -A7。
+工单原文、草稿、敲错的工单号里的控制字符(\x9b 这类终端命令)显示成 \x9b,不交给终端执行。
 输出被提前关掉(list | head)时不打 traceback,退出码 141(和被 SIGPIPE 结束的命令一样),这次不记你看到了哪一版。
 只是列表不长、整个都写进了管道时,list 看不出 head 只显示了前几行:整个列表都算你看过(要看全部,别接 head)。
 启动时(导入要三四秒)按 Ctrl-C:一行「已中断(Ctrl-C):什么都还没动」,退出码 130。
@@ -53,8 +55,13 @@ ALIASES = {"approve": "accept", "reject": "ignore"}  # LangChain 1.x HumanInTheL
 ANSWER_TYPE = {"accept": "accept", "edit": "edit", "respond": "response", "ignore": "ignore"}
 COMMAND_OF = {v: k for k, v in ANSWER_TYPE.items()}
 NEEDS_TEXT = ("edit", "respond")
-# -f、--force、--dry-run:像选项的一个词(带空格的就是文字);单独的 - 和 --(原来当成回复原样发给了客户)
-OPTION = re.compile(r"--?(?:[A-Za-z0-9][A-Za-z0-9-]*)?")
+# -f、--force、--dry-run、--dry_run、--reply=…:像选项的一个词(带空格、不带「=」的就是文字);单独的 - 和 --
+# (原来当成回复原样发给了客户;--reply=… 和 --dry_run 也是,直到这一版)
+OPTION = re.compile(r"--?(?:[A-Za-z0-9][A-Za-z0-9_-]*(?:=.*)?)?", re.S)
+END_OF_OPTIONS = "--"  # 后面的都是工单号和文字,不当选项看:工单号真的以 - 开头时(webhook 收得下 -A7 这样的)用它
+# 打到终端上之前换成 \xNN 的字符:制表符和换行以外的控制字符,包括 C1(\x9b 是终端的 CSI,客户邮件里的「\x9b8m」
+# 能把后面的字藏起来,主管在通知里正好看不见那句话)。工单原文、草稿、命令行上敲错的工单号都可能带着
+SHOWN_ESCAPED = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 # 除了 \t \n \r 之外的控制字符,也包括 C1 的 \x80–\x9f(用错编码解出来的 Word、Windows-1252 文字常带着,
 # \x9b 还是终端的 CSI):原来只拦 \x00–\x1f 和 \x7f,C1 的原样发给了客户
 CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
@@ -65,8 +72,19 @@ class Refused(Exception):
 
 
 def usage(problem: str) -> int:
-    print(f"{problem}\n用法:{USAGE}", file=sys.stderr)
+    print(f"{visible(problem)}\n用法:{USAGE}", file=sys.stderr)
     return 2
+
+
+def visible(text: str) -> str:
+    """打到终端上的文字:SHOWN_ESCAPED 里的字符写成 \\xNN,看得见、也不会被终端当成命令。"""
+    return SHOWN_ESCAPED.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+
+
+def restart_command(tickets) -> str:
+    """提示里让人照着敲的 restart 命令;有以 - 开头的工单号时写在 -- 后面。"""
+    ids = sorted(tickets)
+    return f"uv run python inbox.py restart {'-- ' if any(t.startswith('-') for t in ids) else ''}{' '.join(ids)}"
 
 
 def viewer() -> str:
@@ -143,7 +161,7 @@ def missing_checkpoints(graph, waiting: list[dict], say: bool = True) -> set[str
             f"CHECKPOINTS_DB={store.checkpoints_db()}"
         print(f"(收件箱里的 {'、'.join(sorted(missing))} 在 checkpoint 库里找不到({where}):多半指错了库,"
               "worker 起草时用的是另一个;把设置改回来,这几条没有动。库确实丢了(删掉了)的话,运行 "
-              f"uv run python inbox.py restart {' '.join(sorted(missing))} 让 worker 从头重新起草)", file=sys.stderr)
+              f"{restart_command(missing)} 让 worker 从头重新起草)", file=sys.stderr)
     return missing
 
 
@@ -172,7 +190,7 @@ def restart(tickets: list[str], missing: set[str]) -> None:
 
 def indented(label: str, text: str) -> str:
     """「        标签:正文」;正文有好几行(邮件工单、真模型的草稿)时,后面几行也缩进,不和下一条待办混在一起。"""
-    return "\n".join(f"        {label if i == 0 else ''}{line}" for i, line in enumerate(text.splitlines() or [""]))
+    return "\n".join(f"        {label if i == 0 else ''}{visible(line)}" for i, line in enumerate(text.splitlines() or [""]))
 
 
 def show_list(graph, missing: set[str]) -> None:
@@ -186,7 +204,7 @@ def show_list(graph, missing: set[str]) -> None:
     for ev, snap in snaps:
         item = snap.interrupts[0].value
         args = item["action_request"]["args"]
-        print(f"{ev['ticket_id']}  {item['description']}")
+        print(visible(f"{ev['ticket_id']}  {item['description']}"))
         if item["action_request"]["action"] == "notify_supervisor":
             print(indented("工单:", args["ticket_text"]))
             print("        只能 ignore(看过即可)")
@@ -230,9 +248,13 @@ def not_in_inbox(ticket_id: str, waiting: list[dict]) -> Refused:
         why = (dead[-1]["last_error"] or "没有记下原因").splitlines()[0]
         return Refused(f"{ticket_id} 的事件 {' '.join(ids)} 在死信队列里({why}),没有进收件箱;"
                        f"查清原因后运行 {store.requeue_dead_command(ids)} 放回队列")
-    hint = next((f";是不是 {e['ticket_id']}?" for e in waiting
-                 if e["ticket_id"].casefold() == ticket_id.casefold()), "")
+    hint = next((f";是不是 {e['ticket_id']}?" for e in waiting if loose(e["ticket_id"]) == loose(ticket_id)), "")
     return Refused(f"{ticket_id} 不在收件箱里(已经处理过,或者还没轮到 worker){hint}")
+
+
+def loose(ticket_id: str) -> str:
+    """比「是不是写错了」时用:不分大小写、不分全角半角(中文输入法全角模式下敲的 Ｔ１０４１ 也认得出是 T1041)。"""
+    return unicodedata.normalize("NFKC", ticket_id).casefold()
 
 
 def act(graph, command: str, ticket_id: str, text: str) -> None:
@@ -307,7 +329,7 @@ def act(graph, command: str, ticket_id: str, text: str) -> None:
         if command != "respond" or len(graph.get_state(cfg).values.get("feedback", [])) == rounds:
             # 上面核对过了,按说不会到这里:图没有接受这个回答(review 又问了一次),待办原样留着,可以再处理
             raise Refused(f"{ticket_id} 这次没有处理成:{item['description']};仍在收件箱里")
-        print("已按意见重写,新草稿:", item["action_request"]["args"]["reply"])
+        print("已按意见重写,新草稿:", visible(item["action_request"]["args"]["reply"]))
         sys.stdout.flush()  # 真的写出去了才算看过(见 show_list)
         remember({ticket_id: item["action_request"]["args"]["reply"]})
         return
@@ -329,11 +351,13 @@ def blank(text: str) -> bool:
     return all(c.isspace() or unicodedata.category(c) in ("Cc", "Cf", "Zs", "Zl", "Zp") for c in text)
 
 
-def bad_argument(command: str, args: list[str]) -> str | None:
-    """命令行参数哪里不对(说给人听的一句);都对就返回 None。在碰数据库之前做完。"""
-    for arg in args[1:]:
+def bad_argument(command: str, args: list[str], options_end: int) -> str | None:
+    """命令行参数哪里不对(说给人听的一句);都对就返回 None。在碰数据库之前做完。
+    args 里已经去掉了 --;options_end 是它原来的位置(没有 -- 时是 len(args)),之后的不当选项看。"""
+    for arg in args[1:options_end]:
         if OPTION.fullmatch(arg):
-            return f"不认识的选项:{arg}(inbox.py 只有 -h / --help 一个选项)"
+            return (f"不认识的选项:{arg}(inbox.py 只有 -h / --help 一个选项;工单号或文字真的以 - 开头时,"
+                    "写在 -- 后面,比如 inbox.py accept -- -A7)")
     if command == "list":
         return "list 不带参数" if len(args) > 1 else None
     if len(args) < 2 or blank(args[1]):
@@ -363,7 +387,9 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if not args:
         return usage("缺少子命令")
-    if "-h" in args or "--help" in args:  # 在哪个位置都算:不会把 --help 当成工单号或回复发出去
+    # 「--」之后的都是工单号和文字(Unix 命令的老规矩):以 - 开头的工单号(-A7)、以 -- 开头的回复也能处理
+    options_end = args.index(END_OF_OPTIONS, 1) if END_OF_OPTIONS in args[1:] else len(args)
+    if "-h" in args[:options_end] or "--help" in args[:options_end]:  # 在 -- 之前哪个位置都算:不会把 --help 当成工单号或回复发出去
         print(f"用法:{USAGE}")
         return 0
     if not all(utf8(arg) for arg in args):
@@ -371,7 +397,8 @@ def main(argv: list[str] | None = None) -> int:
     command = ALIASES.get(args[0], args[0])
     if command not in ("list", "restart") and command not in ANSWER_TYPE:
         return usage(f"不认识的子命令:{args[0]}")
-    if problem := bad_argument(command, args):
+    args = args[:options_end] + args[options_end + 1:]
+    if problem := bad_argument(command, args, options_end):
         return usage(problem)
 
     check_settings()  # 配置错了现在就退出:待办还没被拿走,不会卡在 processing
@@ -390,7 +417,7 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 act(graph, command, ticket_id, args[2].strip() if command in NEEDS_TEXT else "")
     except Refused as e:
-        print(e, file=sys.stderr)
+        print(visible(str(e)), file=sys.stderr)
         return 1
     except store.unavailable_errors() as e:  # 数据库重启、连接被掐断、库被锁太久
         print(f"{store.unavailable(e)},这次没有做完;稍后再试,做到一半的下次运行 inbox.py 时会按 checkpoint 更正",

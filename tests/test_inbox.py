@@ -28,6 +28,7 @@ T1041_ITEM = ("T1041  [refund] 客户反映:同一笔账单被扣了两次\n    
 T1003_ITEM = "T1003  [other] 客户反映:谢谢小周老师的耐心帮助\n        草稿:您好,我们已经收到您的消息,相关同事会尽快查看并回复您。感谢您的耐心。\n"
 SORRY = "您好,非常抱歉给您添了麻烦。"  # 意见里要道歉时,重写的草稿这样开头
 AFTER_FEEDBACK = "到账或处理时间以实际渠道为准,给您添麻烦了。"  # 按意见重写的退款草稿这样结尾
+ONLY_HELP = "(inbox.py 只有 -h / --help 一个选项;工单号或文字真的以 - 开头时,写在 -- 后面,比如 inbox.py accept -- -A7)"
 AFTER_SORRY = "到账或处理时间以实际渠道为准,感谢您的耐心。"  # 开头已经道过歉的:不再说一遍「给您添麻烦了」
 
 
@@ -231,7 +232,9 @@ def test_notify_item_only_allows_ignore(lab):
     (["reject", "T1012", "不回"], "reject 的参数太多了;文字里有空格时请用引号括起来"),
     (["restart"], "restart 需要工单号"),
     (["restart", "T1012", " "], "restart 的工单号不能是空的(第 2 个)"),
-    (["restart", "T1012", "--all"], "不认识的选项:--all(inbox.py 只有 -h / --help 一个选项)"),
+    (["restart", "T1012", "--all"], "不认识的选项:--all" + ONLY_HELP),
+    (["edit", "T1012", "--"], "edit 需要第三个参数:改好的回复全文(不能为空)"),  # 原来把「--」当回复发给了客户
+    (["accept", "--"], "accept 需要工单号"),
 ])
 def test_bad_command_line_prints_usage_and_exits_2_and_changes_nothing(lab, args, message):
     queue("T1012")
@@ -365,16 +368,81 @@ def test_text_exactly_at_the_limit_is_sent_whole(lab):
     (["accept", "T1012", "--force"], "--force"),
     (["edit", "--force", "您好,已经退款"], "--force"),
     (["list", "--all"], "--all"),
-    (["edit", "T1012", "--"], "--"),  # 原来把「--」当回复发给了客户
     (["edit", "T1012", "-"], "-"),
-    (["accept", "--", "T1012"], "--"),
+    (["edit", "T1012", "--reply=您好,发票已重开"], "--reply=您好,发票已重开"),  # 原来原样发给了客户
+    (["respond", "T1012", "--dry_run"], "--dry_run"),  # 原来当意见交给模型,写进了草稿
+    (["edit", "T1012", "--reply=您好 发票已重开"], "--reply=您好 发票已重开"),
 ])
 def test_an_option_in_the_ticket_or_text_position_is_refused_and_nothing_is_sent(lab, args, option):
     queue("T1012")
     before = everything("T1012")
-    refused_as_usage(inbox(lab, *args), f"不认识的选项:{option}(inbox.py 只有 -h / --help 一个选项)")
+    refused_as_usage(inbox(lab, *args), f"不认识的选项:{option}" + ONLY_HELP)
     assert everything("T1012") == before
     assert drain() == []
+
+
+def copy_ticket(source: str, *new_ids: str) -> None:
+    """业务库里照 source 再建几张工单,换个工单号(外部业务库里的工单号不一定是 T 开头)。"""
+    conn = store.connect(store.biz_target())
+    for new_id in new_ids:
+        conn.execute("INSERT INTO tickets (id, customer_id, subject, body, status, created_at) "
+                     "SELECT ?, customer_id, subject, body, status, created_at FROM tickets WHERE id = ?", (new_id, source))
+    conn.close()
+
+
+def test_after_double_dash_a_ticket_id_starting_with_a_dash_is_handled_and_a_plain_one_too(lab):
+    """webhook 收得下 -A7、--x9 这样的工单号(ticket_id 允许 A-Z a-z 0-9 _ -),worker 照常起草,list 也列出来;
+    原来收件箱一律说它们是「不认识的选项」,哪个命令都处理不了(-- 本身也被拒)。现在照 Unix 的老规矩写在 -- 后面。"""
+    copy_ticket("T1012", "-A7", "--x9")
+    queue("-A7", "--x9", "T1012")
+    r = inbox(lab, "accept", "--", "-A7")
+    assert (r.returncode, r.stdout, r.stderr) == (0, "-A7 → sent\n", "")
+    r = inbox(lab, "edit", "--", "--x9", "--您好,已经处理好了")
+    assert (r.returncode, r.stdout, r.stderr) == (0, "--x9 → sent\n", "")
+    r = inbox(lab, "accept", "--", "T1012")
+    assert (r.returncode, r.stdout, r.stderr) == (0, "T1012 → sent\n", "")
+    assert rows("SELECT ticket_id, body FROM outbox WHERE ticket_id LIKE '-%' ORDER BY ticket_id") == [
+        ("--x9", "--您好,已经处理好了"), ("-A7", state("-A7")["draft"]["reply"])]
+    assert rows("SELECT event_id, status FROM events ORDER BY event_id") == [
+        ("evt_--x9_created", "done"), ("evt_-A7_created", "done"), ("evt_T1012_created", "done")]
+
+
+def test_restart_hint_for_a_ticket_id_starting_with_a_dash_puts_it_after_double_dash(lab):
+    """checkpoint 库丢了时,提示里让人照着敲的 restart 命令:以 - 开头的工单号写在 -- 后面,照着敲就能用。"""
+    copy_ticket("T1012", "-A7")
+    queue("-A7")
+    lose_checkpoints(lab)
+    r = inbox(lab, "list")
+    assert r.returncode == 1
+    assert r.stderr.rstrip("\n").endswith("运行 uv run python inbox.py restart -- -A7 让 worker 从头重新起草)"), r.stderr
+    r = inbox(lab, "restart", "--", "-A7")
+    assert (r.returncode, r.stdout, r.stderr) == (
+        0, "-A7 已交回 worker 从头起草(checkpoint 库里找不到它,worker 会再调一次模型)\n", "")
+    assert rows("SELECT event_id, status FROM events") == [("evt_-A7_created", "pending")]
+
+
+def test_control_characters_in_ticket_text_and_typed_ids_are_shown_escaped_not_sent_to_the_terminal(lab):
+    """客户邮件里的「\\x9b8m」(C1 的 CSI:把后面的字藏起来)原来原样打到终端上,主管在通知里正好看不见「我就找律师」;
+    命令行上敲错的工单号里的 ESC[2J(清屏)也原样回显。现在都写成 \\xNN。"""
+    conn = store.connect(store.biz_target())
+    conn.execute("UPDATE tickets SET body = ? WHERE id = 'T1010'", ("再不退款\x9b8m我就找律师\x9b0m",))
+    conn.close()
+    queue("T1010")
+    r = inbox(lab, "list")
+    assert (r.returncode, r.stderr) == (0, "")
+    assert r.stdout.splitlines()[1] == "        工单:退款申请一个多月无人处理:再不退款\\x9b8m我就找律师\\x9b0m"
+    r = inbox(lab, "accept", "T10\x1b[2J10")
+    assert (r.returncode, r.stdout, r.stderr) == (1, "", "T10\\x1b[2J10 不在收件箱里(已经处理过,或者还没轮到 worker)\n")
+    assert rows("SELECT event_id, status FROM events") == [("evt_T1010_created", "waiting_human")]
+
+
+def test_a_full_width_ticket_id_gets_the_did_you_mean_hint(lab):
+    """中文输入法全角模式下敲的 Ｔ１０１２:原来只说「不在收件箱里(已经处理过……)」,好像这张已经处理过了。"""
+    queue("T1012")
+    r = inbox(lab, "accept", "Ｔ１０１２")
+    assert (r.returncode, r.stdout, r.stderr) == (
+        1, "", "Ｔ１０１２ 不在收件箱里(已经处理过,或者还没轮到 worker);是不是 T1012?\n")
+    assert rows("SELECT event_id, status FROM events") == [("evt_T1012_created", "waiting_human")]
 
 
 @pytest.mark.parametrize("reply", [
