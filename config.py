@@ -130,6 +130,12 @@ def url(name: str, default: str = "", *, secret: bool = False) -> str:
     raw = get(name, default)
     if not raw:
         return raw
+    # urlsplit 悄悄删掉网址里的制表符和换行(WHATWG 的规矩),httpx 却拒收:原来要等到真的去发(日报都打印完了)才是
+    # 「连不上」、退出码 1,不是「配置错误」、退出码 2。空格和别的 ASCII 控制字符也一样,网址里不能有(主机名里的 \x80 这类
+    # 由 hostname_problem 说得更准)
+    if bad := next((c for c in raw if c.isspace() or c < " " or c == "\x7f"), None):
+        shown = raw[:16] + "…" if secret and len(raw) > 16 else hide_password(raw)
+        raise SystemExit(f"配置错误:{name}={shown!r} 不是合法的网址(里面有空白或控制字符 {bad!r},多半是复制时带进来的)")
     try:
         parts = urlsplit(raw)
         parts.port  # noqa: B018 —— 端口不是数字、超出范围时这里抛 ValueError

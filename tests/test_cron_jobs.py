@@ -229,6 +229,9 @@ def test_worker_drafts_an_apologising_follow_up_for_stale_tickets(lab):
     (["report"], {"SLACK_WEBHOOK_URL": "https://hooks..slack.com/services/T000/B000/SECRETTOKEN"}, 2,
      "配置错误:SLACK_WEBHOOK_URL='https://hooks..s…' 不是合法的网址(主机名有一段是空的(连着两个点、以点开头)"
      "或者超过 63 个字符)"),
+    # 网址中间夹着制表符(复制时带进来的):urlsplit 悄悄删掉它,原来日报打印完才「连不上 Slack」、退出码 1
+    (["report"], {"SLACK_WEBHOOK_URL": "http://127.0.0.1:9/ser\tvices/T000/B000/SECRETTOKEN"}, 2,
+     "配置错误:SLACK_WEBHOOK_URL='http://127.0.0.1…' 不是合法的网址(里面有空白或控制字符 '\\t',多半是复制时带进来的)"),
 ])
 def test_bad_arguments_and_settings_exit_2_before_anything_is_printed_or_enqueued(lab, tmp_path, args, env, code,
                                                                                   message):
