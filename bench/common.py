@@ -2,6 +2,7 @@
 
 这个文件不单独运行;bench/webhook.py 和 bench/worker.py 导入它。
 """
+import argparse
 import os
 import platform
 import statistics
@@ -41,9 +42,22 @@ def print_header(title: str, command: str) -> None:
     print(f"- 命令:`{command}`\n", flush=True)
 
 
+def positive_int(text: str) -> int:
+    """argparse 的 type:轮数、请求数这类只能是正整数。原来 0 悄悄换成默认值(「or 默认值」),负数算出 nan 的比值、
+    旁边还打 ✓,-1 个请求是 ZeroDivisionError 的 traceback。"""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"要是正整数,不是 {text!r}")
+    return value
+
+
 def command_line(script: str) -> str:
-    """这次运行的命令,照着能原样再跑一遍(带上参数;设了 TEST_DATABASE_URL 的也写出来,值不写)。"""
-    prefix = "TEST_DATABASE_URL=… " if os.environ.get("TEST_DATABASE_URL") else ""
+    """这次运行的命令,照着能原样再跑一遍(带上参数;设了 TEST_DATABASE_URL 或 DATABASE_URL 的也写出来,值不写:
+    原来只认 TEST_DATABASE_URL,用 DATABASE_URL 跑的那次印出来的命令照着敲只测 SQLite)。"""
+    prefix = "".join(f"{name}=… " for name in ("TEST_DATABASE_URL", "DATABASE_URL") if os.environ.get(name))
     return " ".join([f"{prefix}uv run python {script}", *sys.argv[1:]])
 
 

@@ -10,7 +10,11 @@
 你会看到:日期、nproc、Python 版本,然后一张表,每行一种负载(空端点 / 新事件 / 重复投递):
 req/s 和 p50/p99 延迟(各轮的中位数)、相对空端点的比值、服务进程每个请求用的 CPU、峰值内存(VmHWM);
 最后几行 ✓/✗:新事件的比值是否 ≥ 0.80(重复投递的比值也对照同一目标,供参考),所有回了 202 的事件
-在 kill -9 之后是否都在库里,有没有回错的请求。退出码总是 0。
+在 kill -9 之后是否都在库里,有没有回错的请求。退出码总是 0(参数写错时 2,argparse 说哪里不对)。
+
+崩溃那一轮:各轮量完之后,再往 webhook 发一轮新事件,回到一半时把 webhook 和它的写库进程一起 kill -9
+(这时还有几十个请求在路上、写库进程手上可能正有一批),然后核对:每个回了 202 的事件都在库里。
+它查的是「落盘之后才回 202」;断电时还在不在,靠的是 synchronous=FULL 的 fsync,kill -9 量不出来。
 
 预热:开始计时前两边各先发一轮(同样多的请求),这一轮存下的事件也就是「重复投递」要重发的那些。
 
@@ -43,7 +47,7 @@ QUICK_REQUESTS = 500      # 个;--quick 时每轮的请求数
 QUICK_ROUNDS = 3          # 轮;--quick 时的轮数
 TARGET_RATIO = 0.80       # 倍;issue 6 的目标:新事件的 req/s ≥ 空端点的 0.80
 START_TIMEOUT_S = 30      # 秒;uvicorn 起不来就放弃
-REQUEST_TIMEOUT_S = 30    # 秒;一个请求超过这么久没回就算失败(组提交卡住时不会无限等)
+REQUEST_TIMEOUT_S = 30    # 秒;一轮的时限是它再加上每个请求 1 秒,超过了整个基准出错停下(组提交卡住时不会无限等)
 SECRET = "bench-secret"   # 只在这次运行的临时服务里用
 PATH = "/hooks/cloudledger"
 # 两个服务用同一组 uvicorn 参数;不打访问日志(每个请求一行日志会成为瓶颈,两边都一样关掉)
@@ -130,15 +134,25 @@ def event_bodies(prefix: str, n: int) -> list[bytes]:
                         "data": {"ticket_id": f"T{1001 + i % 41}"}}).encode() for i in range(n)]
 
 
-async def _connection(port: int, requests: list[bytes], order, results: list) -> None:
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+async def _connection(port: int, requests: list[bytes], order, results: list, after_each=None) -> None:
+    """一条连接:从 order 里拿下一个请求、发出去、读完回答,直到 order 空了。after_each 不是 None 时(崩溃那一轮)
+    每读完一个回答调它一次;服务被杀掉后连接断了、连不上,这条连接就停下,不算出错。"""
     try:
-        await _send_all(reader, writer, requests, order, results)
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    except OSError:
+        if after_each is None:
+            raise
+        return
+    try:
+        await _send_all(reader, writer, requests, order, results, after_each)
+    except (OSError, asyncio.IncompleteReadError):
+        if after_each is None:
+            raise
     finally:
         writer.close()
 
 
-async def _send_all(reader, writer, requests, order, results) -> None:
+async def _send_all(reader, writer, requests, order, results, after_each=None) -> None:
     for i in order:  # 32 个协程共用一个迭代器:谁空了谁拿下一个
         start = time.perf_counter()
         writer.write(requests[i])
@@ -147,15 +161,40 @@ async def _send_all(reader, writer, requests, order, results) -> None:
                       if line.startswith(b"content-length:"))
         body = await reader.readexactly(length)
         results[i] = (int(head[9:12]), body, time.perf_counter() - start)
+        if after_each is not None:
+            after_each()
 
 
-async def _load(port: int, requests: list[bytes]) -> tuple[float, list]:
+async def _load(port: int, requests: list[bytes], after_each=None) -> tuple[float, list]:
     results: list = [None] * len(requests)
     order = iter(range(len(requests)))
     start = time.perf_counter()
-    tasks = [_connection(port, requests, order, results) for _ in range(CONNECTIONS)]
+    tasks = [_connection(port, requests, order, results, after_each) for _ in range(CONNECTIONS)]
     await asyncio.wait_for(asyncio.gather(*tasks), REQUEST_TIMEOUT_S + len(requests))
     return time.perf_counter() - start, results
+
+
+def crash_round(server: Server, bodies: list[bytes]) -> dict:
+    """崩溃那一轮(见文件开头):发一轮新事件,回到一半时 webhook 和写库进程一起 kill -9。
+    返回回了 202 的事件 id、kill 之前回了几个、有几个请求没等到回答。"""
+    pids = [server.proc.pid, *descendants(server.proc.pid)]
+    kill_after, answered = len(bodies) // 2, 0
+
+    def count_and_maybe_kill() -> None:
+        nonlocal answered
+        answered += 1
+        if answered == kill_after:
+            for pid in reversed(pids):  # 写库进程先:它手上那一批来不及再提交
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+
+    _, results = asyncio.run(_load(server.port, build_requests(server.port, bodies), count_and_maybe_kill))
+    server.proc.wait()
+    ok = {json.loads(bodies[i])["id"] for i, r in enumerate(results)
+          if r is not None and r[0] == 202 and json.loads(r[1]) == {"accepted": True, "duplicate": False}}
+    return {"acknowledged": ok, "kill_after": kill_after, "unanswered": sum(r is None for r in results)}
 
 
 def load(server: Server, bodies: list[bytes]) -> dict:
@@ -177,6 +216,18 @@ def check_answers(answers: list, duplicate: bool) -> int:
     return sum(1 for status, body in answers if status != 202 or body != want)
 
 
+def durability(events_db: Path) -> str:
+    """这次的事件库的落盘设置:journal_mode 记在库文件里;synchronous 是每个连接自己的,用写库进程同样的
+    store.connect(durable=True) 打开一个连接读出来。原来表头里写死了一句「WAL、synchronous=FULL」。"""
+    conn = store.connect(events_db, durable=True)
+    try:
+        mode = conn.execute("PRAGMA journal_mode").fetchone()[0]
+        level = {0: "OFF", 1: "NORMAL", 2: "FULL", 3: "EXTRA"}[conn.execute("PRAGMA synchronous").fetchone()[0]]
+    finally:
+        conn.close()
+    return f"journal_mode={mode},synchronous={level}"
+
+
 def stored_ids(events_db: Path) -> set[str]:
     conn = store.connect(events_db)  # 给了路径:永远是 SQLite 文件
     try:
@@ -188,20 +239,19 @@ def stored_ids(events_db: Path) -> set[str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="webhook 吞吐基准(对比只回 202 的空端点)")
     parser.add_argument("--quick", action="store_true", help=f"冒烟:{QUICK_ROUNDS} 轮 × {QUICK_REQUESTS} 个请求")
-    parser.add_argument("--requests", type=int, help=f"每轮每种负载的请求数(默认 {REQUESTS})")
-    parser.add_argument("--rounds", type=int, help=f"轮数(默认 {ROUNDS})")
+    parser.add_argument("--requests", type=common.positive_int, help=f"每轮每种负载的请求数(默认 {REQUESTS})")
+    parser.add_argument("--rounds", type=common.positive_int, help=f"轮数(默认 {ROUNDS})")
     parser.add_argument("--parts", action="store_true",
                         help="另外起两个拆开的 webhook(bench/webhook_parts.py),看多出来的 CPU 花在哪一步")
     parser.add_argument("--lesson", action="store_true",
                         help="另外起一个课文写法的 webhook(请求里直接写 SQLite,bench/webhook_parts.py lesson)")
     args = parser.parse_args(argv)
-    n = args.requests or (QUICK_REQUESTS if args.quick else REQUESTS)
-    rounds = args.rounds or (QUICK_ROUNDS if args.quick else ROUNDS)
+    n = args.requests if args.requests is not None else (QUICK_REQUESTS if args.quick else REQUESTS)
+    rounds = args.rounds if args.rounds is not None else (QUICK_ROUNDS if args.quick else ROUNDS)
     common.print_header("webhook 吞吐:我们的 webhook.py 对比只回 202 的空 FastAPI",
                         common.command_line("bench/webhook.py"))
     print(f"设置:{CONNECTIONS} 条并发 keep-alive 连接;每种负载 {rounds} 轮 × {n} 个请求,取中位数;"
-          f"uvicorn {' '.join(UVICORN_ARGS)}(单进程);事件库是临时 SQLite 文件"
-          "(WAL、synchronous=FULL,组提交)。\n", flush=True)
+          f"uvicorn {' '.join(UVICORN_ARGS)}(单进程);事件库是临时 SQLite 文件,组提交。\n", flush=True)
 
     with tempfile.TemporaryDirectory(prefix="bench-webhook-") as tmp:
         env = common.clean_env(**common.lab_env(Path(tmp)), WEBHOOK_SECRET=SECRET)
@@ -216,12 +266,15 @@ def main(argv: list[str] | None = None) -> int:
             results, acknowledged, wrong = run_rounds(ours, bare, n, rounds, parts)
             rss = {"bare": peak_rss_mb(bare.proc.pid), "new": peak_rss_mb(ours.proc.pid)}
             rss |= {part: peak_rss_mb(server.proc.pid) for part, server in parts.items()}
+            crash = crash_round(ours, event_bodies("crash", n))
+            acknowledged |= crash["acknowledged"]
         finally:
             for server in (ours, bare, *parts.values()):
                 server.kill()
-        # webhook 已经被 kill -9:现在库里有的,就是它崩溃前真正落了盘的
+        # webhook 和写库进程都已经被 kill -9:现在库里有的,就是它们崩溃前真正提交了的
         missing = acknowledged - stored_ids(Path(env["EVENTS_DB"]))
-    report(results, rss, rounds, n, acknowledged, missing, wrong)
+        settings = durability(Path(env["EVENTS_DB"]))
+    report(results, rss, rounds, n, acknowledged, missing, wrong, crash, settings)
     return 0
 
 
@@ -261,7 +314,7 @@ def paired_ratio(ours: list[dict], bare: list[dict]) -> float:
     return median(o["rps"] / b["rps"] for o, b in zip(ours, bare))
 
 
-def report(results, rss, rounds, n, acknowledged, missing, wrong) -> None:
+def report(results, rss, rounds, n, acknowledged, missing, wrong, crash, settings: str) -> None:
     labels = {"bare": "空 FastAPI(基线,只回 202)", "new": "webhook.py:新事件(验签 + 组提交落盘)",
               "duplicate": "webhook.py:重复投递(验签 + 去重)"}
     ratio = {kind: paired_ratio(results[kind], results["bare"]) for kind in labels}
@@ -291,8 +344,10 @@ def report(results, rss, rounds, n, acknowledged, missing, wrong) -> None:
     print(f"- {mark(new_ratio >= TARGET_RATIO)} 新事件 req/s ÷ 空端点 = {new_ratio:.2f}(目标 ≥ {TARGET_RATIO:.2f},"
           "每个 202 之前都已提交落盘)")
     print(f"- {mark(dup_ratio >= TARGET_RATIO)} 重复投递 req/s ÷ 空端点 = {dup_ratio:.2f}(同一目标,供参考)")
-    print(f"- {mark(not missing)} 回了 202 的新事件 {len(acknowledged)} 个;webhook 被 kill -9 之后库里"
-          + ("一个不少" if not missing else f"缺 {len(missing)} 个,例如 {sorted(missing)[:3]}"))
+    print(f"- {mark(not missing)} 回了 202 的新事件 {len(acknowledged)} 个(其中崩溃那一轮 {len(crash['acknowledged'])} 个:"
+          f"回到第 {crash['kill_after']} 个时 webhook 和写库进程一起被 kill -9,{crash['unanswered']} 个请求没等到回答(在路上的和还没发出去的));"
+          "之后库里" + ("一个不少" if not missing else f"缺 {len(missing)} 个,例如 {sorted(missing)[:3]}")
+          + f"。事件库 {settings}")
     bad = sum(wrong.values())
     print(f"- {mark(not bad)} 回错的请求:{bad} 个(新事件应是 duplicate=false,重复投递应是 duplicate=true)")
     if new_ratio < TARGET_RATIO:
@@ -335,6 +390,8 @@ def report_lesson(results: dict[str, list[dict]], rss: dict) -> None:
                      median(r["server_cpu_ms"] for r in rs), rss[kind]])
     table(["负载", "req/s", "÷ 空端点(逐轮)", "p50 ms", "p99 ms", "服务端 CPU ms/请求", "峰值 RSS MiB"], rows)
     print("每轮的 req/s(课文的写法):" + "、".join(f"{r['rps']:.0f}" for r in results["lesson"]))
+    print("课文写法那个服务的峰值 RSS 里含一个闲着的写库进程(拆开的 webhook 启动时照样拉起它,见 bench/webhook_parts.py),"
+          "约 13 MiB;课文自己的写法没有这个进程。")
     print(f"webhook.py ÷ 课文的写法(逐轮):{paired_ratio(results['new'], results['lesson']):.1f} 倍")
 
 
