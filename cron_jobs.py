@@ -9,6 +9,7 @@
     scan:超过 20 天还开着的工单 9 张,其中没回复过的 9 张,本次入队 5 个
           同一天再跑一次(补跑、手动跑):……本次入队 0 个。事件 id 是 cron:stale:<工单号>:<日期>,同一天同一张工单只有一个。
           已经在队列或收件箱里的、客服选了「不回」的、事件进了死信的工单不再入队,有这种情况时多一行说明。
+          created_at 不是 YYYY-MM-DD 开头的开着的工单(别的系统的库)不入队,标准错误多一行列出来。
           worker 处理 ticket.stale 事件时,提示词会说这张工单等了很久,草稿开头先为久等道歉。
     report:事件状态、队列深度(pending)、收件箱里等得最久的一条、死信数和每条死信、
           每类工单的处理结果(accept / edit / ignore 各几张,其中几张提过意见重写、共几轮 response)、
@@ -65,7 +66,7 @@ def scan(limit: int = SCAN_LIMIT) -> dict:
     stale_days = stale_days_setting()
     today = store.now()[:10]
     cutoff = (date.fromisoformat(today) - timedelta(days=stale_days)).isoformat()
-    old = store.open_tickets_created_by(cutoff)
+    old, odd = store.open_tickets_created_by(cutoff)
     blockers = store.followup_blockers()
     # 已经有事件在排队或等人的工单不再提醒 —— 今天这次扫描自己入队的除外,所以同一天重跑挑出的还是同一批
     todays = {t for t, event_id in blockers["queued"] if event_id == stale_event_id(t, today)}
@@ -91,8 +92,12 @@ def scan(limit: int = SCAN_LIMIT) -> dict:
             (len(over_limit), f"超出 --limit {limit}", "")]
     if any(n for n, *_ in held):
         print("没有入队的:" + ",".join(f"{why} {n} 张{note}" for n, why, note in held if n))
+    if odd:  # BIZ_DB 指着别的系统的库:日期格式不一样的工单算不出开了几天,说出来,不悄悄入队或漏掉
+        examples = "、".join(f"{t}={day!r}" for t, day in sorted(odd)[:3]) + ("……" if len(odd) > 3 else "")
+        print(f"业务库里 {len(odd)} 张开着的工单 created_at 不是 YYYY-MM-DD 开头的日期,算不出开了几天,没有算进来:"
+              f"{examples}(改成 YYYY-MM-DD 才扫得到)", file=sys.stderr)
     return {"old": len(old), "unreplied": len(unreplied), "enqueued": enqueued, "already": already, "busy": busy,
-            "ignored": ignored, "dead": dead, "over_limit": over_limit}
+            "ignored": ignored, "dead": dead, "over_limit": over_limit, "odd": [t for t, _ in odd]}
 
 
 # ---------------------------------------------------------------- report

@@ -1833,13 +1833,33 @@ def add_mail_ticket(candidates: list[str], customer_id: str, subject: str, body:
     raise ValueError(f"工单号全都被别的邮件占了:{', '.join(candidates)}")
 
 
-def open_tickets_created_by(last_day: str) -> list[str]:
-    """业务库里 created_at 不晚于 last_day(YYYY-MM-DD)、还开着的工单,最老的在前。"""
+def open_tickets_created_by(last_day: str) -> tuple[list[str], list[tuple[str, str]]]:
+    """业务库里 created_at 不晚于 last_day(YYYY-MM-DD)、还开着的工单,最老的在前;另外返回 created_at 不是
+    YYYY-MM-DD 开头的开着的工单 (工单号, 原样的 created_at),它们没法比,不算进去。
+    原来直接在 SQL 里按字符串比:BIZ_DB 指着别的系统的库时,''、'15/11/2026'、1893456000 这样的都「早于」截止日,
+    悄悄当成久未回复入队;格式不对的工单一句提示都没有(课文「坑」那一节:两种时间格式按字符串比)。"""
     with opened(biz_target()) as conn:
-        rows = conn.execute(
-            "SELECT id FROM tickets WHERE status = 'open' AND created_at <= ? ORDER BY created_at, id", (last_day,)
-        ).fetchall()
-    return [r["id"] for r in rows]
+        rows = conn.execute("SELECT id, created_at FROM tickets WHERE status = 'open' ORDER BY created_at, id").fetchall()
+    old, odd = [], []
+    for r in rows:
+        day = ticket_day(r["created_at"])
+        if day is None:
+            odd.append((r["id"], str(r["created_at"])))
+        elif day <= last_day:
+            old.append(r["id"])
+    return old, odd
+
+
+def ticket_day(value) -> str | None:
+    """工单 created_at 的日期(YYYY-MM-DD);认不出是哪天时是 None。PostgreSQL 里别人的表可能是 date / timestamp 类型。"""
+    if isinstance(value, (date, datetime)):
+        return value.isoformat()[:10]
+    if isinstance(value, str) and re.match(r"\d{4}-\d{2}-\d{2}", value):
+        try:
+            return date.fromisoformat(value[:10]).isoformat()
+        except ValueError:
+            return None
+    return None
 
 
 def followup_blockers() -> dict[str, set]:

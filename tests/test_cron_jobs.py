@@ -135,6 +135,23 @@ def test_scan_uses_stale_days_and_limit(lab):
     assert rows(EVENTS) == [stale_event("T1029")]
 
 
+def test_scan_names_open_tickets_whose_created_at_is_not_a_date_and_does_not_enqueue_them(any_lab):
+    """BIZ_DB 指着别的系统的库,日期写法不一样:原来按字符串和截止日比,''、'15/11/2026'、'1893456000'(2030 年的
+    unix 时间)都「早于」截止日,悄悄当成久未回复入队,一句提示都没有。现在说出来、不入队;日期对的照常扫。"""
+    conn = store.connect(store.biz_target())
+    for ticket_id, created_at in (("X1", ""), ("X2", "15/11/2026"), ("X3", "1893456000"), ("X4", "2026-02-30")):
+        conn.execute("INSERT INTO tickets (id, customer_id, subject, body, status, created_at) "
+                     "SELECT ?, customer_id, subject, body, 'open', ? FROM tickets WHERE id = 'T1029'",
+                     (ticket_id, created_at))
+    conn.close()
+    r = run(["cron_jobs.py", "scan", "--limit", "1"], {**any_lab, "STALE_DAYS": "40"})
+    assert (r.returncode, r.stdout.splitlines(), r.stderr) == (0, [
+        "超过 40 天还开着的工单 2 张,其中没回复过的 2 张,本次入队 1 个", "没有入队的:超出 --limit 1 1 张"],
+        "业务库里 4 张开着的工单 created_at 不是 YYYY-MM-DD 开头的日期,算不出开了几天,没有算进来:X1=''、X2='15/11/2026'、"
+        "X3='1893456000'……(改成 YYYY-MM-DD 才扫得到)\n")
+    assert rows(EVENTS) == [stale_event("T1029")]
+
+
 def test_scan_leaves_out_replied_ignored_and_already_queued_tickets(any_lab):
     store.record_reply("T1029", "已经回复过了", "agent+reviewer",
                        {"category": "refund", "draft": "已经回复过了", "final": "已经回复过了", "action": "accept"})
