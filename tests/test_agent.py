@@ -581,6 +581,33 @@ def test_the_graph_itself_refuses_an_unusable_answer_and_asks_again_without_keep
     assert rows("SELECT ticket_id, body FROM outbox") == [("T1012", redrafted)]
 
 
+def test_a_blank_response_from_another_client_is_refused_by_the_graph_and_costs_no_model_call(lab):
+    """收件箱自己拦空白的意见;别的客户端(Agent Inbox、自己拼的 Command)送来只有空格的 response 时,图也不接受:
+    不占一轮重写、不调模型、意见里不留一条空白。"""
+    from langgraph.types import Command
+
+    queue_and_run("T1012")
+    cfg = thread_of("T1012")
+    item = inbox_item("T1012")
+    with opened_graph() as graph:
+        result = graph.invoke(Command(resume={"type": "response", "args": " \u3000\n "}), cfg)
+        problem = "response 要带给 Agent 的意见(args,不能为空)"
+        assert [i.value for i in result["__interrupt__"]] == [
+            {**item, "description": f"{item['description']}(上一个回答不能用:{problem})"}]
+        assert graph.get_state(cfg).values["feedback"] == []
+    assert rows("SELECT COUNT(*) FROM llm_usage") == [(1,)]  # 只有第一次起草
+    assert rows("SELECT COUNT(*) FROM review_log") == [(0,)]
+
+
+def test_a_ticket_exactly_at_the_length_limit_reaches_the_model_whole_and_one_more_character_is_cut_and_said(lab):
+    """MAX_TICKET_CHARS 个字正好的工单原样给模型,不能说「后面 0 字没有给你」;多一个字才截,并说截了 1 字。"""
+    from agent import for_the_model, max_ticket_chars
+
+    limit = max_ticket_chars()
+    assert for_the_model("账" * limit) == "账" * limit
+    assert for_the_model("账" * limit + "尾") == "账" * limit + "……(工单太长,后面 1 字没有给你)"
+
+
 def test_the_graph_refuses_over_long_text_from_any_client_before_it_reaches_the_model(lab, monkeypatch):
     """绕过收件箱(它在命令行上先拦)直接恢复 thread,交来 40 万字的意见:原来照样进了提示词,真的模型服务会回 400、
     事件进死信,还按字数花钱。现在 review 按 INBOX_MAX_TEXT_CHARS 拦下、再问一次,模型一次都没调;edit 也一样。"""

@@ -886,6 +886,48 @@ def test_list_and_actions_reconcile_after_a_resume_that_crashed_before_the_statu
     assert rows("SELECT COUNT(*) FROM outbox") == [(1,)]
 
 
+def test_list_reconciles_an_ignore_that_crashed_before_the_status_update_to_ignored_not_back_to_the_worker(any_lab):
+    """同上,处理是 ignore:图走完了(outcome ignored),事件还卡在 processing。按 checkpoint 直接改成 ignored;
+    不能当成「跑到一半」交回 worker(那样先说「改为 pending」,worker 再跑一遍才对上)。"""
+    queue("T1003")
+    owner = dead_owner()
+    script = ("import sys; sys.path.insert(0, '.'); from langgraph.types import Command; "
+              "from agent import opened_graph, thread_of\nwith opened_graph() as g: "
+              "g.invoke(Command(resume={'type': 'ignore', 'args': None}), thread_of('T1003'))")
+    assert subprocess.run([sys.executable, "-c", script], cwd=LAB, env=any_lab).returncode == 0
+    conn = store.connect()
+    conn.execute("UPDATE events SET status = 'processing', claimed_by = ? WHERE ticket_id = 'T1003'", (owner,))
+    conn.close()
+    listing = inbox(any_lab, "list")
+    assert (listing.returncode, listing.stdout, listing.stderr) == (
+        0, "收件箱是空的\n", "(更正:T1003 上次处理中途中断,事件 evt_T1003_created 改为 ignored)\n")
+    assert rows("SELECT event_id, status, claimed_by FROM events") == [("evt_T1003_created", "ignored", None)]
+    assert rows("SELECT COUNT(*) FROM outbox") == [(0,)]
+    assert drain() == []  # 没有交回 worker
+
+
+@pytest.mark.parametrize("seen, now", [
+    # list 读到它在收件箱里;另一个收件箱命令随后拿走它、把图跑完了,还没来得及改状态
+    (("waiting_human", None), ("processing", "inbox-someone-else")),
+    # list 读到它是死掉的 worker 留下的;worker 随后把它放回队列、又领走了
+    (("processing", "worker-that-died"), ("processing", "worker-alive-now")),
+])
+def test_a_correction_based_on_a_stale_read_does_not_overwrite_what_another_process_did_meanwhile(lab, seen, now):
+    """更正按读到的那一刻的状态做,改的时候核对它还是那样(还在收件箱 / 还是那个已死的主人):中间被别的进程拿走了,
+    就不动它。不核对的话,收件箱把别人正拿着的事件改掉,那个进程之后改不了自己的状态,同一个事件可能被处理两遍。"""
+    from langgraph.types import Command
+
+    queue("T1012")
+    with opened_graph() as graph:
+        graph.invoke(Command(resume={"type": "accept", "args": None}), thread_of("T1012"))
+        conn = store.connect()
+        conn.execute("UPDATE events SET status = ?, claimed_by = ?", now)
+        conn.close()
+        stale = {"event_id": "evt_T1012_created", "ticket_id": "T1012", "status": seen[0], "claimed_by": seen[1]}
+        assert inbox_mod.reconcile(graph, stale) is None
+    assert rows("SELECT event_id, status, claimed_by FROM events") == [("evt_T1012_created", *now)]
+
+
 def test_an_orphaned_second_event_for_a_ticket_already_in_the_inbox_is_done_not_a_second_item(any_lab):
     """上游换了个 event_id 又通知了一次,领它的 worker 中途没了(thread 早就停在收件箱):原来 list 把它也改成
     waiting_human,同一张工单在收件箱里列两遍、日报多算一条,accept 之后下一次 list 又说它「上次处理中途中断」。
