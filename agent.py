@@ -74,7 +74,12 @@ def check_settings() -> None:
 
 
 class PermanentError(Exception):
-    """重试多少次都不会好的错误(工单不存在、payload 格式不对):worker 直接判死信。"""
+    """重试多少次都不会好的错误(工单不存在、payload 格式不对):worker 直接判死信。
+    kept:消息里打码时要原样留着的几段:让人照着敲的命令(放回死信的 --requeue-dead …)、提到的事件 id。"""
+
+    def __init__(self, message: str, *kept: str):
+        super().__init__(message)
+        self.kept = kept
 
 
 # 重试多少次都没用的错误:直接死信。模型说「你的请求不对」(400/404/422)、「请求太大」(413,没有单独的异常类)也算。

@@ -94,7 +94,7 @@ def describe(error: Exception, *, requeue: str | None = None) -> str:
     if hint is None and isinstance(error, TRANSIENT_ERRORS) and (backup := config.get("LLM_FALLBACK_MODEL")):
         # with_fallbacks 两个都失败时抛的是主模型的错误:说一声备用模型也试过了
         hint = f"备用模型 {backup} 也没有成功,稍后自动再试"
-    return mask_pii(f"{text}({hint})" if hint else text)
+    return mask_pii(f"{text}({hint})" if hint else text, keep=(requeue, *getattr(error, "kept", ())))
 
 
 def llm_settings() -> tuple:
@@ -408,8 +408,13 @@ def without_control_chars(text: str) -> str:
     return _CONTROL.sub("", text)
 
 
-def mask_pii(text: str) -> str:
-    """手机号、身份证号(18 位和 15 位)、银行卡号和账号、邮箱地址打码。业务库里的原文不动,只改进模型和日志的副本。"""
+def mask_pii(text: str, keep=()) -> str:
+    """手机号、身份证号(18 位和 15 位)、银行卡号和账号、邮箱地址打码。业务库里的原文不动,只改进模型和日志的副本。
+    keep:原样留着的几段(None 跳过),比如错误信息里让人照着敲的 --requeue-dead 命令:邮件的事件 id 是 Message-ID,
+    长得像邮箱地址(<q313a46@qinghe-trade.cn>),原来被打成 <q***@…>,照着敲就说「这些事件不是死信」。"""
+    for kept in keep:
+        if kept and kept in text:
+            return kept.join(mask_pii(part, keep) for part in text.split(kept))
     text = _EMAIL.sub(lambda m: m.group(1) + "***" + m.group(2), text)
     text = _ID_CARD.sub(lambda m: m.group(1) + "*" * 8 + m.group(2), text)
     text = _OLD_ID_CARD.sub(lambda m: m.group(1) + "*" * 6 + m.group(2), text)

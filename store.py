@@ -444,7 +444,7 @@ def not_events_db(conn) -> str | None:
         role = "checkpoint 库"
     else:
         return None
-    return (f"EVENTS_DB 指的 {events_db()} 是{role}(里面有 {'、'.join(found)} 表、没有 events 表),不是事件库:没有动它。"
+    return (f"EVENTS_DB 指的 {events_db()} {being(role)}(里面有 {'、'.join(found)} 表、没有 events 表),不是事件库:没有动它。"
             "让 EVENTS_DB 指到事件库(不设就是脚本旁边的 ambient.db)")
 
 
@@ -1778,7 +1778,7 @@ def biz_db_problem(*, hint: bool = True) -> str | None:
         return cannot_open("业务库", "BIZ_DB", path, e)
     missing = [t for t in BIZ_COLUMNS if t not in have]
     if len(missing) == len(BIZ_COLUMNS) and (role := other_lab_db(path, have)):
-        return f"BIZ_DB 指的 {path} 是{role},{NOT_BIZ_DB}:让 BIZ_DB 指到业务库(不设就是脚本旁边的 cloudledger.db)"
+        return not_biz_db(path, role)
     return f"业务库 {path} 里没有表:{'、'.join(missing)}{partly}" if missing else None
 
 
@@ -1799,13 +1799,23 @@ def biz_advice(problem: str) -> str:
 
 def other_lab_db(path: Path, tables: set[str]) -> str | None:
     """BIZ_DB 指到了这个实验的另一个库(事件库、checkpoint 库)时,说是哪一个。原来只说「里没有表」,store.py 还叫人
-    删掉它 —— 删掉的是全部事件和收件箱里的待办。"""
+    删掉它 —— 删掉的是全部事件和收件箱里的待办。路径一样也算:checkpoint 库还没建出来时(worker 还没跑过),
+    原来 store.py 在 CHECKPOINTS_DB 的位置建起业务库,之后 LangGraph 的表也写进了同一个文件。"""
     here = file_identity(path)
-    if here == file_identity(events_db()) or "events" in tables:
-        return "事件库"
-    if here == file_identity(checkpoints_db()) or "checkpoints" in tables:
-        return "checkpoint 库"
+    for role, other, table in (("事件库", events_db(), "events"), ("checkpoint 库", checkpoints_db(), "checkpoints")):
+        if table in tables or path == other or (here is not None and here == file_identity(other)):
+            return role
     return None
+
+
+def not_biz_db(path: Path, role: str) -> str:
+    """BIZ_DB 指到了 role(other_lab_db 认出来的)时给人看的一行。"""
+    return f"BIZ_DB 指的 {path} {being(role)},{NOT_BIZ_DB}:让 BIZ_DB 指到业务库(不设就是脚本旁边的 cloudledger.db)"
+
+
+def being(role: str) -> str:
+    """「是事件库」「是 checkpoint 库」:中文和英文之间空一格。"""
+    return f"是 {role}" if role[:1].isascii() else f"是{role}"
 
 
 def customer_by_email(address: str) -> str | None:
@@ -1994,6 +2004,9 @@ def build_and_count(from_sqlite: bool = False) -> int:
     else:
         biz = biz_db()
         if not biz.exists() or biz.stat().st_size == 0:  # 空文件(touch 出来的)里什么都没有,建在它上面不丢东西
+            if role := other_lab_db(biz, set()):
+                print(not_biz_db(biz, role), file=sys.stderr)
+                return 2
             if build_biz_db(biz):
                 print(f"已新建业务库 {biz}")
         elif problem := biz_db_problem(hint=False):

@@ -377,7 +377,7 @@ def test_store_builds_the_business_database_over_an_empty_file(tmp_path):
                         f"业务库 {biz}:customers 30 行,tickets 41 行\n")
 
 
-@pytest.mark.parametrize("which, role", [("EVENTS_DB", "事件库"), ("CHECKPOINTS_DB", "checkpoint 库")])
+@pytest.mark.parametrize("which, role", [("EVENTS_DB", "是事件库"), ("CHECKPOINTS_DB", "是 checkpoint 库")])
 def test_biz_db_pointing_at_the_events_or_checkpoint_db_says_so_and_never_says_to_delete_it(lab, which, role):
     """BIZ_DB 写成了事件库(或 checkpoint 库)的路径:原来 store.py 说「里没有表……删掉它再运行」,照做就删掉了全部事件
     和收件箱里的待办。现在说它是哪个库、让 BIZ_DB 指回业务库;什么都不动,事件照旧在。"""
@@ -386,12 +386,24 @@ def test_biz_db_pointing_at_the_events_or_checkpoint_db_says_so_and_never_says_t
     saver, conn = store.open_checkpointer()  # 建出 checkpoint 库(worker 第一次运行时也是这样)
     conn.close()
     path = lab[which]
-    message = f"BIZ_DB 指的 {path} 是{role},不是业务库:让 BIZ_DB 指到业务库(不设就是脚本旁边的 cloudledger.db)\n"
+    message = f"BIZ_DB 指的 {path} {role},不是业务库:让 BIZ_DB 指到业务库(不设就是脚本旁边的 cloudledger.db)\n"
     for command, code in ((["store.py"], 2), (["worker.py", "--once"], 1), (["cron_jobs.py", "scan"], 2)):
         r = run(command, {**lab, "BIZ_DB": path})
         assert (r.returncode, r.stdout, r.stderr) == (code, "", message), command
     assert Path(path).exists()
     assert rows("SELECT event_id, status, attempts FROM events") == [("evt_T1012_created", "pending", 0)]
+
+
+def test_biz_db_pointing_where_the_checkpoint_db_will_be_is_refused_before_store_builds_anything_there(tmp_path):
+    """新目录,worker 还没跑过(checkpoint 库还没建出来),BIZ_DB 却写成了 CHECKPOINTS_DB 的路径:原来 store.py 在那里
+    建起业务库、退出码 0,之后 worker 把 LangGraph 的表也写进同一个文件,哪个程序都不说。现在一开始就说,什么都不建。"""
+    checkpoints = tmp_path / "checkpoints.db"
+    env = {"EVENTS_DB": str(tmp_path / "ambient.db"), "CHECKPOINTS_DB": str(checkpoints), "BIZ_DB": str(checkpoints),
+           "AMBIENT_NO_DOTENV": "1", "PATH": "/usr/bin:/bin"}
+    r = run(["store.py"], env)
+    assert (r.returncode, r.stdout, r.stderr) == (2, "", (
+        f"BIZ_DB 指的 {checkpoints} 是 checkpoint 库,不是业务库:让 BIZ_DB 指到业务库(不设就是脚本旁边的 cloudledger.db)\n"))
+    assert not checkpoints.exists()
 
 
 def test_biz_db_pointing_at_a_directory_is_named_by_every_command_and_store_does_not_say_delete_it(lab, tmp_path):

@@ -44,8 +44,8 @@ def test_store_py_started_four_times_at_once_on_a_new_directory_builds_the_busin
         assert sorted(p.name for p in folder.iterdir()) == ["ambient.db", "cloudledger.db"]  # 没留下临时文件
 
 
-@pytest.mark.parametrize("other, tables, role", [("BIZ_DB", "customers、tickets", "业务库"),
-                                                 ("CHECKPOINTS_DB", "checkpoints、writes", "checkpoint 库")])
+@pytest.mark.parametrize("other, tables, role", [("BIZ_DB", "customers、tickets", "是业务库"),
+                                                 ("CHECKPOINTS_DB", "checkpoints、writes", "是 checkpoint 库")])
 def test_events_db_pointing_at_the_business_or_checkpoint_db_is_named_and_that_file_is_left_alone(lab, other, tables,
                                                                                                    role):
     """EVENTS_DB 写成了业务库(或 checkpoint 库)的路径:原来 store.py 悄悄在里面建起事件表、把它改成 WAL,退出码 0,
@@ -57,7 +57,7 @@ def test_events_db_pointing_at_the_business_or_checkpoint_db_is_named_and_that_f
     for command, code in ((["store.py"], 1), (["worker.py", "--once"], 1), (["inbox.py", "list"], 1)):
         r = run(command, {**lab, "EVENTS_DB": str(path)})
         assert (r.returncode, r.stdout, r.stderr) == (code, "", (
-            f"EVENTS_DB 指的 {path} 是{role}(里面有 {tables} 表、没有 events 表),不是事件库:没有动它。"
+            f"EVENTS_DB 指的 {path} {role}(里面有 {tables} 表、没有 events 表),不是事件库:没有动它。"
             "让 EVENTS_DB 指到事件库(不设就是脚本旁边的 ambient.db)\n")), command
     assert path.read_bytes() == before
 

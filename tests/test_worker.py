@@ -174,6 +174,35 @@ def test_request_the_model_rejects_as_invalid_is_dead_at_once_with_what_to_fix(l
     assert thread_history("T1012")[0].next == ("draft",)
 
 
+def test_the_requeue_command_for_a_mail_event_keeps_its_message_id_unmasked_so_it_works_as_printed(lab, monkeypatch,
+                                                                                                    capsys):
+    """邮件的事件 id 是 Message-ID,长得像邮箱地址:原来死信的 last_error 和打印的那一行整句打码,命令成了
+    --requeue-dead '<q***@qinghe-trade.cn>',照着敲说「这些事件不是死信」。同一张工单的下一个事件的提示也一样。
+    现在命令原样留着(错误原文里的邮箱照样打码),照着敲就放回来了。"""
+    import shlex
+
+    mail_id = "<q313a46@qinghe-trade.cn>"
+    command = f"uv run python worker.py --requeue-dead '{mail_id}'"
+    with OpenAIStub() as stub:
+        use_stub(monkeypatch, stub)
+        stub.fail["stub-model"] = (404, "model_not_found for zhang.wei@example.com")
+        add("T1012", mail_id, "email.received")
+        assert drain() == [(mail_id, "dead")]
+        reason = ("OpenAIModelNotFoundError: Error code: 404 - stub says model_not_found for z***@example.com"
+                  f"(模型服务说找不到:多半是 LLM_MODEL 或 LLM_BASE_URL 写错了,修好后运行 {command})")
+        add("T1012", "evt_T1012_updated", "ticket.updated")
+        assert drain() == [("evt_T1012_updated", "dead")]
+        both = f"uv run python worker.py --requeue-dead '{mail_id}' evt_T1012_updated"
+        sibling = f"同一张工单的 {mail_id} 在死信里,这个事件不再接着跑;查清原因后运行 {both}"
+        assert rows("SELECT event_id, last_error FROM events ORDER BY received_at") == [
+            (mail_id, reason), ("evt_T1012_updated", f"PermanentError: {sibling}")]
+        assert capsys.readouterr().out.splitlines() == [f"{mail_id} 第 1 次失败 → dead: {reason}",
+                                                        f"evt_T1012_updated 第 1 次失败 → dead: {sibling}"]
+        del stub.fail["stub-model"]  # 修好了:照着打印的命令敲
+        assert worker_mod.main(shlex.split(both)[4:]) == 0
+        assert sorted(drain()) == [(mail_id, "waiting_human"), ("evt_T1012_updated", "done")]
+
+
 def test_a_new_event_for_a_ticket_whose_draft_is_dead_goes_dead_without_calling_the_model_again(lab, monkeypatch,
                                                                                                capsys):
     """MAX_ATTEMPTS 按事件算:上游每换一个 event_id 通知一次,原来都会接着失败的 draft 再调一遍模型。"""
