@@ -866,17 +866,21 @@ def test_send_run_twice_leaves_one_outbox_row(any_lab):
     assert rows("SELECT COUNT(*) FROM review_log") == [(1,)]
 
 
+def finished_by_a_dead_inbox_command(env: dict, ticket_id: str, answer: str) -> None:
+    """另一个进程用 answer 把这张工单的图跑完,然后「死」在改事件状态之前:事件卡在 processing,主人是已经不在的进程。"""
+    script = ("import sys; sys.path.insert(0, '.'); from langgraph.types import Command; "
+              "from agent import opened_graph, thread_of\nwith opened_graph() as g: "
+              f"g.invoke(Command(resume={{'type': {answer!r}, 'args': None}}), thread_of({ticket_id!r}))")
+    assert subprocess.run([sys.executable, "-c", script], cwd=LAB, env=env).returncode == 0
+    conn = store.connect()
+    conn.execute("UPDATE events SET status = 'processing', claimed_by = ? WHERE ticket_id = ?", (dead_owner(), ticket_id))
+    conn.close()
+
+
 def test_list_and_actions_reconcile_after_a_resume_that_crashed_before_the_status_update(any_lab):
     """收件箱命令在「图已经跑完」和「改事件状态」之间被杀:事件卡在 processing,进程已经不在了。"""
     queue("T1012", "T1041")
-    owner = dead_owner()
-    script = ("import sys; sys.path.insert(0, '.'); from langgraph.types import Command; "
-              "from agent import opened_graph, thread_of\nwith opened_graph() as g: "
-              "g.invoke(Command(resume={'type': 'accept', 'args': None}), thread_of('T1012'))")
-    assert subprocess.run([sys.executable, "-c", script], cwd=LAB, env=any_lab).returncode == 0
-    conn = store.connect()
-    conn.execute("UPDATE events SET status = 'processing', claimed_by = ? WHERE ticket_id = 'T1012'", (owner,))
-    conn.close()
+    finished_by_a_dead_inbox_command(any_lab, "T1012", "accept")
     listing = inbox(any_lab, "list")
     assert listing.returncode == 0
     assert listing.stderr == "(更正:T1012 上次处理中途中断,事件 evt_T1012_created 改为 done)\n"
@@ -890,14 +894,7 @@ def test_list_reconciles_an_ignore_that_crashed_before_the_status_update_to_igno
     """同上,处理是 ignore:图走完了(outcome ignored),事件还卡在 processing。按 checkpoint 直接改成 ignored;
     不能当成「跑到一半」交回 worker(那样先说「改为 pending」,worker 再跑一遍才对上)。"""
     queue("T1003")
-    owner = dead_owner()
-    script = ("import sys; sys.path.insert(0, '.'); from langgraph.types import Command; "
-              "from agent import opened_graph, thread_of\nwith opened_graph() as g: "
-              "g.invoke(Command(resume={'type': 'ignore', 'args': None}), thread_of('T1003'))")
-    assert subprocess.run([sys.executable, "-c", script], cwd=LAB, env=any_lab).returncode == 0
-    conn = store.connect()
-    conn.execute("UPDATE events SET status = 'processing', claimed_by = ? WHERE ticket_id = 'T1003'", (owner,))
-    conn.close()
+    finished_by_a_dead_inbox_command(any_lab, "T1003", "ignore")
     listing = inbox(any_lab, "list")
     assert (listing.returncode, listing.stdout, listing.stderr) == (
         0, "收件箱是空的\n", "(更正:T1003 上次处理中途中断,事件 evt_T1003_created 改为 ignored)\n")
