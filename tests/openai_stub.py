@@ -10,7 +10,7 @@ import socket
 import sys
 import threading
 import time
-from collections import Counter
+from collections import defaultdict
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -34,14 +34,23 @@ class OpenAIStub:
         self.keepalive: float | None = None     # 秒:像 DeepSeek 忙时那样,先回 200 的头,等 delay 秒的时候每隔这么久
                                                 # 发一个空行(请求没超时、连接还活着),最后才发回答
         self.requests: list[dict] = []          # 每个请求:{"model", "body", "headers", "at", "abandoned"}
-        self.in_flight: Counter = Counter()     # 工单号 → 正在等回答、客户端还活着的请求数
-        self.overlaps: list[str] = []           # 同一张工单同时有两个活着的起草请求:工单号
+        self.in_flight: dict[str, list] = defaultdict(list)  # 工单号 → 正在等回答的请求
+        self.overlap_pairs: list[tuple] = []    # (先到的, 后到的):同一张工单同时在等回答的两个请求
         self.peak = 0                           # 最多同时有几个请求在等回答(所有工单加起来)
         self.abandoned = 0                      # 客户端在等回答时断开了(worker 被 kill -9)
         self.lock = threading.Lock()
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.server.daemon_threads = True
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    @property
+    def overlaps(self) -> list[str]:
+        """同一张工单同时有两个活着的起草请求:工单号。两个里有一个后来被放弃了(发它的 worker 被 kill -9)的不算:
+        被杀的 worker 在死前刚发出的请求,stub 可能在它死后才读到、才发现断开(机器忙时);这期间活着的 worker 每
+        POLL_SECONDS 就把死掉的 worker 手上的事件放回队列、领走、起草,两个请求在 stub 这里重叠了一下,却不是两个
+        活着的 worker 在做同一张工单(CI 上碰到过一次)。两个都没被放弃的重叠才是。"""
+        return [later["ticket"] for earlier, later in self.overlap_pairs
+                if not earlier["abandoned"] and not later["abandoned"]]
 
     @property
     def base_url(self) -> str:
@@ -83,10 +92,9 @@ class OpenAIStub:
                            "headers": dict(self.headers), "at": time.time(), "abandoned": False}
                 with stub.lock:
                     stub.requests.append(request)
-                    if stub.in_flight[ticket]:
-                        stub.overlaps.append(ticket)
-                    stub.in_flight[ticket] += 1
-                    stub.peak = max(stub.peak, sum(stub.in_flight.values()))
+                    stub.overlap_pairs += [(other, request) for other in stub.in_flight[ticket]]
+                    stub.in_flight[ticket].append(request)
+                    stub.peak = max(stub.peak, sum(map(len, stub.in_flight.values())))
                 try:
                     if stub.keepalive:
                         return self._keep_alive_then_answer(request, body, key, prompt)
@@ -98,7 +106,7 @@ class OpenAIStub:
                     self._answer(body, key, prompt)
                 finally:
                     with stub.lock:
-                        stub.in_flight[ticket] -= 1
+                        stub.in_flight[ticket].remove(request)
 
             def _client_left(self, seconds: float) -> bool:
                 """等 seconds 秒再回答;期间客户端断开(进程被杀,内核关了连接)就返回 True。"""

@@ -93,3 +93,37 @@ def test_random_kill_9_loses_nothing_duplicates_nothing_and_resumes_where_it_sto
                 assert nexts == [("review",)], t
     accept_twice_at_once(tickets)
     assert rows("SELECT COUNT(*), COUNT(DISTINCT ticket_id) FROM outbox") == [(EVENTS, EVENTS)]
+
+
+def test_the_stub_counts_two_live_drafts_of_one_ticket_as_an_overlap_but_not_one_whose_client_died():
+    """上面「没有一张工单被两个活着的 worker 同时起草」靠 stub.overlaps:两个都等到回答的重叠要算;其中一个的客户端
+    在等回答时断开了(被 kill -9 的 worker 死前刚发出的请求)不算。这里用真的 HTTP 请求把两种都造出来。"""
+    import socket
+    import threading
+
+    import httpx
+
+    body = {"model": "stub-model", "messages": [{"role": "user", "content": "工单 T1012:发票抬头写错"}]}
+    with OpenAIStub(delay=0.5) as stub:
+        url = f"{stub.base_url}/chat/completions"
+        both = [threading.Thread(target=httpx.post, args=(url,), kwargs={"json": body, "timeout": 10}) for _ in range(2)]
+        for t in both:
+            t.start()
+            time.sleep(0.1)
+        for t in both:
+            t.join()
+        assert stub.overlaps == ["T1012"]
+
+        stub.overlap_pairs.clear()
+        data = httpx.Request("POST", url, json=body)
+        head = "".join(f"{k}: {v}\r\n" for k, v in data.headers.items())
+        dying = socket.create_connection(("127.0.0.1", stub.server.server_address[1]))
+        dying.sendall(f"POST /v1/chat/completions HTTP/1.1\r\n{head}\r\n".encode() + data.read())
+        time.sleep(0.1)
+        live = threading.Thread(target=httpx.post, args=(url,), kwargs={"json": body, "timeout": 10})
+        live.start()
+        time.sleep(0.1)
+        dying.close()  # 发请求的进程死了:内核关掉连接
+        live.join()
+        assert [(a["abandoned"], b["abandoned"]) for a, b in stub.overlap_pairs] == [(True, False)]
+        assert stub.overlaps == []
