@@ -125,6 +125,11 @@ SCHEMA_OBJECTS = frozenset(re.findall(r"(?:TABLE|INDEX) IF NOT EXISTS (\w+)", SC
 # SCHEMA 里每张表的列(约束那几行不算)。事件表缺的列 init() 会补;别的表早就有、却缺列的,是别人建的(见 foreign_table)
 TABLE_COLUMNS = {name: frozenset(re.findall(r"^ {4}(\w+) ", body, re.M)) - {"PRIMARY"}
                  for name, body in re.findall(r"CREATE TABLE IF NOT EXISTS (\w+) \((.*?)\n\);", SCHEMA, re.S)}
+# 每张表里存时间的列({time}):PostgreSQL 上它们必须是 TIMESTAMPTZ。照课文自己建、列名都对却用了 TEXT 的,
+# 写进去的是字符串、比较的是字符串,领取时和 now() 一比就是 DatatypeMismatch
+TIME_COLUMNS = {name: frozenset(re.findall(r"^ {4}(\w+) +\{time\}", body, re.M))
+                for name, body in re.findall(r"CREATE TABLE IF NOT EXISTS (\w+) \((.*?)\n\);", SCHEMA, re.S)}
+PG_TIME_TYPE = "timestamp with time zone"  # format_type() 对 TIMESTAMPTZ 的叫法
 # 补上 waiting_since 时,已经在收件箱里的待办从 updated_at 算起(上一版的收件箱放回待办时保留的就是它);
 # 不补的话它们是空的,之后有人 respond 一下,set_status 就把「现在」当成进收件箱的时刻,等了 50 小时的显示 0 小时
 BACKFILL_WAITING_SINCE = "UPDATE events SET waiting_since = updated_at WHERE status = 'waiting_human'"
@@ -488,7 +493,7 @@ def pg_rights_or_exit(conn) -> None:
 
 # PostgreSQL 上当前 schema 里这几张表(ANY(?))各有哪些列
 PG_TABLE_COLUMNS = """
-SELECT c.relname, a.attname FROM pg_attribute a JOIN pg_class c ON a.attrelid = c.oid
+SELECT c.relname, a.attname, format_type(a.atttypid, a.atttypmod) FROM pg_attribute a JOIN pg_class c ON a.attrelid = c.oid
 WHERE c.relnamespace = (SELECT oid FROM pg_namespace WHERE nspname = current_schema()) AND c.relname = ANY(?)
   AND c.relkind IN ('r', 'p') AND a.attnum > 0 AND NOT a.attisdropped
 """
@@ -500,13 +505,16 @@ def foreign_table(conn) -> str | None:
     「no such column」,还被当成「数据库暂时用不了,稍后再试」,等多久都不会好。
     SQLite 的事件表不算:缺的列 init() 会补(照课文建的库也是这样升级的)。PostgreSQL 上除了 waiting_since
     没有要补的:做练习 6 时照课文自己建的 events(没有 ticket_id、claimed_by……)原来是 UndefinedColumn 的 traceback;
-    业务表也在这个库里,别的程序的 tickets 原来让 store.py 叫人把它 DROP 掉。"""
+    业务表也在这个库里,别的程序的 tickets 原来让 store.py 叫人把它 DROP 掉。
+    PostgreSQL 上列都在、存时间的列却是 TEXT(照课文的 SQLite 建表语句搬过去的)也算:原来领取时是 DatatypeMismatch 的 traceback。"""
     if dialect() == "postgres":
         tables = {**TABLE_COLUMNS, "events": TABLE_COLUMNS["events"] - {"waiting_since"},
                   **{t: frozenset(columns) for t, columns in BIZ_COLUMNS.items()}}
         have: dict[str, set] = {}
-        for table, column in conn.execute(PG_TABLE_COLUMNS, (list(tables),)).fetchall():
+        typed: dict[str, dict[str, str]] = {}
+        for table, column, kind in conn.execute(PG_TABLE_COLUMNS, (list(tables),)).fetchall():
             have.setdefault(table, set()).add(column)
+            typed.setdefault(table, {})[column] = kind
         where, whose = f"{_safe_url(database_url())} 里", "多半是自己做练习时建的,或者是别的程序的"
         rename = "ALTER TABLE {table} RENAME TO my_{table}(或者换一个 schema)"
     else:
@@ -516,10 +524,20 @@ def foreign_table(conn) -> str | None:
         where, whose = f"事件库 {events_db()} 里", "多半是自己做练习时建的"
         rename = f"比如 sqlite3 {path} 'ALTER TABLE {{table}} RENAME TO my_{{table}}'"
     for table, wanted in tables.items():
-        if have.get(table) and (missing := wanted - have[table]):
-            return (f"{where}已经有一张 {table} 表,却不是这里用的结构(缺 {'、'.join(sorted(missing))} 列;"
-                    f"{whose}):先给它改个名,{rename.format(table=table)},"
-                    "再运行,这里会新建一张。什么都没做")
+        if not have.get(table):
+            continue
+        if missing := wanted - have[table]:
+            wrong = f"缺 {'、'.join(sorted(missing))} 列"
+        elif dialect() == "postgres" and (off := {c: typed[table][c] for c in sorted(TIME_COLUMNS.get(table, ()))
+                                                  if typed[table].get(c, PG_TIME_TYPE) != PG_TIME_TYPE}):
+            by_type: dict[str, list[str]] = {}
+            for column, kind in off.items():
+                by_type.setdefault(kind, []).append(column)
+            wrong = ",".join(f"{'、'.join(cs)} 列是 {kind}" for kind, cs in by_type.items()) + ",这里要 TIMESTAMPTZ"
+        else:
+            continue
+        return (f"{where}已经有一张 {table} 表,却不是这里用的结构({wrong};{whose}):先给它改个名,"
+                f"{rename.format(table=table)},再运行,这里会新建一张。什么都没做")
     return None
 
 

@@ -285,6 +285,40 @@ def test_every_program_names_a_table_of_another_shape_in_postgres_and_touches_no
         assert pg_tables(url) == before
 
 
+# 列名和这里的一样(练习 6 把课文的 SQLite 建表语句连同后来补的列一起搬到 PostgreSQL),存时间的列却是 TEXT
+TEXT_TIME_PG_EVENTS = ("CREATE TABLE events (event_id TEXT PRIMARY KEY, source TEXT NOT NULL, kind TEXT NOT NULL, "
+                       "payload TEXT NOT NULL, status TEXT NOT NULL DEFAULT 'pending', attempts INTEGER NOT NULL DEFAULT 0, "
+                       "last_error TEXT, received_at TEXT NOT NULL, updated_at TEXT NOT NULL, not_before TEXT, "
+                       "ticket_id TEXT, claimed_by TEXT, waiting_since TIMESTAMP)")
+
+
+@pytest.mark.parametrize("command, code", [(["store.py"], 1), (["worker.py", "--once"], 1),
+                                           (["inbox.py", "list"], 1), (["cron_jobs.py", "report"], 2)])
+def test_an_events_table_with_text_time_columns_in_postgres_is_named_and_nothing_is_touched(lab, pg_url, monkeypatch,
+                                                                                           command, code):
+    """列都对、存时间的列却不是 TIMESTAMPTZ:原来 store.py 说建好了,worker 领取时是 DatatypeMismatch 的 traceback。
+    现在每个程序一开始就说是哪几列、是什么类型、要什么类型、怎么办;表里的事件一个不动。"""
+    import psycopg
+
+    with pg_schema() as url:
+        monkeypatch.setenv("DATABASE_URL", url)
+        store.build_biz_tables()
+        store.close_pools()
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(TEXT_TIME_PG_EVENTS)
+            conn.execute("INSERT INTO events (event_id, source, kind, payload, received_at, updated_at, ticket_id) "
+                         "VALUES ('evt_1', 'webhook', 'ticket.created', '{\"data\": {\"ticket_id\": \"T1001\"}}', "
+                         "'2026-12-05T09:00:00+00:00', '2026-12-05T09:00:00+00:00', 'T1001')")
+        before = pg_tables(url)
+        r = run(command, {**lab, "DATABASE_URL": url})
+        assert (r.returncode, r.stdout, r.stderr) == (code, "", (
+            f"{store._safe_url(url)} 里已经有一张 events 表,却不是这里用的结构(not_before、received_at、updated_at 列是 "
+            "text,waiting_since 列是 timestamp without time zone,这里要 TIMESTAMPTZ;多半是自己做练习时建的,"
+            "或者是别的程序的):先给它改个名,ALTER TABLE events RENAME TO my_events(或者换一个 schema),"
+            "再运行,这里会新建一张。什么都没做\n"))
+        assert pg_tables(url) == before
+
+
 def test_programs_opening_a_new_lab_at_the_same_moment_all_get_it(tmp_path, monkeypatch):
     """两个 worker(或者 webhook 和 worker)同时第一次打开一套新库:换成 WAL 的那一下 SQLite 不等 busy_timeout,
     当场说 database is locked,原来后到的那个就以「库打不开」退出(CI 上两个 worker 进程一起起来时碰到过,退出码 1)。
