@@ -46,7 +46,8 @@ import sys
 import unicodedata
 from dataclasses import dataclass
 from email.errors import (CloseBoundaryNotFoundDefect, HeaderParseError, InvalidBase64LengthDefect,
-                          InvalidBase64PaddingDefect, MissingHeaderBodySeparatorDefect, StartBoundaryNotFoundDefect)
+                          InvalidBase64PaddingDefect, MissingHeaderBodySeparatorDefect, NoBoundaryInMultipartDefect,
+                          StartBoundaryNotFoundDefect)
 from email.header import decode_header
 from email.message import Message
 from email.utils import getaddresses, parseaddr
@@ -118,7 +119,7 @@ def decode_bytes(raw: bytes, charset: str | None) -> str:
             continue
         try:
             text = raw.decode(name)
-        except (LookupError, UnicodeDecodeError):
+        except (LookupError, ValueError):  # ValueError:解码出错(UnicodeError)、名字里有 NUL(charset="utf-8\0")
             continue
         if not SURROGATES.search(text):
             return text
@@ -215,27 +216,31 @@ def body_of(msg: Message) -> str:
     """正文:客户自己写的文字。multipart/alternative 里优先纯文本那份,没有或是空的就用 HTML 转成纯文本;
     multipart/mixed 里的几段文字(一段话、一张截图、又一段话)按顺序接起来;附件不算。附着的整封邮件(转发的、
     退信里的原信,message/rfc822)只在这封信自己一个字都没写时才用。原来只取第一段纯文本,还会钻进附着的邮件:
-    截图后面的话丢了;只有 HTML、附了一封转发的信,存下的是那封转发的信。"""
-    return "\n".join(_texts(msg, inner=False)) or "\n".join(_texts(msg, inner=True))
+    截图后面的话丢了;只有 HTML、附了一封转发的信,存下的是那封转发的信。
+    这些都没有字,才用带文件名却没标成 attachment 的文字段(「inline; filename=note.txt」):有的邮件程序把正文
+    也这样写,原来整封信的正文是空的,还照常建了工单、标了已读,客户写的话悄悄丢了。"""
+    return ("\n".join(_texts(msg, inner=False)) or "\n".join(_texts(msg, inner=True))
+            or "\n".join(_texts(msg, inner=False, named=True)))
 
 
-def _texts(part: Message, inner: bool) -> list[str]:
-    """part 里按顺序的各段文字(已经整理过、非空)。inner:附着的整封邮件也往里走。"""
+def _texts(part: Message, inner: bool, named: bool = False) -> list[str]:
+    """part 里按顺序的各段文字(已经整理过、非空)。inner:附着的整封邮件也往里走。
+    named:带文件名、但 Content-Disposition 不是 attachment 的文字段也算(见 body_of)。"""
     if part.get_content_maintype() == "message":  # message/rfc822 这类:附着的一整封邮件
         if not inner:
             return []
         payload = part.get_payload()
         return [t for sub in (payload if isinstance(payload, list) else [payload])
-                if isinstance(sub, Message) for t in _texts(sub, inner)]
+                if isinstance(sub, Message) for t in _texts(sub, inner, named)]
     if part.is_multipart():
         children = [c for c in part.get_payload() if isinstance(c, Message)]
         if part.get_content_subtype() != "alternative":
-            return [t for c in children for t in _texts(c, inner)]
-        versions = [(c, "\n".join(_texts(c, inner))) for c in children]  # 同一段话的几种写法:只要一种
+            return [t for c in children for t in _texts(c, inner, named)]
+        versions = [(c, "\n".join(_texts(c, inner, named))) for c in children]  # 同一段话的几种写法:只要一种
         plain = [t for c, t in versions if c.get_content_type() == "text/plain" and t]
         rest = [t for _, t in versions if t]
         return plain[:1] or rest[-1:]  # 没有纯文本时取最后一种(按规矩最后一种最接近原样)
-    if is_attachment(part):
+    if is_attachment(part) and not (named and part.get_content_disposition() != "attachment"):
         return []
     if part.get_content_type() == "text/plain":
         text = tidy_text(_decoded(part))
@@ -347,6 +352,8 @@ def cut_short(msg: Message, raw: bytes) -> str:
             return "multipart 邮件没有结束边界(邮件被截断或损坏?)"
         if any(isinstance(d, StartBoundaryNotFoundDefect) for d in part.defects):
             return "multipart 邮件里找不到分段的边界(邮件被截断或损坏?)"
+        if any(isinstance(d, NoBoundaryInMultipartDefect) for d in part.defects):  # 原来整封信正文为空,照常建了工单
+            return "multipart 邮件没有写分段的边界(Content-Type 里没有 boundary),分不出各段(邮件损坏?)"
         if part.is_multipart() or part.get_content_maintype() != "text" or is_attachment(part):
             continue
         data = part.get_payload(decode=True) or b""  # base64 的缺陷在解码时才记到 part.defects 上
@@ -628,7 +635,9 @@ def open_mailbox(s: ImapSettings) -> imaplib.IMAP4:
     except socket.gaierror as e:
         raise MailboxError(f"连不上 IMAP 服务器 {where}:域名解析失败({e.strerror}),检查 IMAP_HOST") from e
     except TimeoutError as e:
-        raise MailboxError(f"连接 IMAP 服务器 {where} 超时({s.timeout:g} 秒没有回应)") from e
+        # IMAP_SSL=0 连上了要 SSL 直连的端口:服务器等着 TLS 握手,这边等着它打招呼,两边都不说话,也是超时
+        hint = "" if s.use_ssl else ";IMAP_SSL=0 连上 SSL 直连的端口(一般是 993)也是这样,那就设 IMAP_SSL=1"
+        raise MailboxError(f"连接 IMAP 服务器 {where} 超时({s.timeout:g} 秒没有回应{hint})") from e
     except (OSError, imaplib.IMAP4.error) as e:
         raise MailboxError(f"连不上 IMAP 服务器 {where}:{getattr(e, 'strerror', None) or e}") from e
     # imaplib 把「连接断了」报成 IMAP4.abort,它是 IMAP4.error 的子类:先接住,别说成密码错了、文件夹不对
@@ -716,6 +725,13 @@ def _fetched_bytes(data: list, uid: bytes) -> bytes | None:
     return next((raw for got, raw in with_uid if got == uid), None)
 
 
+def _answered_without_body(data: list, uid: bytes) -> bool:
+    """FETCH 的回答里有这一封(带着它的 UID,或者没写 UID 却提到了 BODY[]),只是没有信的原文(「BODY[] NIL」)。
+    别的信的 FLAGS 变化(别的客户端标了已读)也会夹在回答里,它们不算。"""
+    return any(isinstance(item, bytes) and (re.search(rb"\bUID %s\b" % uid, item) or
+                                            (b"UID" not in item and b"BODY[" in item)) for item in data)
+
+
 def poll_mailbox(s: ImapSettings | None = None) -> list[Outcome]:
     """IMAP 模式的 run_once:收一遍未读邮件,返回每封的结果。连不上、登录失败、中途断开抛 MailboxError。"""
     imap = open_mailbox(s or imap_settings())
@@ -735,7 +751,10 @@ def poll_mailbox(s: ImapSettings | None = None) -> list[Outcome]:
                 continue
             raw = _fetched_bytes(fetched, uid)
             if raw is None:
-                continue  # 这期间被别的客户端删了
+                if _answered_without_body(fetched, uid):  # 原来和「被删了」一样悄悄跳过:每次都跳过,永远收不进来
+                    done.append(report(Outcome(source, "unreadable", "取信失败,邮件保持未读,下次再收:"
+                                                                     "服务器回答了这一封,却没有给出信的内容")))
+                continue  # 回答里根本没有这一封:这期间被别的客户端删了
             outcome = handle(raw, source)
             done.append(outcome)
             if stops_here(outcome, len(uids) - i - 1, "封这次不收,保持未读,下次再收"):

@@ -191,10 +191,12 @@ def test_broken_mail_is_reported_with_its_reason_flagged_for_a_human_and_others_
 
 
 def test_a_mail_the_email_library_chokes_on_is_reported_with_the_library_error_and_flagged(imap_env, imap_server):
-    """email 库自己抛异常的邮件(这里是 charset 里夹着 NUL 字节,codecs 查编码时抛 ValueError;模糊测试里碰到过):
+    """email 库自己抛异常的邮件(这里是 RFC 2231 写法的 filename*= 参数里夹着 NUL 字节,email 库拿它当编码名去解码时
+    抛 ValueError;模糊测试里碰到过。charset 里夹着 NUL 的原来也是这样,现在换着字符集解,见下面的测试):
     和别的坏信一样一行原因、标已读加星标,其他邮件照常,退出码 1。"""
     choking = mail("<nul@example.com>", "zhang.wei@example.com", "发票", "发票开错了。").replace(
-        b"charset=utf-8", b'charset="utf\x008"')
+        b"Content-Transfer-Encoding: 8bit", b"Content-Transfer-Encoding: 8bit\nContent-Disposition: inline; "
+                                            b"filename*=\x00''note.txt")
     imap_server.append(choking, ZHANG)
     r = run(["email_poller.py"], imap_env)
     assert (r.returncode, r.stderr) == (1, "无法解析:ValueError: embedded null character  UID 101\n")
@@ -517,7 +519,8 @@ def test_server_that_never_answers_times_out_instead_of_hanging(imap_env):
         r = run(["email_poller.py"], {**imap_env, "IMAP_PORT": str(port), "IMAP_TIMEOUT_S": "1"}, timeout=30)
     assert time.monotonic() - started < 15
     assert (r.returncode, r.stdout) == (3, "")
-    assert r.stderr == f"连接 IMAP 服务器 127.0.0.1:{port} 超时(1 秒没有回应)\n"
+    assert r.stderr == (f"连接 IMAP 服务器 127.0.0.1:{port} 超时(1 秒没有回应;IMAP_SSL=0 连上 SSL 直连的端口"
+                        "(一般是 993)也是这样,那就设 IMAP_SSL=1)\n")
     nothing_stored()
 
 
@@ -1613,3 +1616,85 @@ def test_a_host_name_that_does_not_resolve_is_one_clear_line(imap_env):
     assert r.stderr.startswith("连不上 IMAP 服务器 imap.no-such-host.invalid:993:域名解析失败(")
     assert r.stderr.endswith("),检查 IMAP_HOST\n") and len(r.stderr.splitlines()) == 1
     nothing_stored()
+
+
+@pytest.mark.parametrize("layout", [
+    "Content-Type: text/plain; charset=utf-8\nContent-Disposition: inline; filename=note.txt\n\n发票抬头写错了,麻烦重开。\n",
+    'Content-Type: text/plain; charset=utf-8; name="body.txt"\n\n发票抬头写错了,麻烦重开。\n',
+    multipart("mixed", "Content-Type: image/png\nContent-Disposition: attachment; filename=a.png\n"
+                       "Content-Transfer-Encoding: base64\n\niVBORw0KGgo=",
+              "Content-Type: text/plain; charset=utf-8\nContent-Disposition: inline; filename=note.txt\n\n"
+              "发票抬头写错了,麻烦重开。"),
+], ids=["inline-filename", "type-name-only", "beside-a-picture"])
+def test_a_mail_whose_only_text_is_an_inline_part_with_a_file_name_keeps_that_text_as_its_body(imap_env, imap_server,
+                                                                                              layout):
+    """有的邮件程序把正文也写成「inline; filename=note.txt」:原来带文件名的一律当附件,整封信正文为空,
+    照常建了一张空工单、标了已读,客户写的话悄悄丢了。别处一个字都没有时,这样的段就是正文。"""
+    poll_one(imap_env, imap_server, (HEAD + layout).encode(), "<parts@example.com>", "发票抬头写错了,麻烦重开。")
+
+
+def test_a_text_part_explicitly_marked_attachment_is_still_not_the_body():
+    """明说是 attachment 的仍然是附件:这封信客户一个字没写,正文是空的(和以前一样)。"""
+    raw = (HEAD + "Content-Type: text/plain; charset=utf-8\nContent-Disposition: attachment; filename=export.log\n\n"
+                  "2026-11-30 导出凭证失败\n").encode()
+    assert email_poller.parse(raw)["body"] == ""
+
+
+def test_a_multipart_mail_without_a_boundary_is_broken_mail_not_an_empty_ticket(lab, tmp_path):
+    """Content-Type 是 multipart/mixed,却没写 boundary:原来分不出各段,正文为空,照常建了一张空工单、退出码 0。"""
+    raw = (HEAD + "Content-Type: multipart/mixed\n\n--b1\nContent-Type: text/plain; charset=utf-8\n\n"
+                  "发票抬头写错了。\n--b1--\n").encode()
+    t3 = broken_beside_a_good_one(lab, tmp_path, raw, "multipart 邮件没有写分段的边界(Content-Type 里没有 boundary),"
+                                                      "分不出各段(邮件损坏?)")
+    assert [t[0] for t in biz_rows(MAIL_TICKETS)] == [t3]
+    assert [e[0] for e in rows(EVENTS)] == ["<t3@example.com>"]
+
+
+def test_a_charset_name_with_a_nul_and_a_codec_that_raises_are_decoded_another_way_and_the_mail_is_stored(lab,
+                                                                                                         tmp_path):
+    """charset="utf-8\\0" 解码时是 ValueError(名字里有 NUL),主题里的 =?idna?…?= 是 UnicodeError:原来都没接住,
+    整封信成了「无法解析:ValueError: embedded null character」、标已读加星标,没建工单。现在和不认识的字符集一样换着试。"""
+    (tmp_path / "a.eml").write_bytes(b"Message-ID: <nul-cs@example.com>\nFrom: zhang.wei@example.com\n"
+                                     b"Subject: =?idna?Q?=E5=8F=91=E7=A5=A8?=\n"
+                                     b'Content-Type: text/plain; charset="utf-8\x00"\n\n'
+                                     + "发票抬头写错了。\n".encode())
+    ticket = ticket_of("<nul-cs@example.com>")
+    r = run(["email_poller.py", "--eml", str(tmp_path / "a.eml")], lab)
+    assert (r.returncode, r.stdout, r.stderr) == (
+        0, f"{ticket}  {tmp_path}/a.eml\n本次收取 1 封:新工单 1,重复 0,跳过 0,无法解析 0,存储失败 0\n", "")
+    assert biz_rows(MAIL_TICKETS) == [(ticket, "C001", "发票", "发票抬头写错了。", "open")]
+    assert [e[0] for e in rows(EVENTS)] == ["<nul-cs@example.com>"]
+
+
+def body_made_nil(uid: bytes):
+    """Front 的 answer:客户端 UID FETCH uid 时,回答改成「BODY[] NIL」(说取到了,却没有内容),
+    原文那段 literal 和收尾的「)」一起吞掉。别的回答照旧。pymap 的 FETCH 回答里不写 UID,所以按客户端最后一条命令认。"""
+    skip = {"left": 0, "closing": False}
+
+    def answer(line: bytes, sent: bytes) -> bytes:
+        if skip["left"] > 0:
+            skip["left"] -= len(line)
+            skip["closing"] = skip["left"] <= 0
+            return b""
+        if skip["closing"]:  # literal 之后那一行:「)」或者「 FLAGS (…))」
+            skip["closing"] = False
+            return b""
+        asked = sent.rstrip(b"\r\n").rsplit(b"\r\n", 1)[-1]
+        if b" UID FETCH %s " % uid in asked and (m := re.match(rb"\* (\d+) FETCH \((.*)BODY\[\] \{(\d+)\}\r\n", line)):
+            skip["left"] = int(m.group(3))
+            return b"* %s FETCH (%sBODY[] NIL)\r\n" % (m.group(1), m.group(2))
+        return line
+    return answer
+
+
+def test_a_fetch_that_says_ok_but_gives_no_mail_is_reported_unreadable_and_the_mail_stays_unseen(imap_env, imap_server):
+    """服务器对 UID FETCH 回 OK,这一封却是「BODY[] NIL」:原来和「这期间被别的客户端删了」一样悄悄跳过,退出码 0,
+    每次都跳过,这封信永远收不进来也没人知道。现在报「取信失败」、保持未读,其他的照常,退出码 1。"""
+    imap_server.append(ZHANG, LI)
+    r = run_behind(Front(imap_server.port, answer=body_made_nil(b"101")), imap_env)
+    t3 = ticket_of("<t3@example.com>")
+    assert (r.returncode, r.stdout, r.stderr) == (
+        1, f"{t3}  UID 102\n本次收取 2 封:新工单 1,重复 0,跳过 0,无法解析 0,存储失败 0,读取失败 1\n",
+        "取信失败,邮件保持未读,下次再收:服务器回答了这一封,却没有给出信的内容  UID 101\n")
+    assert [e[0] for e in rows(EVENTS)] == ["<t3@example.com>"]
+    assert imap_server.unseen() == [101]
