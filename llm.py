@@ -365,9 +365,11 @@ _SPACE = f"[ \t\xa0\u2000-\u200a\u202f\u205f\u3000{_INVISIBLE}]"  # \u2000-\u200
 # 邮箱:输入法全角模式打出来的整串(ｚｈａｎｇ＠ｑｑ．ｃｏｍ)、中文标点模式把点打成「。」(zhang@qq。com)、中间夹着零宽字符的
 # (zhang\u200b@qq.com)也算,原来都原样进了提示词和 checkpoint,模型照样读得出来
 _MAIL_CHAR = rf"[A-Za-z0-9._%+\-\uff10-\uff19\uff21-\uff3a\uff41-\uff5a\uff0e{_INVISIBLE}]"
+# 域名里夹着零宽字符(zhang@qq\u200b.com)也算:原来 @ 前面的认,后面的不认,整个地址原样进了提示词
 _EMAIL = re.compile(rf"(?<!{_MAIL_CHAR})({_MAIL_CHAR}){_MAIL_CHAR}*([@\uff20]{_INVISIBLE_RUN}"
-                    r"[A-Za-z0-9\-\uff10-\uff19\uff21-\uff3a\uff41-\uff5a.\uff0e\u3002]+[.\uff0e\u3002]"
-                    r"[A-Za-z\uff21-\uff3a\uff41-\uff5a]{2,})")
+                    rf"[A-Za-z0-9\-\uff10-\uff19\uff21-\uff3a\uff41-\uff5a.\uff0e\u3002{_INVISIBLE}]+"
+                    rf"[.\uff0e\u3002]{_INVISIBLE_RUN}[A-Za-z\uff21-\uff3a\uff41-\uff5a][A-Za-z\uff21-\uff3a\uff41-\uff5a{_INVISIBLE}]*"
+                    r"[A-Za-z\uff21-\uff3a\uff41-\uff5a])")
 _GAP = rf"(?:{_SPACE}{{1,2}}|[\-－‐‑])"  # 一串号码里两位数字之间最多隔这么一下(‐‑ 是 Word 换掉的连字符)
 # 身份证号中间是生日,认错的可能很小:分段之间的点也算(110105.19900307.2345,和手机号一样)
 _ID_GAP = rf"(?:{_GAP}|[.．])"
@@ -377,9 +379,11 @@ _OLD_ID_CARD = re.compile(r"(?<!\d)(\d{6})\d{2}(?:0[1-9]|1[0-2])(?:0[1-9]|[12]\d
 # 账号、卡号后面跟着的一串数字(8 位以上):对公账号常是 12–14 位或 20 位以上,不像银行卡那样好认
 _ACCOUNT = re.compile(rf"((?:账号|帐号|账户|帐户|卡号|account(?: ?(?:no\.?|number))?)(?:{_SPACE}|[:\uff1a])*)"
                       rf"(\d(?:{_GAP}?\d){{7,}})(?!{_GAP}?\d)", re.I)
-# 15–30 位(15 位是美国运通这类信用卡,20 位以上是对公账号),两位之间可以有一下 _GAP;15 位的老身份证在前面已经打过码。
-# 一串更长的(中间那一下之后还有数字)整串不算,不会只打掉前 19 位、露出后面几位
-_BANK_CARD = re.compile(rf"(?<!\d)\d(?:{_GAP}?\d){{14,29}}(?!{_GAP}?\d)")
+# 15 位以上、两位之间可以有一下 _GAP 的一整串(15 位是美国运通这类信用卡,20 位以上是对公账号);15 位的老身份证在前面
+# 已经打过码。怎么打见 _card_run:30 位以内整串打码,更长的是几个号码挨着写,一个个看
+_BANK_CARD = re.compile(rf"(?<!\d)\d(?:{_GAP}?\d){{14,}}")
+_MAX_CARD_DIGITS = 30
+_YYYYMMDD = re.compile(r"(?:19|20)\d{2}(?:0[1-9]|1[0-2])(?:0[1-9]|[12]\d|3[01])")
 # 一条横线(- － — – ‐ ‑),两边可以各带空格:「4111 - 1111」「138—1234—5678」
 _DASH = rf"{_SPACE}*[\-－—–‐‑]{_SPACE}*"
 # 用这样的横线连起来的一串数字:日期范围(2024-01-01 - 2024-01-31)、发票号段、金额列表也长这样,
@@ -419,7 +423,7 @@ def mask_pii(text: str, keep=()) -> str:
     text = _ID_CARD.sub(lambda m: m.group(1) + "*" * 8 + m.group(2), text)
     text = _OLD_ID_CARD.sub(lambda m: m.group(1) + "*" * 6 + m.group(2), text)
     text = _ACCOUNT.sub(lambda m: m.group(1) + _masked_card(m.group(2)), text)
-    text = _BANK_CARD.sub(lambda m: _masked_card(m.group(0)), text)
+    text = _BANK_CARD.sub(_card_run, text)
     text = _DASHED_RUN.sub(_card_or_not, text)
     text = _MOBILE_443.sub(lambda m: m.group(1) + "****" + m.group(2) + m.group(3), text)
     return _MOBILE.sub(lambda m: m.group(1) + (m.group(2) or m.group(3)) + "****" + m.group(4), text)
@@ -427,6 +431,40 @@ def mask_pii(text: str, keep=()) -> str:
 
 def _masked_card(number: str) -> str:
     return "**** **** **** " + re.sub(r"\D", "", number)[-4:]
+
+
+def _card_run(m: re.Match) -> str:
+    """_BANK_CARD 认出的一串。一段没隔开的:30 位以内打码,更长的(贴进来的几万位数字、哈希)不是卡号,不动。
+    隔开的、30 位以内:整串打码;只有每段都不到 4 位(299 299 299 299 299 这样的金额)或者每段都是日期
+    (20240301 20240331)的不动。更长的是几个号码挨着写(「两张卡 6222…0123 6228…0018」):原来整串不认,
+    第一张卡原样进了提示词,只打了后一张;现在一段段看,15–30 位的一段、4-4-4-4(后面可以再带 1–3 位)和 4-6-5 的几段各自打码。"""
+    run = m.group(0)
+    parts = re.split(f"({_GAP})", run)
+    tokens, gaps = parts[0::2], parts[1::2]
+    digits = sum(map(len, tokens))
+    if len(tokens) == 1:
+        return _masked_card(run) if digits <= _MAX_CARD_DIGITS else run
+    if digits <= _MAX_CARD_DIGITS:
+        if all(len(t) < 4 for t in tokens) or all(_YYYYMMDD.fullmatch(t) for t in tokens):
+            return run
+        return _masked_card(run)
+    out, i = [], 0
+    while i < len(tokens):
+        sizes = tuple(len(t) for t in tokens[i:i + 5])
+        if 15 <= sizes[0] <= _MAX_CARD_DIGITS:
+            end = i + 1
+        elif sizes[:4] == (4, 4, 4, 4):
+            end = i + 4 + (len(sizes) == 5 and sizes[4] <= 3)
+        elif sizes[:3] == (4, 6, 5):
+            end = i + 3
+        else:
+            end = None
+        out.append(tokens[i] if end is None else _masked_card("".join(tokens[i:end])))
+        end = end or i + 1
+        if end < len(tokens):
+            out.append(gaps[end - 1])
+        i = end
+    return "".join(out)
 
 
 def _card_or_not(m: re.Match) -> str:
