@@ -11,6 +11,7 @@
 """
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -115,7 +116,20 @@ def check_settings() -> None:
         raise SystemExit(f"配置错误:INBOX_MAX_TEXT_CHARS={limit} 比演示要输入的文字({longest} 个字)还短")
 
 
+def stopped(signum: int, _frame) -> None:
+    """SIGTERM(kill、systemd)和 SIGHUP(关掉终端)和 Ctrl-C 一样:一行原因,收拾好(停 webhook 服务、删临时目录)再退出,
+    退出码 128 + 信号。原来只有 Ctrl-C 收拾,这两种直接结束,临时目录留在 /tmp,只发给 demo 时 webhook 服务还成了孤儿进程。
+    收拾的途中再来一次不理:不能打断收拾。"""
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)
+    print(f"已中断(收到 {signal.Signals(signum).name})", file=sys.stderr, flush=True)
+    raise SystemExit(128 + signum)
+
+
 def main(argv: list[str]) -> int:
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(sig) is signal.SIG_DFL:  # 本来就不理的(nohup 起的)照旧不理
+            signal.signal(sig, stopped)
     if argv in (["-h"], ["--help"]):
         print(USAGE)
         return 0

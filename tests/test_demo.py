@@ -192,9 +192,13 @@ def test_demo_with_an_unknown_argument_shows_usage_and_runs_nothing(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize("whole_group, again", [(True, False), (False, False), (True, True)],
-                         ids=["ctrl-c-in-a-terminal", "kill-int-to-demo-only", "forwarded-again-like-uv-run"])
-def test_ctrl_c_in_the_middle_of_the_demo_says_one_line_and_leaves_no_server_or_data_behind(tmp_path, whole_group,
+@pytest.mark.parametrize("sig, whole_group, again", [
+    (signal.SIGINT, True, False), (signal.SIGINT, False, False), (signal.SIGINT, True, True),
+    # kill(SIGTERM)和关掉终端(SIGHUP):原来直接结束,临时目录留在 /tmp,只发给 demo 时 webhook 服务成了孤儿进程
+    (signal.SIGTERM, True, False), (signal.SIGTERM, False, True), (signal.SIGHUP, False, False),
+], ids=["ctrl-c-in-a-terminal", "kill-int-to-demo-only", "forwarded-again-like-uv-run", "kill-to-the-group",
+        "kill-to-demo-only-twice", "terminal-closed"])
+def test_ctrl_c_in_the_middle_of_the_demo_says_one_line_and_leaves_no_server_or_data_behind(tmp_path, sig, whole_group,
                                                                                             again):
     """在终端里按 Ctrl-C:SIGINT 发给整个前台进程组(demo、它起的 webhook 服务、正在跑的那一步);kill -INT 只发给 demo,
     它起的进程要它自己收。webhook 服务起来、正要发第一个 webhook 时按下:一行「已中断(Ctrl-C)」、退出码 130,
@@ -212,15 +216,16 @@ def test_ctrl_c_in_the_middle_of_the_demo_says_one_line_and_leaves_no_server_or_
                 break
         port = next(int(x.split("--port ")[1]) for x in seen if x.startswith("$ uv run uvicorn"))
         assert list(tmp_path.iterdir()) != []  # 临时数据目录这时还在
-        os.killpg(proc.pid, signal.SIGINT) if whole_group else proc.send_signal(signal.SIGINT)
+        os.killpg(proc.pid, sig) if whole_group else proc.send_signal(sig)
         while again and proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
+            proc.send_signal(sig)
             time.sleep(0.01)
         out, err = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-    assert (proc.returncode, err) == (130, "已中断(Ctrl-C)\n")
+    assert (proc.returncode, err) == ((130, "已中断(Ctrl-C)\n") if sig == signal.SIGINT else
+                                      (128 + sig, f"已中断(收到 {sig.name})\n"))
     assert "Traceback" not in "".join(seen) + out
     assert list(tmp_path.iterdir()) == []
     with pytest.raises(ConnectionRefusedError):
