@@ -11,6 +11,7 @@ EVENTS_DB 指向一个临时库、DATABASE_URL 清空(设着的话写的是 Post
 为什么单独一个进程:写库放在 webhook 进程的一个线程里时,它和事件循环抢同一把 GIL,机器慢的时候每个请求多花
 0.1–0.2 ms CPU,吞吐只有空端点的七成多;放到这里,事件循环只管收发请求,写库在另一个核上做(bench/webhook.py)。
 """
+import ctypes
 import json
 import os
 import signal
@@ -18,11 +19,18 @@ import sys
 
 import store
 
+# 秒;PostgreSQL 上借连接最多等多久(见 store.PG_POOL_WAIT_S)。这个进程一次只借一个,借不到就是连不上:
+# 原来等连接池默认的 30 秒,排在后面的一批再等 30 秒,请求 30–60 秒后才拿到 503,上游的发送方早就超时了
+POOL_WAIT_S = 3.0
 
-def serve(lines, out) -> None:
-    """lines 里每一行是一批事件;每批回一行。"""
+
+def serve(lines, out, ready: bool = True) -> None:
+    """lines 里每一行是一批事件;每批回一行。ready=False:事件库还没打开(启动时数据库连不上),每批先试着打开。"""
     for line in lines:
         try:
+            if not ready:
+                store.init()
+                ready = True
             reply = {"new": store.add_events([tuple(event) for event in json.loads(line)])}
         except Exception as e:  # noqa: BLE001 —— 写不进去(磁盘满、库被锁太久、这一行不是一批事件):告诉 webhook,接着干
             reply = {"error": store.first_line(e)}  # psycopg 的错误常带 LINE 1: … 好几行,503 的 detail 里只要第一行
@@ -30,15 +38,33 @@ def serve(lines, out) -> None:
         out.flush()
 
 
+def die_with_parent() -> None:
+    """webhook 没了(哪怕是 kill -9)时内核给这个进程发 SIGKILL(Linux 的 PR_SET_PDEATHSIG)。平时靠读到输入结束退出;
+    可它要是正卡在数据库里(网络不通、服务器不回话),就读不到,原来 webhook 都退了它还一直挂着。
+    这时杀掉它不丢什么:回话已经没人收,没回 202 的事件上游会重发。别的系统没有这个调用,只靠输入结束。
+    设之前父进程就没了的话,输入已经结束,serve() 读到结尾照样退出。"""
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            pass
+
+
 def main() -> int:
     # Ctrl-C 和 SIGTERM 会发给整个进程组:这里不理它们,由 webhook 写完手上的一批、关掉输入来结束,不会半途丢下一批
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    die_with_parent()
+    store.PG_POOL_WAIT_S = POOL_WAIT_S
     out = os.fdopen(os.dup(1), "wb")  # 回复走原来的标准输出
     os.dup2(2, 1)                     # 别处打印的东西改进标准错误,不会混进回复里
-    store.init()
     try:
-        serve(sys.stdin.buffer, out)
+        store.init()
+        ready = True
+    except store.unavailable_errors():  # 数据库暂时连不上(写库进程被杀后重新拉起时正好碰上):不退出,每一批回
+        ready = False                   # 「写不进去」和原因,webhook 回 503;原来每一批一段 traceback,503 里只有退出码
+    try:
+        serve(sys.stdin.buffer, out, ready)
     except BrokenPipeError:  # webhook 已经不在了:这一批已经提交,它没来得及回 202,上游重发时会得到 duplicate
         pass
     return 0

@@ -151,6 +151,10 @@ DIALECTS = {
 }
 PG_POOL_SIZE = 10  # 个(至少 1);每个连接池最多开几个连接(比 worker 的并发数小时,线程排队等连接);一个进程最多三个池:等落盘的、不等落盘的、checkpoint
 PG_CONNECT_TIMEOUT_S = 10  # 秒;第一次连 PostgreSQL 最多等多久,连不上就说明原因退出(不会一直挂着)
+# 秒;从连接池借一个连接最多等多久(psycopg_pool 默认 30 秒)。连接都借出去了(worker 的并发数比 PG_POOL_SIZE 大)时排队等;
+# 服务器连不上时池里一个都没有,也是等到这么久才报「数据库暂时用不了」。webhook 的写库进程一次只借一个,借不到只可能是
+# 连不上:它把这个数改小(event_writer.py),503 几秒内就回,不是让上游等半分钟
+PG_POOL_WAIT_S = 30.0
 # 秒(0–86400);连接上次借出去已经是这么久以前(闲着),这次借出去之前先空跑一条语句,确认它还连着。服务器重启、主备切换、防火墙或
 # PgBouncer 掐掉闲连接之后,池里剩下的都是死连接,不查的话下一个事件就撞上去、白白失败一次。忙的时候连接一直在用,
 # 闲不到这么久,不多一次往返(每次多一次往返约 0.05 ms,一个事件要借十几次连接)。
@@ -715,7 +719,7 @@ def open_pg_pool(url: str, durable: bool, **kwargs):
         raise SystemExit(f"连不上 DATABASE_URL 指的 PostgreSQL:{reason}") from None
     # connect_timeout:接上了却一直不回话的服务器,连接池的后台线程也别一直等着(连不上时关连接池要等它)
     pool = ConnectionPool(url, connection_class=_pooled_connection_class(), min_size=1, max_size=max_size,
-                          kwargs={"autocommit": True, "application_name": pg_application_name(),
+                          timeout=PG_POOL_WAIT_S, kwargs={"autocommit": True, "application_name": pg_application_name(),
                                   "connect_timeout": PG_CONNECT_TIMEOUT_S, **kwargs},
                           configure=_configure(durable), check=check, open=False)
     try:

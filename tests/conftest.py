@@ -248,9 +248,10 @@ def checkpoint_bytes() -> bytes:
 
 
 @contextmanager
-def tcp_proxy(host: str, port: int, relay_if, then: str = "close"):
+def tcp_proxy(host: str, port: int, relay_if, then: str = "close", hold: threading.Event | None = None):
     """127.0.0.1 上的一个 TCP 代理,挡在真的 PostgreSQL 前面。每来一个连接问一次 relay_if(计数):真就原样转过去;
     假就 then="close":一接上就关掉(像服务器连接数满了、正在重启);then="silent":接上了、一个字也不回(像服务器卡死了)。
+    hold 设着的时候,已经转着的连接收到的字节先扣着不转(像网络不通了:连接还在,谁也等不到对方的回话),放开后照转。
     返回 (代理的端口, 计数 {"relayed": 转过去几个, "refused": 没转过去的几个})。"""
     server = socket.create_server(("127.0.0.1", 0))
     server.settimeout(0.1)
@@ -263,6 +264,8 @@ def tcp_proxy(host: str, port: int, relay_if, then: str = "close"):
                     for sock in select.select([client, upstream], [], [])[0]:
                         if not (data := sock.recv(65536)):
                             return  # 有一头关了
+                        while hold is not None and hold.is_set() and not stop.is_set():
+                            time.sleep(0.01)
                         (upstream if sock is client else client).sendall(data)
             except OSError:
                 return

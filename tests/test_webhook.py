@@ -13,6 +13,7 @@ import sqlite3
 import subprocess
 import sys
 import termios
+import threading
 import time
 import types
 import urllib.error
@@ -21,7 +22,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from conftest import LAB, cut_connections, refused_startup, rows, run, someone_holds_the_events_table, webhook_server
+from conftest import (LAB, cut_connections, refused_startup, rows, run, someone_holds_the_events_table, tcp_proxy,
+                      webhook_server)
 from fastapi.testclient import TestClient
 
 import send_webhook
@@ -569,6 +571,136 @@ def test_cut_database_connections_answer_503_with_the_reason_and_the_retry_is_st
         assert webhook.committer.proc.pid == writer
     assert [e[0] for e in stored()] == ["evt_T1012_created", "evt_T1041_created"]
     assert capfd.readouterr().err == ""
+
+
+@contextlib.contextmanager
+def webhook_behind_a_proxy(pg_lab: dict, up: threading.Event, hold: threading.Event | None = None, **settings: str):
+    """真的 uvicorn webhook,连 PostgreSQL 经过 tcp_proxy:up 清掉时新连接一接上就被关掉(服务器不在),
+    hold 设着时已有的连接不转字节(网络不通)。返回 (webhook 进程, 基础 URL, 代理的端口)。"""
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    params = conninfo_to_dict(pg_lab["DATABASE_URL"])
+    with tcp_proxy(params.get("host") or "127.0.0.1", int(params.get("port") or 5432), lambda _: up.is_set(),
+                   hold=hold) as (port, _):
+        url = make_conninfo("", **{**params, "host": "127.0.0.1", "port": str(port)})
+        with webhook_server({**pg_lab, "WEBHOOK_SECRET": SECRET, "DATABASE_URL": url, **settings}) as (proc, base_url):
+            yield proc, base_url, port
+
+
+def killed(pid: int) -> None:
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.time() + 10
+    while store._process_alive(pid) and time.time() < deadline:
+        time.sleep(0.01)
+
+
+def test_a_writer_restarted_while_postgres_is_down_answers_503_with_the_reason_and_the_retry_is_stored(pg_lab):
+    """写库进程被杀、重新拉起时 PostgreSQL 正好连不上:原来新的写库进程一起来就带着一段 traceback 退出(每一批一段,
+    打进 webhook 的日志),503 里只有「writer process exited with code 1」。现在它不退出,这一批马上回 503、说出原因;
+    数据库回来以后上游重试就收下,还是这一个写库进程。"""
+    up = threading.Event()
+    up.set()
+    with webhook_behind_a_proxy(pg_lab, up) as (proc, base_url, port):
+        assert deliver(base_url, body_for("T1012")) == (202, {"accepted": True, "duplicate": False})
+        up.clear()
+        killed(*writer_pids(proc.pid))
+        started = time.monotonic()
+        answer = deliver(base_url, body_for("T1041"))
+        assert time.monotonic() - started < 5
+        assert answer == (503, {"detail": 'event store unavailable (OperationalError: connection failed: connection to '
+                                          f'server at "127.0.0.1", port {port} failed: server closed the connection '
+                                          "unexpectedly), retry later"})
+        assert [e[0] for e in stored()] == ["evt_T1012_created"]
+        (writer,) = writer_pids(proc.pid)
+        up.set()
+        assert deliver(base_url, body_for("T1041")) == (202, {"accepted": True, "duplicate": False})
+        assert writer_pids(proc.pid) == [writer]
+    assert [e[0] for e in stored()] == ["evt_T1012_created", "evt_T1041_created"]
+    assert proc.stderr.read() == b""
+
+
+def test_postgres_going_away_under_a_running_webhook_answers_503_within_seconds_and_the_retry_is_stored(pg_lab):
+    """PostgreSQL 不在了(连接被掐断,新连接连不上):原来写库进程向连接池借连接要等满 30 秒,排在后面的一批再等 30 秒,
+    请求 30–60 秒后才拿到 503,send_webhook.py 这样 10 秒超时的发送方什么回答都没拿到。现在几秒内 503、说原因;
+    数据库回来以后上游重试就收下。"""
+    up = threading.Event()
+    up.set()
+    with webhook_behind_a_proxy(pg_lab, up, PG_IDLE_CHECK_S="86400") as (proc, base_url, _):
+        assert deliver(base_url, body_for("T1012")) == (202, {"accepted": True, "duplicate": False})
+        up.clear()
+        (writer,) = writer_pids(proc.pid)
+        assert cut_connections(writer) >= 1
+        body = body_for("T1041")
+        assert deliver(base_url, body) == (503, {"detail": "event store unavailable (AdminShutdown: terminating "
+                                                           "connection due to administrator command), retry later"})
+        started = time.monotonic()
+        answer = deliver(base_url, body)
+        assert time.monotonic() - started < 10
+        assert answer == (503, {"detail": "event store unavailable (PoolTimeout: couldn't get a connection after "
+                                          "3.00 sec), retry later"})
+        assert [e[0] for e in stored()] == ["evt_T1012_created"]
+        up.set()
+        deadline = time.monotonic() + 60  # 连接池隔一会儿才重连一次(越来越久):上游照常隔一会儿重发
+        while (answer := deliver(base_url, body))[0] == 503 and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert answer == (202, {"accepted": True, "duplicate": False})
+        assert writer_pids(proc.pid) == [writer]
+    assert [e[0] for e in stored()] == ["evt_T1012_created", "evt_T1041_created"]
+    assert proc.stderr.read() == b""
+
+
+def test_a_stalled_database_connection_answers_503_after_the_time_limit_and_a_new_writer_takes_the_retry(pg_lab):
+    """和 PostgreSQL 之间的网络不通了(连接还在,谁也等不到回话):原来写库进程一直卡在读 socket 上,这一批和后面的
+    请求都没有回答,关服务也卡住。现在等 BUSY_TIMEOUT_S + 5 秒还没回话就杀掉它,这一批回 503;下一批拉起新的写库进程。"""
+    up, hold = threading.Event(), threading.Event()
+    up.set()
+    with webhook_behind_a_proxy(pg_lab, up, hold, BUSY_TIMEOUT_S="1") as (proc, base_url, _):
+        assert deliver(base_url, body_for("T1012")) == (202, {"accepted": True, "duplicate": False})
+        (writer,) = writer_pids(proc.pid)
+        hold.set()
+        started = time.monotonic()
+        answer = deliver(base_url, body_for("T1041"))
+        assert 6 <= time.monotonic() - started < 15
+        assert answer == (503, {"detail": "event store unavailable (writer process did not answer within 6 s), "
+                                          "retry later"})
+        assert not store._process_alive(writer)
+        hold.clear()
+        assert deliver(base_url, body_for("T1041")) == (202, {"accepted": True, "duplicate": False})
+        (new,) = writer_pids(proc.pid)
+        assert new != writer
+        started = time.monotonic()
+        proc.terminate()
+        proc.wait(timeout=30)
+        assert time.monotonic() - started < 10
+    assert [e[0] for e in stored()] == ["evt_T1012_created", "evt_T1041_created"]
+
+
+def with_no_answer(base_url: str, body: bytes) -> None:
+    """发出去,webhook 在回答之前就没了(连接断开)。"""
+    with pytest.raises(OSError):
+        deliver(base_url, body)
+
+
+def test_a_writer_stuck_on_the_database_dies_with_a_killed_webhook(pg_lab):
+    """写库进程卡在数据库上(网络不通)时 webhook 被 kill -9:它读不到输入结束,原来一直挂着,成了孤儿进程。
+    现在内核在 webhook 没了时杀掉它(PR_SET_PDEATHSIG)。它手上那一批没回过 202,上游会重发。"""
+    up, hold = threading.Event(), threading.Event()
+    up.set()
+    with webhook_behind_a_proxy(pg_lab, up, hold) as (proc, base_url, _):
+        assert deliver(base_url, body_for("T1012")) == (202, {"accepted": True, "duplicate": False})
+        (writer,) = writer_pids(proc.pid)
+        hold.set()
+        with ThreadPoolExecutor(1) as pool:
+            pool.submit(with_no_answer, base_url, body_for("T1041"))
+            time.sleep(1)  # 写库进程读走了这一批,卡在数据库上
+            proc.kill()
+            proc.wait(timeout=10)
+            deadline = time.time() + 5
+            while store._process_alive(writer) and time.time() < deadline:
+                time.sleep(0.05)
+            assert not store._process_alive(writer)
+            hold.clear()
+    assert [e[0] for e in stored()] == ["evt_T1012_created"]
 
 
 def stop_writer() -> None:
