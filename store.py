@@ -1084,7 +1084,7 @@ WHERE event_id = (
     LIMIT 1
     {skip_locked}
 )
-RETURNING event_id, kind, payload, attempts, ticket_id, last_error
+RETURNING event_id, kind, payload, attempts, ticket_id, last_error, updated_at
 """
 
 
@@ -1133,8 +1133,11 @@ def _unless_ticket_taken(conn, query: str, args: tuple):
 
 
 def set_status(event_id: str, status: str, error: str | None = None, *, not_before: str | None = None,
-               owner: str | None = None, expect: str | None = None) -> bool:
+               owner: str | None = None, claimed_at=None, expect: str | None = None) -> bool:
     """改状态。给了 owner 时只改「还在这个进程手里」的事件:卡住被放回队列、又被别人领走的,不去覆盖;
+    再给了 claimed_at(领取时 claim() 返回的 updated_at)时只改这一次领取的:放回队列后又被同一个进程的另一个
+    处理线程领走的,慢的那个线程也不去覆盖(owner 是进程,两次领取的 owner 一样;原来慢的那个把事件改成了
+    waiting_human,正在跑的那个线程的结果反倒被挡住);
     给了 expect 时只在当前状态是它的时候才改。进收件箱(waiting_human)时记下 waiting_since,已经记过的不改:
     respond 重写、收件箱命令失败交回 worker 续跑、之后再回到收件箱,客户一直在等,日报的「等得最久」不从零算。
     返回改没改成。"""
@@ -1151,6 +1154,9 @@ def set_status(event_id: str, status: str, error: str | None = None, *, not_befo
     if owner is not None:
         query += " AND status = 'processing' AND claimed_by = ?"
         args.append(owner)
+    if claimed_at is not None:
+        query += " AND updated_at = ?"
+        args.append(claimed_at)
     if expect is not None:
         query += " AND status = ?"
         args.append(expect)

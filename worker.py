@@ -173,13 +173,19 @@ def process(graph, ev: dict, owner: str) -> str:
     failed, not_before = None, None
     try:
         status = handle(graph, ev)
+    except store.unavailable_errors():
+        # 数据库暂时用不了(图里写 checkpoint 时库被别人锁着超过 BUSY_TIMEOUT_S、PostgreSQL 的连接被掐断……):不是这个
+        # 事件的错,不算它的一次失败。原来和模型出错一样记一次、退避,三次就进了死信;现在交给 run() / main():
+        # 说一行,这个事件交回队列(attempts 不变),隔一会儿再试
+        raise
     except Exception as e:  # noqa: BLE001 —— 任何错误都要落到事件表里,不能让 worker 死掉
         failed = e
         status = "dead" if is_permanent(e) or ev["attempts"] >= max_attempts() else "pending"
         not_before = store.minutes_from_now(backoff_minutes(ev["attempts"])) if status == "pending" else None
     requeue = store.requeue_dead_command([ev["event_id"]]) if status == "dead" else None
     why = failed and describe(failed, requeue=requeue)
-    kept = store.set_status(ev["event_id"], status, why, not_before=not_before, owner=owner)
+    kept = store.set_status(ev["event_id"], status, why, not_before=not_before, owner=owner,
+                            claimed_at=ev.get("updated_at"))
     # 慢到被放回队列、又被别人领走了:不覆盖,说一声(成功、失败都一样;原来失败时照样说「→ dead」,表里却没改)
     moved = "" if kept else "(这期间事件被放回了队列,状态留给接手的 worker 改)"
     if failed is None:

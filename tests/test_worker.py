@@ -778,6 +778,28 @@ def test_a_slow_worker_whose_failed_event_was_taken_meanwhile_says_so_instead_of
     assert rows("SELECT status, attempts, claimed_by, last_error FROM events") == [("processing", 1, "other-host:2", None)]
 
 
+def test_a_slow_thread_does_not_overwrite_its_own_workers_newer_claim_of_the_same_event(any_lab, capsys):
+    """--concurrency 大于 1 的 worker(hostA)的一个线程慢到超过 STALE_MINUTES,别的机器把事件放回队列,又被 hostA 的
+    另一个线程领走:两次领取的 owner 一样。原来慢的那个线程做完时照样把状态改成 waiting_human(正在跑的那个线程的
+    结果反倒被挡住,还说「这期间事件被放回了队列」);现在它只改自己那一次领取的,说一声,状态留给正在跑的那个。"""
+    add("T1012")
+    first = store.claim("hostA:4242@123")
+    conn = store.connect()
+    conn.execute("UPDATE events SET updated_at = ?", (store.minutes_from_now(-11),))
+    conn.close()
+    assert store.requeue_stale(10) == 1
+    second = store.claim("hostA:4242@123")
+    assert second["attempts"] == 2
+    with opened_graph() as graph:
+        assert worker_mod.process(graph, first, "hostA:4242@123") == "waiting_human"
+        assert capsys.readouterr().out == ("evt_T1012_created → waiting_human(这期间事件被放回了队列,"
+                                           "状态留给接手的 worker 改)\n")
+        assert rows("SELECT status, attempts, claimed_by FROM events") == [("processing", 2, "hostA:4242@123")]
+        assert worker_mod.process(graph, second, "hostA:4242@123") == "waiting_human"
+    assert capsys.readouterr().out == "evt_T1012_created → waiting_human\n"
+    assert rows("SELECT status, attempts, claimed_by FROM events") == [("waiting_human", 2, None)]
+
+
 def test_a_killed_workers_event_waits_until_its_last_postgres_statement_is_finished(pg_lab):
     """kill -9 之后,服务器还在执行那个进程发出的最后一条语句:这时不能把它的事件交给别人,
     否则那条语句(比如写 checkpoint)可能在接手的 worker 读完状态之后才提交。"""
@@ -1754,6 +1776,25 @@ def test_a_database_error_in_one_of_several_threads_ends_the_round_for_all_of_th
     # 另一个线程最多做完出错时手上的那一个(和出错之前做完的,这里最多再一个):原来十个里九个都做了
     assert len(out.splitlines()) == len([s for s in status.values() if s == "waiting_human"]) <= 2
     assert list(status.values()).count("pending") >= 8
+
+
+def test_a_checkpoint_database_locked_mid_graph_hands_the_event_back_without_counting_an_attempt(lab):
+    """图里写 checkpoint 时 checkpoint 库被别人占着写锁超过 BUSY_TIMEOUT_S:原来和模型出错一样算这个事件的一次失败、
+    退避(第 1 次失败 → pending: OperationalError: database is locked),锁上三回事件就进了死信。现在是「数据库暂时
+    用不了」:一行、退出码 1,事件交回队列,attempts 不变、没有 last_error、不退避;锁放开之后照常处理。"""
+    r = run(["worker.py", "--once"], lab)  # 先建好 checkpoint 库(它的表),再占着它
+    assert (r.returncode, r.stdout) == (0, "")
+    add("T1012")
+    with write_locked(lab["CHECKPOINTS_DB"]):
+        r = run(["worker.py", "--once"], {**lab, "BUSY_TIMEOUT_S": "0.2"})
+    assert (r.returncode, r.stdout) == (1, "")
+    assert said_besides_offline_model(r.stderr) == [
+        "数据库暂时用不了(OperationalError: database is locked),这一轮停下,下次再跑", "evt_T1012_created 交回队列"]
+    assert rows("SELECT event_id, status, attempts, last_error, not_before FROM events") == [
+        ("evt_T1012_created", "pending", 0, None, None)]
+    r = run(["worker.py", "--once"], lab)
+    assert (r.returncode, r.stdout) == (0, "evt_T1012_created → waiting_human\n")
+    assert events() == [("evt_T1012_created", "waiting_human", 1)]
 
 
 def test_worker_once_on_a_write_locked_database_says_so_in_one_line_exits_1_and_the_event_waits(lab):
