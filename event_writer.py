@@ -11,17 +11,26 @@ EVENTS_DB 指向一个临时库、DATABASE_URL 清空(设着的话写的是 Post
 为什么单独一个进程:写库放在 webhook 进程的一个线程里时,它和事件循环抢同一把 GIL,机器慢的时候每个请求多花
 0.1–0.2 ms CPU,吞吐只有空端点的七成多;放到这里,事件循环只管收发请求,写库在另一个核上做(bench/webhook.py)。
 """
-import ctypes
 import json
 import os
 import signal
 import sys
+import threading
+import time
 
 import store
 
 # 秒;PostgreSQL 上借连接最多等多久(见 store.PG_POOL_WAIT_S)。这个进程一次只借一个,借不到就是连不上:
 # 原来等连接池默认的 30 秒,排在后面的一批再等 30 秒,请求 30–60 秒后才拿到 503,上游的发送方早就超时了
 POOL_WAIT_S = 3.0
+BATCH_MARGIN_S = 5    # 秒;一批最多写 BUSY_TIMEOUT_S(等锁)再加这么久,见 batch_time_limit_s
+ORPHAN_CHECK_S = 1.0  # 秒;多久看一次 webhook 还在不在
+
+
+def batch_time_limit_s() -> float:
+    """写一批最多花多久:等别人的锁最多 BUSY_TIMEOUT_S,再加 BATCH_MARGIN_S。webhook 等回话等这么久(过了就杀掉这个进程、
+    这一批回 503);webhook 没了以后,手上那一批也再给这么久(exit_when_orphaned)。"""
+    return store.busy_timeout_s() + BATCH_MARGIN_S
 
 
 def serve(lines, out, ready: bool = True) -> None:
@@ -38,23 +47,23 @@ def serve(lines, out, ready: bool = True) -> None:
         out.flush()
 
 
-def die_with_parent() -> None:
-    """webhook 没了(哪怕是 kill -9)时内核给这个进程发 SIGKILL(Linux 的 PR_SET_PDEATHSIG)。平时靠读到输入结束退出;
-    可它要是正卡在数据库里(网络不通、服务器不回话),就读不到,原来 webhook 都退了它还一直挂着。
-    这时杀掉它不丢什么:回话已经没人收,没回 202 的事件上游会重发。别的系统没有这个调用,只靠输入结束。
-    设之前父进程就没了的话,输入已经结束,serve() 读到结尾照样退出。"""
-    if sys.platform.startswith("linux"):
-        try:
-            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
-        except (OSError, AttributeError):
-            pass
+def exit_when_orphaned(parent: int) -> None:
+    """后台线程:webhook(parent)没了(哪怕是 kill -9)以后,手上这一批再给 batch_time_limit_s() 秒写完,还没退出就结束进程。
+    平时 webhook 一没,这里读到输入结束就退出了,手上的一批照样写完(上游重发时得到 duplicate);可它要是正卡在数据库里
+    (网络不通、服务器不回话),就一直读不到,原来 webhook 都退了它还挂着,成了孤儿进程。这时结束它不丢什么:
+    回话已经没人收,没回 202 的事件上游会重发。webhook 还在的话,到这时也会杀掉它。"""
+    grace = batch_time_limit_s()
+    while os.getppid() == parent:
+        time.sleep(ORPHAN_CHECK_S)
+    time.sleep(grace)
+    os._exit(0)
 
 
 def main() -> int:
     # Ctrl-C 和 SIGTERM 会发给整个进程组:这里不理它们,由 webhook 写完手上的一批、关掉输入来结束,不会半途丢下一批
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    die_with_parent()
+    threading.Thread(target=exit_when_orphaned, args=(os.getppid(),), daemon=True, name="orphan-check").start()
     store.PG_POOL_WAIT_S = POOL_WAIT_S
     out = os.fdopen(os.dup(1), "wb")  # 回复走原来的标准输出
     os.dup2(2, 1)                     # 别处打印的东西改进标准错误,不会混进回复里

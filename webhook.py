@@ -42,6 +42,7 @@ from fastapi.responses import JSONResponse
 from starlette.requests import ClientDisconnect
 
 import config
+import event_writer
 import store
 
 DEFAULT_SECRET = "dev-secret-change-me"
@@ -55,10 +56,6 @@ MAX_BODY_BYTES = 1024 * 1024  # 字节;正常的工单通知不到 1 KB,超过 1
 MAX_BATCH = 500               # 个;一次组提交最多写多少个事件
 MAX_BATCH_CHARS = 8 * 1024 * 1024  # 字符;一批的请求体加起来最多这么长(一个 1 MiB 的请求体也能自己成一批)
 WRITER_EXIT_TIMEOUT_S = 10    # 秒;关服务时等写库进程写完最后一批、退出,超时就杀掉
-# 秒;交给写库进程的一批,等它回话最多等 BUSY_TIMEOUT_S(它等锁最多这么久)再加这么久。过了还没回话(多半是和
-# PostgreSQL 之间的网络不通了、服务器不回话,它卡在读 socket 上):杀掉它,这一批回 503(可能已经提交,上游重发时
-# 得到 duplicate),下一批拉起新的。原来一直等:这一批和后面排着的请求都没有回答,连关服务都卡在等它
-WRITER_ANSWER_MARGIN_S = 5
 WRITER = Path(__file__).with_name("event_writer.py")
 TICKET_ID = re.compile(r"[A-Za-z0-9_-]{1,64}", re.ASCII)
 TIMESTAMP = re.compile(r"-?\d{1,18}", re.ASCII)  # 13 位的毫秒时间戳也认得出来,好说清楚
@@ -80,10 +77,14 @@ class GroupCommitter:
         self.stopping = False
         self.in_flight = 0  # 正在写的这一批有几个事件
         self.stdin_copy: int | None = None  # 写库进程输入管道写端的副本,见 _spawn
-        self.answer_timeout_s = 0.0  # 秒;见 WRITER_ANSWER_MARGIN_S,start() 时按 BUSY_TIMEOUT_S 算
+        # 秒;交给写库进程的一批,等它回话最多等这么久(event_writer.batch_time_limit_s(),start() 时按 BUSY_TIMEOUT_S 算)。
+        # 过了还没回话(多半是和 PostgreSQL 之间的网络不通了、服务器不回话,它卡在读 socket 上):杀掉它,这一批回 503
+        # (可能已经提交,上游重发时得到 duplicate),下一批拉起新的。原来一直等:这一批和后面排着的请求都没有回答,
+        # 连关服务都卡在等它
+        self.answer_timeout_s = 0.0
 
     async def start(self) -> None:
-        self.answer_timeout_s = store.busy_timeout_s() + WRITER_ANSWER_MARGIN_S
+        self.answer_timeout_s = event_writer.batch_time_limit_s()
         self.pending, self.stopping, self.wake = [], False, asyncio.Event()
         await self._spawn()
         self.pump = asyncio.create_task(self._run())
