@@ -155,7 +155,9 @@ def main(argv: list[str]) -> int:
     if not config.get("LLM_API_KEY"):
         print("没有 LLM_API_KEY:用离线模型起草(按关键词分类、按模板写,不联网)。")
     if port != PORT:
-        print(f"端口 {PORT} 被占用,这次用 {port};WEBHOOK_URL 已指向它。")
+        # 下面打印的 send_webhook.py 命令不带 WEBHOOK_URL:照着自己敲的话,发到的是占着 8139 的那个(多半是上次没停掉的 webhook)
+        print(f"端口 {PORT} 被占用,这次用 {port};WEBHOOK_URL 已指向它(照着下面的命令自己敲 send_webhook.py 时,先 "
+              f"export WEBHOOK_URL={env['WEBHOOK_URL']},不然发给了占着 {PORT} 的那个程序)。")
 
     server = None
     try:

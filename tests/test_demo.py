@@ -1,5 +1,7 @@
 """uv run python demo.py:课文的全流程,用真的 webhook 服务、真 HTTP、真进程跑一遍,结果和课文一致。"""
+import contextlib
 import os
+import re
 import signal
 import socket
 import sqlite3
@@ -35,6 +37,24 @@ def test_demo_replays_the_lesson_and_checks_its_result(tmp_path):
                  "和课文一致"):
         assert line in out
     assert list(tmp_path.iterdir()) == []  # 临时数据目录跑完就删了
+
+
+def test_demo_with_port_8139_taken_uses_another_and_says_how_to_send_to_it_by_hand(tmp_path):
+    """8139 被占着(多半是上次没停掉的 webhook):演示换一个端口照常跑完。打印的 send_webhook.py 命令不带 WEBHOOK_URL,
+    原来只说「WEBHOOK_URL 已指向它」,学员照着自己敲,发给了占着 8139 的那个程序;现在说先 export 哪个 URL。"""
+    env = {k: v for k, v in os.environ.items() if k not in ("LLM_API_KEY", "EVENTS_DB", "CHECKPOINTS_DB", "BIZ_DB")}
+    with socket.socket() as taken:
+        with contextlib.suppress(OSError):  # 已经被别的程序占着也一样
+            taken.bind(("127.0.0.1", demo.PORT))
+            taken.listen()
+        r = run(["demo.py"], {**env, "TMPDIR": str(tmp_path)}, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    port = int(re.search(r"^\$ uv run uvicorn webhook:app --port (\d+)$", r.stdout, re.M)[1])
+    assert port != demo.PORT
+    assert (f"端口 8139 被占用,这次用 {port};WEBHOOK_URL 已指向它(照着下面的命令自己敲 send_webhook.py 时,先 export "
+            f"WEBHOOK_URL=http://127.0.0.1:{port}/hooks/cloudledger,不然发给了占着 8139 的那个程序)。\n") in r.stdout
+    assert r.stdout.rstrip().endswith("发件箱两行。")
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_demo_with_a_model_it_cannot_reach_stops_with_the_reason_not_a_traceback(tmp_path):
