@@ -649,15 +649,23 @@ def test_postgres_going_away_under_a_running_webhook_answers_503_within_seconds_
     assert proc.stderr.read() == b""
 
 
-def test_a_stalled_database_connection_answers_503_after_the_time_limit_and_a_new_writer_takes_the_retry(pg_lab):
-    """和 PostgreSQL 之间的网络不通了(连接还在,谁也等不到回话):原来写库进程一直卡在读 socket 上,这一批和后面的
-    请求都没有回答,关服务也卡住。现在等 BUSY_TIMEOUT_S + 5 秒还没回话就杀掉它,这一批回 503;下一批拉起新的写库进程。"""
+@contextlib.contextmanager
+def a_stalled_writer(pg_lab: dict):
+    """webhook(BUSY_TIMEOUT_S=1)收下一个事件之后,它和 PostgreSQL 之间的网络不通了(hold 设着)。
+    返回 (webhook 进程, 基础 URL, 写库进程的 pid, hold)。"""
     up, hold = threading.Event(), threading.Event()
     up.set()
     with webhook_behind_a_proxy(pg_lab, up, hold, BUSY_TIMEOUT_S="1") as (proc, base_url, _):
         assert deliver(base_url, body_for("T1012")) == (202, {"accepted": True, "duplicate": False})
         (writer,) = writer_pids(proc.pid)
         hold.set()
+        yield proc, base_url, writer, hold
+
+
+def test_a_stalled_database_connection_answers_503_after_the_time_limit_and_a_new_writer_takes_the_retry(pg_lab):
+    """和 PostgreSQL 之间的网络不通了(连接还在,谁也等不到回话):原来写库进程一直卡在读 socket 上,这一批和后面的
+    请求都没有回答,关服务也卡住。现在等 BUSY_TIMEOUT_S + 5 秒还没回话就杀掉它,这一批回 503;下一批拉起新的写库进程。"""
+    with a_stalled_writer(pg_lab) as (proc, base_url, writer, hold):
         started = time.monotonic()
         answer = deliver(base_url, body_for("T1041"))
         assert 6 <= time.monotonic() - started < 15
@@ -684,12 +692,7 @@ def with_no_answer(base_url: str, body: bytes) -> None:
 def test_a_writer_stuck_on_the_database_dies_with_a_killed_webhook(pg_lab):
     """写库进程卡在数据库上(网络不通)时 webhook 被 kill -9:它读不到输入结束,原来一直挂着,成了孤儿进程。
     现在它发现 webhook 没了以后,手上那一批再给 BUSY_TIMEOUT_S + 5 秒,还卡着就退出。它手上那一批没回过 202,上游会重发。"""
-    up, hold = threading.Event(), threading.Event()
-    up.set()
-    with webhook_behind_a_proxy(pg_lab, up, hold, BUSY_TIMEOUT_S="1") as (proc, base_url, _):
-        assert deliver(base_url, body_for("T1012")) == (202, {"accepted": True, "duplicate": False})
-        (writer,) = writer_pids(proc.pid)
-        hold.set()
+    with a_stalled_writer(pg_lab) as (proc, base_url, writer, hold):
         with ThreadPoolExecutor(1) as pool:
             pool.submit(with_no_answer, base_url, body_for("T1041"))
             time.sleep(1)  # 写库进程读走了这一批,卡在数据库上
