@@ -173,11 +173,6 @@ def process(graph, ev: dict, owner: str) -> str:
     failed, not_before = None, None
     try:
         status = handle(graph, ev)
-    except store.unavailable_errors():
-        # 数据库暂时用不了(图里写 checkpoint 时库被别人锁着超过 BUSY_TIMEOUT_S、PostgreSQL 的连接被掐断……):不是这个
-        # 事件的错,不算它的一次失败。原来和模型出错一样记一次、退避,三次就进了死信;现在交给 run() / main():
-        # 说一行,这个事件交回队列(attempts 不变),隔一会儿再试
-        raise
     except Exception as e:  # noqa: BLE001 —— 任何错误都要落到事件表里,不能让 worker 死掉
         failed = e
         status = "dead" if is_permanent(e) or ev["attempts"] >= max_attempts() else "pending"

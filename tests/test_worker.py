@@ -1778,25 +1778,6 @@ def test_a_database_error_in_one_of_several_threads_ends_the_round_for_all_of_th
     assert list(status.values()).count("pending") >= 8
 
 
-def test_a_checkpoint_database_locked_mid_graph_hands_the_event_back_without_counting_an_attempt(lab):
-    """图里写 checkpoint 时 checkpoint 库被别人占着写锁超过 BUSY_TIMEOUT_S:原来和模型出错一样算这个事件的一次失败、
-    退避(第 1 次失败 → pending: OperationalError: database is locked),锁上三回事件就进了死信。现在是「数据库暂时
-    用不了」:一行、退出码 1,事件交回队列,attempts 不变、没有 last_error、不退避;锁放开之后照常处理。"""
-    r = run(["worker.py", "--once"], lab)  # 先建好 checkpoint 库(它的表),再占着它
-    assert (r.returncode, r.stdout) == (0, "")
-    add("T1012")
-    with write_locked(lab["CHECKPOINTS_DB"]):
-        r = run(["worker.py", "--once"], {**lab, "BUSY_TIMEOUT_S": "0.2"})
-    assert (r.returncode, r.stdout) == (1, "")
-    assert said_besides_offline_model(r.stderr) == [
-        "数据库暂时用不了(OperationalError: database is locked),这一轮停下,下次再跑", "evt_T1012_created 交回队列"]
-    assert rows("SELECT event_id, status, attempts, last_error, not_before FROM events") == [
-        ("evt_T1012_created", "pending", 0, None, None)]
-    r = run(["worker.py", "--once"], lab)
-    assert (r.returncode, r.stdout) == (0, "evt_T1012_created → waiting_human\n")
-    assert events() == [("evt_T1012_created", "waiting_human", 1)]
-
-
 def test_worker_once_on_a_write_locked_database_says_so_in_one_line_exits_1_and_the_event_waits(lab):
     """SQLite 的事件库被别人占着写锁(有人在 sqlite3 里改了东西没提交)超过 BUSY_TIMEOUT_S:--once 一行说明、退出码 1,
     事件原样留在队列里;锁放开之后照常处理。"""
