@@ -222,7 +222,9 @@ def cannot_open(what: str, setting: str, path: Path, error: Exception) -> str:
         elif not os.access(path.parent, os.W_OK):  # 库文件旁边还要建 -wal、-shm(新库连文件本身也要建)
             reason = f"目录 {path.parent} 不能写:没有写权限,或者在只读的文件系统上"
         elif (why := TEMPORARY_SQLITE_ERRORS.get((getattr(error, "sqlite_errorcode", None) or 0) & 0xFF)) is not None:
-            raise sqlite3.OperationalError(f"{error}:{what} {path} {why}") from error
+            temporary = sqlite3.OperationalError(f"{error}:{what} {path} {why}")
+            temporary.sqlite_errorcode = error.sqlite_errorcode  # temporary() 认它
+            raise temporary from error
         else:
             reason = str(error)
     except OSError as e:  # 名字太长之类:连「在不在」都问不了(原来在这里又抛一次,成了 traceback)
@@ -651,6 +653,17 @@ def unavailable_errors() -> tuple[type[Exception], ...]:
     return sqlite3.OperationalError, psycopg.OperationalError, psycopg.errors.ReadOnlySqlTransaction
 
 
+def temporary(error: BaseException) -> bool:
+    """unavailable_errors() 里、等一会儿可能就好了的那些:PostgreSQL 的都算(连接断了、服务器在重启、只能读);SQLite 的
+    OperationalError 只算被锁太久、磁盘满了或出错、库只能读。worker 跑图时碰上它们,事件交回队列、不算一次失败;
+    SQLite 别的 OperationalError(业务库被人改了表,no such table / no such column)等多久都一样,照常算失败,
+    到 MAX_ATTEMPTS 进死信,不然常驻的 worker 每隔 POLL_SECONDS 就领一次、交回一次,一直转下去。"""
+    if isinstance(error, sqlite3.OperationalError):
+        code = (getattr(error, "sqlite_errorcode", None) or 0) & 0xFF
+        return code in TEMPORARY_SQLITE_ERRORS or code == sqlite3.SQLITE_READONLY
+    return isinstance(error, unavailable_errors())
+
+
 def unavailable(error: Exception) -> str:
     """遇上 unavailable_errors() 时给人看的那一行的开头:「数据库暂时用不了(类型名: 原文第一行)」。
     psycopg 的错误常带好几行 DETAIL / HINT,日志和终端里只留第一行。各个程序在后面接上自己接下来怎么办。
@@ -836,6 +849,19 @@ def require_psycopg() -> None:
         import psycopg_pool  # noqa: F401
     except ImportError:
         raise SystemExit("设置了 DATABASE_URL,但没装 PostgreSQL 的依赖:运行 uv sync --extra postgres") from None
+
+
+def drop_broken_connections() -> bool:
+    """PostgreSQL:连接池里闲着的连接每个空跑一条语句,断了的扔掉(连接池在后台另连),返回 True;SQLite 没有连接池,
+    返回 False。连接被掐断(服务器重启、pg_terminate_backend、主备切换)时池里的连接往往一起死了,闲得不够
+    PG_IDLE_CHECK_S 的借出去之前不查:一次失败之后紧接着再借,借到的多半还是死的。worker 交回事件前用它,交回才有得重来。"""
+    if dialect() != "postgres":
+        return False
+    with _pools_lock:
+        pools = list(_pools.values())
+    for pool in pools:
+        pool.check()
+    return True
 
 
 def close_pools() -> None:

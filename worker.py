@@ -174,6 +174,11 @@ def process(graph, ev: dict, owner: str) -> str:
     try:
         status = handle(graph, ev)
     except Exception as e:  # noqa: BLE001 —— 任何错误都要落到事件表里,不能让 worker 死掉
+        if store.temporary(e):
+            # 数据库暂时用不了(图里写 checkpoint 时库被别人锁着超过 BUSY_TIMEOUT_S、PostgreSQL 的连接被掐断……):不是这个
+            # 事件的错,不算它的一次失败。原来和模型出错一样记一次、退避,三次就进了死信;现在交给 run() / main():
+            # 说一行,这个事件交回队列(attempts 不变),隔一会儿再试
+            raise
         failed = e
         status = "dead" if is_permanent(e) or ev["attempts"] >= max_attempts() else "pending"
         not_before = store.minutes_from_now(backoff_minutes(ev["attempts"])) if status == "pending" else None
@@ -265,7 +270,15 @@ class Worker:
         """把这个进程名下还在 processing 的事件交回队列(这次不算一次失败):立即退出时手上还没做完的、数据库出错时
         没来得及改状态的,还有领取提交了、回答却因为断线没收到的(它不在 in_hand 里)。只在没有线程还在处理时调用,
         或者(立即退出时)那些线程的事件反正也要交回。"""
-        for event_id in store.hand_back_all(self.owner):
+        try:
+            handed = store.hand_back_all(self.owner)
+        except store.unavailable_errors():
+            # 连接被掐断时池里别的连接多半也断了,交回又借到一个死的(原来事件就这么留在 processing,要等按卡住的放回、
+            # 还算一次失败):扔掉断了的连接,再试一次。SQLite 不再试:库被锁着的话,再等一个 BUSY_TIMEOUT_S 也多半一样
+            if not store.drop_broken_connections():
+                raise
+            handed = store.hand_back_all(self.owner)
+        for event_id in handed:
             print(f"{event_id} 交回队列", file=sys.stderr, flush=True)
         self.in_hand.clear()
 
