@@ -654,14 +654,15 @@ def unavailable_errors() -> tuple[type[Exception], ...]:
 
 
 def temporary(error: BaseException) -> bool:
-    """unavailable_errors() 里、等一会儿可能就好了的那些:PostgreSQL 的都算(连接断了、服务器在重启、只能读);SQLite 的
-    OperationalError 只算被锁太久、磁盘满了或出错、库只能读。worker 跑图时碰上它们,事件交回队列、不算一次失败;
-    SQLite 别的 OperationalError(业务库被人改了表,no such table / no such column)等多久都一样,照常算失败,
-    到 MAX_ATTEMPTS 进死信,不然常驻的 worker 每隔 POLL_SECONDS 就领一次、交回一次,一直转下去。"""
+    """unavailable_errors() 里、等一会儿可能就好了的那些:PostgreSQL 的连接断了、服务器在重启、连接数满了、磁盘满了、
+    只能读;SQLite 的被锁太久、磁盘满了或出错、库只能读。worker 跑图时碰上它们,事件交回队列、不算一次失败。
+    同属 OperationalError、等多久都一样的不算:SQLite 的 no such table / no such column(业务库被人改了表),
+    PostgreSQL 的 54 类(超出程序限制:索引行太大、语句太复杂)。它们照常算失败,到 MAX_ATTEMPTS 进死信,
+    不然常驻的 worker 每隔 POLL_SECONDS 就领一次、交回一次,一直转下去。"""
     if isinstance(error, sqlite3.OperationalError):
         code = (getattr(error, "sqlite_errorcode", None) or 0) & 0xFF
         return code in TEMPORARY_SQLITE_ERRORS or code == sqlite3.SQLITE_READONLY
-    return isinstance(error, unavailable_errors())
+    return isinstance(error, unavailable_errors()) and not (getattr(error, "sqlstate", None) or "").startswith("54")
 
 
 def unavailable(error: Exception) -> str:

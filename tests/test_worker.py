@@ -1815,6 +1815,41 @@ def test_a_business_table_gone_mid_run_still_counts_as_a_failure_and_is_not_hand
         ("pending", 1, None, "OperationalError: no such table: tickets")]
 
 
+def test_only_database_errors_that_waiting_can_fix_hand_an_event_back(pg_lab):
+    """store.temporary() 把真的数据库错误分两类:锁住、断开、只能读的交回队列(不算失败);表没了、PostgreSQL 的
+    超出程序限制(54 类)这种等多久都一样的,照常算失败。错误都是真的库上真的语句抛出来的。"""
+    import psycopg
+
+    def error_of(action) -> Exception:
+        try:
+            action()
+        except Exception as e:  # noqa: BLE001
+            return e
+        raise AssertionError("没有出错")
+
+    with write_locked(pg_lab["CHECKPOINTS_DB"]):
+        locked = sqlite3.connect(pg_lab["CHECKPOINTS_DB"], timeout=0.1)
+        busy = error_of(lambda: locked.execute("BEGIN IMMEDIATE"))
+        locked.close()
+    biz = sqlite3.connect(pg_lab["BIZ_DB"])
+    no_table = error_of(lambda: biz.execute("SELECT * FROM tickets_old"))
+    biz.close()
+    with psycopg.connect(pg_lab["DATABASE_URL"], autocommit=True) as conn:
+        conn.execute("CREATE TEMP TABLE wide (x text PRIMARY KEY)")
+        too_big = error_of(lambda: conn.execute("INSERT INTO wide SELECT string_agg(md5(random()::text), '') "
+                                                "FROM generate_series(1, 400)"))
+        conn.execute("SET default_transaction_read_only = on")  # 像主备切换时连到了还只能读的那台
+        read_only = error_of(lambda: conn.execute("UPDATE events SET attempts = 0"))
+    with psycopg.connect(pg_lab["DATABASE_URL"], autocommit=True) as conn:
+        pid = conn.info.backend_pid
+        with psycopg.connect(pg_lab["DATABASE_URL"], autocommit=True) as admin:
+            admin.execute("SELECT pg_terminate_backend(%s, 10000)", (pid,))
+        cut = error_of(lambda: conn.execute("SELECT 1"))
+    assert [(type(e).__name__, store.temporary(e)) for e in (busy, no_table, too_big, read_only, cut)] == [
+        ("OperationalError", True), ("OperationalError", False), ("ProgramLimitExceeded", False),
+        ("ReadOnlySqlTransaction", True), ("AdminShutdown", True)]
+
+
 def test_worker_once_on_a_write_locked_database_says_so_in_one_line_exits_1_and_the_event_waits(lab):
     """SQLite 的事件库被别人占着写锁(有人在 sqlite3 里改了东西没提交)超过 BUSY_TIMEOUT_S:--once 一行说明、退出码 1,
     事件原样留在队列里;锁放开之后照常处理。"""
