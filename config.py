@@ -10,11 +10,13 @@ SystemExit("配置错误:…") 退出,说是哪一行:不会有哪一项悄悄�
 import argparse
 import encodings.idna
 import io
+import ipaddress
 import math
 import os
 import re
 import signal
 import sys
+import urllib.request
 from functools import lru_cache
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -149,6 +151,28 @@ def url(name: str, default: str = "", *, secret: bool = False) -> str:
         shown = raw[:16] + "…" if secret and len(raw) > 16 else hide_password(raw)  # 网址里的密码不进终端和 cron.log
         raise SystemExit(f"配置错误:{name}={shown!r} 不是合法的网址({problem})")
     return raw
+
+
+def on_this_machine(url: str) -> bool:
+    """网址指的是不是本机(localhost、127.x、::1):发给本机的请求不走代理。"""
+    host = (urlsplit(url).hostname or "").rstrip(".").lower()
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def proxy_note(url: str) -> str:
+    """httpx 发这个网址时会走环境变量里的代理(http_proxy / https_proxy / all_proxy,NO_PROXY 里没排除它)的话,
+    说一句是哪个代理:代理没开、不通时报的也是「连不上」,光看错误以为是对方的问题。不走代理时是空串。"""
+    parts = urlsplit(url)
+    proxies = urllib.request.getproxies_environment()
+    proxy = proxies.get(parts.scheme) or proxies.get("all")
+    if not proxy or urllib.request.proxy_bypass_environment(parts.hostname or "", proxies):
+        return ""
+    return f";这个请求走的是环境变量里的代理 {hide_password(proxy)}:代理没开或不通时也是这样,不走代理就把主机加进 NO_PROXY"
 
 
 def hostname_problem(host: str) -> str:
@@ -289,6 +313,10 @@ def run(main, *args) -> None:
       (worker、收件箱)这里不动,它们用 handle_stop_signals() 装,本来不理的也照旧不理。"""
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
         signal.signal(signal.SIGINT, interrupt_once)
+    # 标准输出写进文件(cron 的 >> cron.log 2>&1)时 Python 攒满一块才写,不带缓冲的标准错误就跑到了前面:
+    # 日志里说明先于结果。一行一写,两边的行照打印的先后
+    if isinstance(sys.stdout, io.TextIOWrapper):
+        sys.stdout.reconfigure(line_buffering=True)
     try:
         code = main(*args)
         sys.stdout.flush()

@@ -212,7 +212,7 @@ def post_to_slack(url: str, text: str, timeout: float) -> None:
 
     def send() -> None:
         try:
-            answer.put(httpx.post(url, json={"text": text}, timeout=timeout))
+            answer.put(httpx.post(url, json={"text": slack_text(text)}, timeout=timeout))
         except Exception as e:  # noqa: BLE001 —— 交给下面按种类说
             answer.put(e)
 
@@ -224,11 +224,18 @@ def post_to_slack(url: str, text: str, timeout: float) -> None:
     if isinstance(r, httpx.TimeoutException):
         raise SlackError(f"发送到 Slack({where})超时:{timeout:g} 秒没有回应") from r
     if isinstance(r, (httpx.HTTPError, httpx.InvalidURL)):
-        raise SlackError(f"连不上 Slack({where}):{r or type(r).__name__}(检查 SLACK_WEBHOOK_URL 和网络)") from r
+        raise SlackError(f"连不上 Slack({where}):{r or type(r).__name__}(检查 SLACK_WEBHOOK_URL 和网络"
+                         f"{config.proxy_note(url)})") from r
     if isinstance(r, Exception):
         raise r
     if not r.is_success:
         raise SlackError(f"Slack({where})拒绝了日报:HTTP {r.status_code} {r.text.strip()[:200]}")
+
+
+def slack_text(text: str) -> str:
+    """日报原样显示在 Slack 里:Slack 把 & < > 当控制字符(<!channel> 通知整个频道,<…> 是链接),要写成 &amp; &lt; &gt;。
+    邮件的 Message-ID 是客户写的(<!channel> 也行),原来原样发过去,Slack 里的事件号也丢了两边的尖括号、对不上事件表。"""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
 def _host_of(url: str) -> str:

@@ -63,9 +63,11 @@ def no_answer(url: str, e: httpx.HTTPError, ticket_id: str) -> str:
 
 
 def main(argv: list[str]) -> int:
-    if argv in (["-h"], ["--help"]):
+    if "-h" in argv or "--help" in argv:  # 写在哪个位置都算(原来 T1012 -h 说「重复次数要是正整数,现在是 '-h'」)
         print(USAGE)
         return 0
+    if argv[:1] == ["--"]:  # 「后面都不是选项」的老写法:原来 -- T1012 把 T1012 当成了重复次数
+        argv = argv[1:]
     if not 1 <= len(argv) <= 2:
         print(f"{'缺少工单号' if not argv else '参数太多了'}\n{USAGE}", file=sys.stderr)
         return 2
@@ -94,13 +96,17 @@ def main(argv: list[str]) -> int:
     for _ in range(times):  # 上游超时重试时,同一个事件会原样再发一次
         headers = {"content-type": "application/json", "x-cloudledger-signature": sign(body, secret)}
         try:
-            r = httpx.post(url, content=body, headers=headers, timeout=TIMEOUT_S)
+            # 发给本机的 webhook 不走代理:终端里设着 http_proxy / all_proxy(Clash 之类「复制终端代理命令」)时,原来
+            # 本机的请求也绕到代理上,代理没开就说「webhook 服务起来了吗?」,其实 webhook 好好的
+            r = httpx.post(url, content=body, headers=headers, timeout=TIMEOUT_S,
+                           trust_env=not config.on_this_machine(url))
         # 连不上:请求根本没发出去。InvalidURL:urlsplit 放过了、httpx 不认的少见写法
         except (httpx.ConnectError, httpx.ConnectTimeout, httpx.InvalidURL) as e:
             if urlsplit(url).scheme == "https" and "SSL" in str(e):  # 服务起来了,只是 uvicorn 默认说的是 http
                 hint = "WEBHOOK_URL 是 https://,可 uv run uvicorn webhook:app 起的服务是 http 的:把 WEBHOOK_URL 改成 http://…"
             else:
                 hint = f"webhook 服务起来了吗?先在另一个终端运行 uv run uvicorn webhook:app --port {port_of(url)}"
+            hint += config.proxy_note(url)
             print(f"发不出去:{config.hide_password(url)} 连不上({type(e).__name__}: {e})。{hint}", file=sys.stderr)
             return 1
         except httpx.HTTPError as e:  # 连上了、请求发出去了,却没等到回答:对方可能已经收下了

@@ -1917,6 +1917,10 @@ def open_tickets_created_by(last_day: str) -> tuple[list[str], list[tuple[str, s
 
 def ticket_day(value) -> str | None:
     """工单 created_at 的日期(YYYY-MM-DD);认不出是哪天时是 None。PostgreSQL 里别人的表可能是 date / timestamp 类型。"""
+    if isinstance(value, datetime) and value.tzinfo is not None:
+        # timestamptz:psycopg 按会话的时区给出(国内的服务器多半默认 Asia/Shanghai),日期一律按 UTC 算,先换过去。
+        # 原来 UTC 晚上 8 点建的工单,在 +08:00 的会话里就成了第二天,同一张工单扫不扫得到要看服务器的设置
+        value = value.astimezone(timezone.utc)
     if isinstance(value, (date, datetime)):
         return value.isoformat()[:10]
     if isinstance(value, str) and re.match(r"\d{4}-\d{2}-\d{2}", value):

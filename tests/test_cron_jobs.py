@@ -1,4 +1,5 @@
 """cron_jobs.py 的 scan / report,日报发 Slack(测试里起一个本机 HTTP 接收端),以及 crontab.example 能不能用。"""
+import html
 import json
 import os
 import re
@@ -150,6 +151,43 @@ def test_scan_names_open_tickets_whose_created_at_is_not_a_date_and_does_not_enq
         "业务库里 4 张开着的工单 created_at 不是 YYYY-MM-DD 开头的日期,算不出开了几天,没有算进来:X1=''、X2='15/11/2026'、"
         "X3='1893456000'……(改成 YYYY-MM-DD 才扫得到)\n")
     assert rows(EVENTS) == [stale_event("T1029")]
+
+
+def test_scan_in_a_log_file_puts_its_summary_before_the_note_about_odd_dates(lab, tmp_path):
+    """crontab 里是 >> cron.log 2>&1:标准输出写进文件时原来攒满一块才写,标准错误上的说明跑到了结果前面。"""
+    conn = store.connect(store.biz_target())
+    conn.execute("INSERT INTO tickets (id, customer_id, subject, body, status, created_at) "
+                 "SELECT 'X2', customer_id, subject, body, 'open', '15/11/2026' FROM tickets WHERE id = 'T1029'")
+    conn.close()
+    log = tmp_path / "cron.log"
+    cron_env = {k: v for k, v in lab.items() if k != "PYTHONUNBUFFERED"}  # cron 的环境里没有它
+    with log.open("ab") as f:
+        r = subprocess.run([sys.executable, "cron_jobs.py", "scan", "--limit", "1"], cwd=LAB, stdout=f,
+                           stderr=subprocess.STDOUT, env={**cron_env, "STALE_DAYS": "40"}, timeout=120)
+    assert r.returncode == 0
+    assert log.read_text(encoding="utf-8").splitlines() == [
+        "超过 40 天还开着的工单 2 张,其中没回复过的 2 张,本次入队 1 个", "没有入队的:超出 --limit 1 1 张",
+        "业务库里 1 张开着的工单 created_at 不是 YYYY-MM-DD 开头的日期,算不出开了几天,没有算进来:X2='15/11/2026'"
+        "(改成 YYYY-MM-DD 才扫得到)"]
+
+
+def test_scan_dates_timestamptz_tickets_in_utc_whatever_the_sessions_time_zone(pg_lab):
+    """PostgreSQL 里工单表的 created_at 是 timestamptz 时,psycopg 按会话的时区给出时间(国内的服务器多半默认
+    Asia/Shanghai)。原来按那个时区取日期:UTC 晚上 8 点建的工单成了第二天,刚好 40 天的那张扫不到,换台服务器结果就不同。
+    现在日期一律按 UTC。"""
+    import psycopg
+
+    day = date.fromisoformat(today()) - timedelta(days=40)
+    with psycopg.connect(pg_lab["DATABASE_URL"], autocommit=True) as conn:
+        conn.execute("SET timezone = 'UTC'")
+        conn.execute("ALTER TABLE tickets ALTER COLUMN created_at TYPE timestamptz USING created_at::timestamptz")
+        conn.execute("INSERT INTO tickets (id, customer_id, subject, body, status, created_at) "
+                     "SELECT 'X1', customer_id, subject, body, 'open', %s FROM tickets WHERE id = 'T1029'",
+                     (datetime(day.year, day.month, day.day, 20, tzinfo=timezone.utc),))
+    for zone in ("UTC", "Asia/Shanghai"):
+        r = run(["cron_jobs.py", "scan", "--limit", "1"], {**pg_lab, "STALE_DAYS": "40", "PGTZ": zone})
+        assert (r.returncode, r.stderr) == (0, ""), zone
+        assert r.stdout.splitlines()[0].startswith("超过 40 天还开着的工单 3 张,其中没回复过的 3 张,"), (zone, r.stdout)
 
 
 def test_scan_leaves_out_replied_ignored_and_already_queued_tickets(any_lab):
@@ -432,20 +470,53 @@ def slack_env(lab):
     return {**lab, "NO_PROXY": "127.0.0.1,localhost", "no_proxy": "127.0.0.1,localhost"}
 
 
-def test_report_is_posted_to_slack_as_text(slack_env):
-    fill_watch_list_data()
+def report_to_slack(env: dict) -> tuple[subprocess.CompletedProcess, list]:
+    """跑 report,发给本机的假 Slack;返回运行结果和假 Slack 收到的请求。"""
     slack = Receiver()
     try:
-        r = run(["cron_jobs.py", "report"], {**slack_env, "SLACK_WEBHOOK_URL": slack.url})
+        return run(["cron_jobs.py", "report"], {**env, "SLACK_WEBHOOK_URL": slack.url}), slack.received
     finally:
         slack.close()
+
+
+def test_report_is_posted_to_slack_as_text(slack_env):
+    fill_watch_list_data()
+    r, received = report_to_slack(slack_env)
     assert (r.returncode, r.stderr) == (0, "")
     report, sent_line = r.stdout.rsplit("\n", 2)[0], r.stdout.splitlines()[-1]
     assert sent_line == "已发到 Slack"
-    assert len(slack.received) == 1
-    path, content_type, body = slack.received[0]
+    assert len(received) == 1
+    path, content_type, body = received[0]
     assert (path, content_type) == ("/services/T000/B000/SECRETTOKEN", "application/json")
     assert json.loads(body) == {"text": report}
+
+
+def test_the_report_shows_in_slack_as_it_is_printed_and_a_customers_message_id_cannot_ping_the_channel(slack_env):
+    """Slack 把 & < > 当控制字符:邮件的 Message-ID 是客户写的,原来 <!channel> 原样发过去,通知了整个频道;
+    <20261122090112.zw01@example.com> 这样平常的也丢了尖括号、成了链接,和事件表对不上。现在写成 &lt; &gt; &amp;,
+    Slack 里显示的和终端打印的一字不差;终端里照旧是原文。"""
+    add_event_with("<!channel> & co", "T1012", "waiting_human", updated_at="2026-11-01T01:00:00.000000+00:00")
+    r, received = report_to_slack(slack_env)
+    assert (r.returncode, r.stderr) == (0, "")
+    report = r.stdout.rsplit("\n", 2)[0]
+    assert "收件箱里等得最久的:<!channel> & co," in report
+    sent = json.loads(received[0][2])["text"]
+    assert "收件箱里等得最久的:&lt;!channel&gt; &amp; co," in sent and "<" not in sent
+    assert html.unescape(sent) == report  # Slack 显示出来的就是终端里的那份
+
+
+def test_a_socks_proxy_in_the_environment_is_used_and_named_when_it_is_not_running(slack_env):
+    """Clash 之类「复制终端代理命令」设的 all_proxy=socks5://…:原来 httpx 没有 socksio,日报打印完接着一段 ImportError
+    的 traceback;现在走这个代理,代理没开时一行说明,说出是哪个代理。"""
+    proxy = f"socks5://127.0.0.1:{closed_port()}"
+    env = {**slack_env, "all_proxy": proxy, "ALL_PROXY": proxy, "NO_PROXY": "", "no_proxy": "",
+           "SLACK_WEBHOOK_URL": "https://hooks.slack.invalid/services/T000/B000/SECRETTOKEN"}
+    r = run(["cron_jobs.py", "report"], env)
+    assert r.returncode == 1
+    assert r.stdout.splitlines()[1:] == cron_jobs.build_report().splitlines()[1:]  # 日报照样打印了
+    assert r.stderr == ("日报没有发到 Slack:连不上 Slack(https://hooks.slack.invalid):[Errno 111] Connection refused"
+                        f"(检查 SLACK_WEBHOOK_URL 和网络;这个请求走的是环境变量里的代理 {proxy}:代理没开或不通时也是这样,"
+                        "不走代理就把主机加进 NO_PROXY)\n")
 
 
 def silent_port(stack: list) -> int:

@@ -73,10 +73,11 @@ def test_a_ticket_id_the_webhook_would_refuse_is_refused_in_chinese_before_sendi
     assert rows("SELECT COUNT(*) FROM events") == [(0,)]
 
 
-@pytest.mark.parametrize("flag", ["-h", "--help"])
-def test_help_prints_usage_and_sends_nothing(lab, flag):
+@pytest.mark.parametrize("args", [["-h"], ["--help"], ["T1012", "-h"], ["T1012", "2", "--help"]])
+def test_help_prints_usage_and_sends_nothing(lab, args):
+    """-h 写在后面也是要看用法(原来 T1012 -h 说「重复次数要是正整数,现在是 '-h'」)。"""
     with webhook_server(lab) as (_, url):
-        r = run(["send_webhook.py", flag], {**lab, "WEBHOOK_URL": url + "/hooks/cloudledger"})
+        r = run(["send_webhook.py", *args], {**lab, "WEBHOOK_URL": url + "/hooks/cloudledger"})
     assert (r.returncode, r.stdout, r.stderr) == (0, "用法:uv run python send_webhook.py 工单号 [重复次数,正整数]\n", "")
     assert rows("SELECT COUNT(*) FROM events") == [(0,)]
 
@@ -109,6 +110,44 @@ def test_a_redirect_says_which_address_to_use_and_nothing_is_stored(lab):
         r = run(["send_webhook.py", "T1012"], {**lab, "WEBHOOK_URL": url + "/hooks/cloudledger/"})
     assert (r.returncode, r.stdout, r.stderr) == (
         1, "307 \n", f"对方让改发到 {url}/hooks/cloudledger:把 WEBHOOK_URL 改成这个地址再发\n")
+    assert rows("SELECT COUNT(*) FROM events") == [(0,)]
+
+
+def test_a_double_dash_before_the_ticket_id_sends_that_ticket(lab):
+    """-- 是「后面都不是选项」的老写法:原来 -- T1012 把 T1012 当成了重复次数,说「重复次数要是正整数」。"""
+    with webhook_server(lab) as (_, url):
+        r = run(["send_webhook.py", "--", "T1012"], {**lab, "WEBHOOK_URL": url + "/hooks/cloudledger"})
+    assert (r.returncode, r.stdout, r.stderr) == (0, "202 {'accepted': True, 'duplicate': False}\n", "")
+    assert rows("SELECT event_id FROM events") == [("evt_T1012_created",)]
+
+
+def proxies_that_are_not_running() -> dict:
+    """终端里设着代理(Clash 之类「复制终端代理命令」给的那三个变量),代理却没开。"""
+    http, socks = f"http://127.0.0.1:{free_port()}", f"socks5://127.0.0.1:{free_port()}"
+    return {"http_proxy": http, "https_proxy": http, "all_proxy": socks, "HTTP_PROXY": http, "HTTPS_PROXY": http,
+            "ALL_PROXY": socks, "NO_PROXY": "", "no_proxy": ""}
+
+
+def test_a_proxy_set_in_the_terminal_is_not_used_for_the_webhook_on_this_machine(lab):
+    """原来本机的请求也绕到代理上:all_proxy 是 socks5:// 时是一段 ImportError(没装 socksio)的 traceback,
+    http_proxy 指着没开的代理时说「webhook 服务起来了吗?」,其实 webhook 好好的。现在发给本机的不走代理。"""
+    with webhook_server(lab) as (_, url):
+        for host in ("127.0.0.1", "localhost"):
+            target = url.replace("127.0.0.1", host) + "/hooks/cloudledger"
+            r = run(["send_webhook.py", "T1012"], {**lab, **proxies_that_are_not_running(), "WEBHOOK_URL": target})
+            assert (r.returncode, r.stderr) == (0, ""), host
+    assert rows("SELECT event_id FROM events") == [("evt_T1012_created",)]
+
+
+def test_a_proxy_that_is_not_running_is_named_when_the_webhook_is_elsewhere(lab):
+    """webhook 在别的机器上、请求走代理、代理没开:报的也是「连不上」,说一句走的是哪个代理,别只让人去查 webhook。"""
+    proxies = proxies_that_are_not_running()
+    url = "http://webhook.invalid:8139/hooks/cloudledger"
+    r = run(["send_webhook.py", "T1012"], {**lab, **proxies, "WEBHOOK_URL": url})
+    assert (r.returncode, r.stdout) == (1, "")
+    assert r.stderr.startswith(f"发不出去:{url} 连不上(ConnectError: ")
+    assert r.stderr.endswith("webhook 服务起来了吗?先在另一个终端运行 uv run uvicorn webhook:app --port 8139;这个请求走的是"
+                             f"环境变量里的代理 {proxies['http_proxy']}:代理没开或不通时也是这样,不走代理就把主机加进 NO_PROXY\n")
     assert rows("SELECT COUNT(*) FROM events") == [(0,)]
 
 
