@@ -36,6 +36,8 @@ MAX_TICKET_CHARS = 4000
 # 收件箱在命令行上先拦;绕过收件箱直接恢复 thread 的(Agent Inbox、自己拼的 Command),review 也照这个数拦
 MAX_TEXT_CHARS = 2000
 NOTIFY_WORDS = ("律师", "起诉", "投诉到")  # 练习 5:出现这些词不起草,只通知主管
+NOTICE_HEAD_CHARS = 200  # 字;通知主管的待办里给人看工单原文的前这么多字(收件箱一屏看得完)
+NOTICE_CONTEXT_CHARS = 40  # 字;触发的词不在前面那段里时,再摘出它前后各这么多字
 FINISHED = ("sent", "already_sent", "ignored")
 
 
@@ -132,6 +134,24 @@ def needs_supervisor(text: str) -> str | None:
     return next((w for w in NOTIFY_WORDS if w in text), None)
 
 
+def notice_text(text: str) -> str:
+    """通知主管的待办里给人看的工单原文:前 NOTICE_HEAD_CHARS 个字;「律师」这类词在后面时,再摘出它前后一段;
+    没显示的说一共多少字。原来只截前 200 个字、不说截了:通知说「工单提到『律师』」,主管在下面却找不到这个词。"""
+    head = NOTICE_HEAD_CHARS
+    if len(text) <= head:
+        return text
+    shown, start, end = text[:head], head, head
+    word = needs_supervisor(text) or ""
+    at = simplified(text).find(word, head - len(word) + 1) if word else -1  # 前面那段里没有(或者只露出半个)
+    if at >= 0 and simplified(text).find(word) == at:
+        start = max(head, at - NOTICE_CONTEXT_CHARS)
+        end = min(len(text), at + len(word) + NOTICE_CONTEXT_CHARS)
+        shown += ("……" if start > head else "") + text[start:end]
+    if start == head and end == len(text):
+        return shown
+    return shown + ("……" if end < len(text) else "") + f"(工单共 {len(text)} 字,这里没有全部显示)"
+
+
 def for_the_model(text: str) -> str:
     """工单原文只给模型前 MAX_TICKET_CHARS 个字,截了就说截了多少。只截提示词:状态里留着整段(已脱敏),
     「律师」写在几千字之后也照样转给主管;截在脱敏之后,截断处不会露出半个手机号。"""
@@ -210,7 +230,7 @@ def inbox_item(state: TicketState) -> dict:
     if d.get("action") == "notify_supervisor":
         return {
             "action_request": {"action": "notify_supervisor",
-                               "args": {"ticket_id": state["ticket_id"], "ticket_text": state["ticket_text"][:200]}},
+                               "args": {"ticket_id": state["ticket_id"], "ticket_text": notice_text(state["ticket_text"])}},
             "config": {"allow_accept": False, "allow_edit": False, "allow_respond": False, "allow_ignore": True},
             "description": f"【通知】[{d['category']}] {d['summary']}",
         }

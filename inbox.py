@@ -213,7 +213,8 @@ def show_list(graph, missing: set[str]) -> None:
         shown[ev["ticket_id"]] = args["reply"]
         if not item["config"]["allow_respond"]:
             rounds = len(snap.values.get("feedback", []))
-            print(f"        已按意见重写 {rounds} 次,到上限了:只能 {' / '.join(COMMAND_OF[k] for k in allowed(item))}")
+            why = f"已按意见重写 {rounds} 次,到上限了" if rounds else REDRAFTS_OFF
+            print(f"        {why}:只能 {' / '.join(COMMAND_OF[k] for k in allowed(item))}")
     # 先让人看到;记下看到了哪一版可能要等一会儿锁。输出被提前关掉(list | head)时这里抛 BrokenPipeError,
     # 就不记了:没送到人眼前的草稿不能算看过(见文件末尾)。写进了管道、对面读没读完,这里不知道(head 一次读走
     # 一整块再丢掉后面的,管道里也看不出剩下多少):这时整个列表都算看过,文件开头的说明里写了
@@ -252,9 +253,33 @@ def not_in_inbox(ticket_id: str, waiting: list[dict]) -> Refused:
     return Refused(f"{ticket_id} 不在收件箱里(已经处理过,或者还没轮到 worker){hint}")
 
 
+def typed_id(arg: str) -> str:
+    """命令行上敲的(多半是复制来的)工单号:去掉两头的空白和夹在里面看不见的格式字符(零宽空格、BOM、软连字符……,
+    Unicode 的 Cf 类)。从聊天软件、网页、存成带 BOM 的文件里复制来的工单号常带着它们:原来 list 刚列出 T1041,
+    accept 却说「T1041 不在收件箱里」,看上去一模一样。工单号本身不会有这些字符(webhook 只收字母数字 _ -)。"""
+    return "".join(c for c in arg if unicodedata.category(c) != "Cf").strip()
+
+
 def loose(ticket_id: str) -> str:
     """比「是不是写错了」时用:不分大小写、不分全角半角(中文输入法全角模式下敲的 Ｔ１０４１ 也认得出是 T1041)。"""
     return unicodedata.normalize("NFKC", ticket_id).casefold()
+
+
+REDRAFTS_OFF = "起草时 MAX_REDRAFTS=0,没有按意见重写这一项"
+
+
+def refusal(command: str, ticket_id: str, snap) -> Refused | None:
+    """这条待办(snap 停在它的 interrupt 上)现在不接受 command 时的拒绝:通知类待办、重写到了上限;接受时是 None。"""
+    item = snap.interrupts[0].value
+    kinds = allowed(item)
+    if ANSWER_TYPE[command] in kinds:
+        return None
+    ok = " / ".join(COMMAND_OF[k] for k in kinds)
+    if item["action_request"]["action"] == "notify_supervisor":
+        return Refused(f"{ticket_id} 是通知类待办,Agent 没有起草回复,不能 {command};只能 {ok}(看过即可)")
+    if not (rounds := len(snap.values.get("feedback", []))):  # 原来说「已经按意见重写了 0 次,到上限了」
+        return Refused(f"{ticket_id} {REDRAFTS_OFF},不能 respond;现在可以:{ok}")
+    return Refused(f"{ticket_id} 已经按意见重写了 {rounds} 次,到上限了,不能再 respond;现在可以:{ok}")
 
 
 def act(graph, command: str, ticket_id: str, text: str) -> None:
@@ -266,30 +291,29 @@ def act(graph, command: str, ticket_id: str, text: str) -> None:
     snap = graph.get_state(cfg)
     if not snap.interrupts:  # 上面查完收件箱之后,另一个收件箱命令刚把它处理完(原来是 IndexError 的 traceback)
         raise taken_meanwhile(ticket_id)
-    item = snap.interrupts[0].value
-    kinds = allowed(item)
-    if ANSWER_TYPE[command] not in kinds:
-        ok = " / ".join(COMMAND_OF[k] for k in kinds)
-        if item["action_request"]["action"] == "notify_supervisor":
-            raise Refused(f"{ticket_id} 是通知类待办,Agent 没有起草回复,不能 {command};只能 {ok}(看过即可)")
-        rounds = len(snap.values.get("feedback", []))
-        raise Refused(f"{ticket_id} 已经按意见重写了 {rounds} 次,到上限了,不能再 respond;现在可以:{ok}")
+    if refused := refusal(command, ticket_id, snap):
+        raise refused
     if not store.take_for_review(ev["event_id"]):
         if any(e["event_id"] == ev["event_id"] for e in store.events_by_status("waiting_human")):
             raise busy(ticket_id)  # 待办还在,是同一张工单的另一个事件在 worker 手里
         raise taken_meanwhile(ticket_id)
-    if command == "accept":
-        # 拿到手之后再核对:这之后别人改不了这条待办。没 list 过(seen 是 None)就照课文发;通知类待办没有草稿
-        try:
-            draft = graph.get_state(cfg).interrupts[0].value["action_request"]["args"].get("reply")
-            seen = None if draft is None else store.seen_draft(ticket_id, viewer())
-        except KeyboardInterrupt:  # 拿走了、还没开始处理:原样放回收件箱(原来是 traceback,事件留在 processing)
-            store.set_status(ev["event_id"], "waiting_human", owner=store.inbox_owner())
-            raise Refused(f"{ticket_id} 这次被中断(Ctrl-C),仍在收件箱里") from None
-        if seen is not None and seen != fingerprint(draft):
-            store.set_status(ev["event_id"], "waiting_human", owner=store.inbox_owner())
-            raise Refused(f"{ticket_id} 的草稿在你上次看过之后被改写了(有人 respond 过),这次没有发;"
+    # 拿到手之后再核对一遍:上面查过之后、拿到之前,别人可能刚 respond 过 —— 草稿换了,重写次数也可能刚好到了上限。
+    # 这之后别人改不了这条待办。原来只有 accept 再核对:到上限时输掉的 respond 被图拒了,却说「已按意见重写」,意见没了
+    try:
+        snap = graph.get_state(cfg)
+        refused = refusal(command, ticket_id, snap)
+        # 没 list 过(seen 是 None)就照课文发;通知类待办没有草稿
+        draft = snap.interrupts[0].value["action_request"]["args"].get("reply") if command == "accept" else None
+        seen = None if draft is None else store.seen_draft(ticket_id, viewer())
+    except KeyboardInterrupt:  # 拿走了、还没开始处理:原样放回收件箱(原来是 traceback,事件留在 processing)
+        store.set_status(ev["event_id"], "waiting_human", owner=store.inbox_owner())
+        raise Refused(f"{ticket_id} 这次被中断(Ctrl-C),仍在收件箱里") from None
+    if refused is None and seen is not None and seen != fingerprint(draft):
+        refused = Refused(f"{ticket_id} 的草稿在你上次看过之后被改写了(有人 respond 过),这次没有发;"
                           "先 uv run python inbox.py list 看看新草稿,再决定")
+    if refused:
+        store.set_status(ev["event_id"], "waiting_human", owner=store.inbox_owner())
+        raise refused
     try:
         # sync:每个节点的结果写下了才跑下一个节点。默认的 async 在后台写、同时就往下跑:review 的结果(人的决定)
         # 还没写下,send 可能已经写了发件箱;这时被杀,checkpoint 里 review 还停在 interrupt,下一次 list 会把已经
@@ -411,8 +435,8 @@ def main(argv: list[str] | None = None) -> int:
                 if missing:
                     return 1  # 有待办没列出来:脚本里分得清
             elif command == "restart":
-                restart(list(dict.fromkeys(a.strip() for a in args[1:])), missing)
-            elif (ticket_id := args[1].strip()) in missing:
+                restart(list(dict.fromkeys(typed_id(a) for a in args[1:])), missing)
+            elif (ticket_id := typed_id(args[1])) in missing:
                 raise Refused(f"{ticket_id} 在 checkpoint 库里找不到,没有处理(见上一行)")
             else:
                 act(graph, command, ticket_id, args[2].strip() if command in NEEDS_TEXT else "")

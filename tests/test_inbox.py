@@ -27,6 +27,25 @@ T1041_ITEM = ("T1041  [refund] 客户反映:同一笔账单被扣了两次\n    
               "核实后会按原支付渠道处理,进度会在 1–3 个工作日内通过工单告知您。感谢您的耐心。\n")
 T1003_ITEM = "T1003  [other] 客户反映:谢谢小周老师的耐心帮助\n        草稿:您好,我们已经收到您的消息,相关同事会尽快查看并回复您。感谢您的耐心。\n"
 SORRY = "您好,非常抱歉给您添了麻烦。"  # 意见里要道歉时,重写的草稿这样开头
+def test_a_notice_about_a_long_ticket_shows_the_word_that_triggered_it_and_says_it_is_cut(lab):
+    """通知主管的待办原来只给工单的前 200 个字、不说截了:「律师」写在一长段日志后面时,通知说「工单提到『律师』」,
+    主管在下面却找不到它,又只能 ignore。现在前 200 个字之后再摘出那个词前后各 40 个字,说一共多少字。"""
+    log = "日志" * 150
+    body = f"导出报表失败,日志如下:{log}再不解决我们就找律师起诉你们"
+    conn = store.connect(store.biz_target())
+    conn.execute("UPDATE tickets SET body = ? WHERE id = 'T1012'", (body,))
+    conn.close()
+    queue("T1012")
+    text = f"{store.ticket('T1012')['subject']}:{body}"  # 工单原文:标题:正文
+    at = text.index("律师")
+    r = inbox(lab, "list")
+    assert (r.returncode, r.stderr) == (0, "")
+    assert r.stdout.splitlines() == [
+        "T1012  【通知】[invoice] 工单提到「律师」,Agent 没有起草回复,请主管看一下",
+        f"        工单:{text[:200]}……{text[at - 40:]}(工单共 {len(text)} 字,这里没有全部显示)",
+        "        只能 ignore(看过即可)"]
+
+
 AFTER_FEEDBACK = "到账或处理时间以实际渠道为准,给您添麻烦了。"  # 按意见重写的退款草稿这样结尾
 ONLY_HELP = "(inbox.py 只有 -h / --help 一个选项;工单号或文字真的以 - 开头时,写在 -- 后面,比如 inbox.py accept -- -A7)"
 AFTER_SORRY = "到账或处理时间以实际渠道为准,感谢您的耐心。"  # 开头已经道过歉的:不再说一遍「给您添麻烦了」
@@ -152,7 +171,9 @@ def test_changing_the_redraft_cap_keeps_the_waiting_item_as_it_was_shown(lab, mo
     first = inbox(env, "respond", "T1041", "先道歉")
     if before == "0":  # 看到时就不允许 respond:拒绝,什么都没动
         assert (first.returncode, first.stdout) == (1, "")
-        assert first.stderr == "T1041 已经按意见重写了 0 次,到上限了,不能再 respond;现在可以:accept / edit / ignore\n"
+        assert first.stderr == ("T1041 起草时 MAX_REDRAFTS=0,没有按意见重写这一项,不能 respond;"
+                                "现在可以:accept / edit / ignore\n")
+        assert "        起草时 MAX_REDRAFTS=0,没有按意见重写这一项:只能 accept / edit / ignore\n" in listing
         assert state("T1041")["feedback"] == []
         assert rows("SELECT COUNT(*) FROM llm_usage") == [(1,)]
     else:  # 看到时允许:照常重写;新的上限 0 从这一版起算,不能再 respond
@@ -443,6 +464,19 @@ def test_a_full_width_ticket_id_gets_the_did_you_mean_hint(lab):
     assert (r.returncode, r.stdout, r.stderr) == (
         1, "", "Ｔ１０１２ 不在收件箱里(已经处理过,或者还没轮到 worker);是不是 T1012?\n")
     assert rows("SELECT event_id, status FROM events") == [("evt_T1012_created", "waiting_human")]
+
+
+@pytest.mark.parametrize("typed", ["T1012\u200b", "\ufeffT1012", "T10\u200d12 "])
+def test_a_ticket_id_copied_with_invisible_characters_is_the_ticket_it_looks_like(lab, typed):
+    """从聊天软件、网页、带 BOM 的文件里复制来的工单号夹着零宽字符:原来 list 刚列出 T1012,accept 却说
+    「T1012 不在收件箱里」,看上去一模一样,也没有「是不是」的提示。现在去掉这些看不见的字符,就是它看上去的那张。"""
+    queue("T1012")
+    r = inbox(lab, "accept", typed)
+    assert (r.returncode, r.stdout, r.stderr) == (0, "T1012 → sent\n", "")
+    assert rows("SELECT event_id, status FROM events") == [("evt_T1012_created", "done")]
+    assert rows("SELECT ticket_id FROM outbox") == [("T1012",)]
+    again = inbox(lab, "restart", typed)  # restart 也一样认(这里它已经处理完了)
+    assert again.returncode == 1 and again.stderr.startswith("T1012 ")
 
 
 @pytest.mark.parametrize("reply", [
@@ -1286,6 +1320,33 @@ def test_a_redraft_that_lands_just_before_your_accept_takes_the_item_is_not_sent
     assert rows("SELECT event_id, status, claimed_by FROM events") == [("evt_T1041_created", "waiting_human", None)]
     assert rows("SELECT COUNT(*) FROM outbox") == [(0,)]
     assert state("T1041")["outcome"] == "redraft"  # 图里最后一个决定是乙的 respond,甲的 accept 没有交给图
+
+
+def test_a_respond_that_loses_the_last_rewrite_to_another_is_refused_and_its_feedback_is_not_lost_silently(
+        lab, monkeypatch, capsys):
+    """MAX_REDRAFTS=1:甲的 respond 核对时还能重写一次,正要拿走待办的那一刻乙的 respond 用掉了这一次。原来甲照样把意见
+    交给图,图拒了(list 里多出一句「上一个回答不能用…」),甲却看到「已按意见重写」、退出码 0,甲的意见就这么没了。
+    现在拿到手之后再核对:说到上限了,退出码 1,待办原样放回收件箱,里面是乙的那一版。"""
+    monkeypatch.setenv("MAX_REDRAFTS", "1")
+    queue("T1041")
+    real_take = store.take_for_review
+
+    def yi_responds_first(event_id, owner=None):
+        r = inbox({**lab, "MAX_REDRAFTS": "1", "INBOX_USER": "乙"}, "respond", "T1041", "语气再软一点,先道歉")
+        assert (r.returncode, r.stdout) == (0, f"已按意见重写,新草稿: {T1041_FIRST_REDRAFT}\n")
+        return real_take(event_id, owner)
+
+    monkeypatch.setattr(store, "take_for_review", yi_responds_first)
+    capsys.readouterr()
+    assert inbox_mod.main(["respond", "T1041", "提一下发票号"]) == 1
+    assert capsys.readouterr() == ("", "T1041 已经按意见重写了 1 次,到上限了,不能再 respond;现在可以:accept / edit / ignore\n")
+    assert rows("SELECT event_id, status, claimed_by FROM events") == [("evt_T1041_created", "waiting_human", None)]
+    after = state("T1041")
+    assert (after["feedback"], after.get("refused")) == (["语气再软一点,先道歉"], None)
+    monkeypatch.setattr(store, "take_for_review", real_take)
+    listing = inbox({**lab, "MAX_REDRAFTS": "1"}, "list").stdout.splitlines()
+    assert listing[0].startswith("T1041  [refund] ") and "上一个回答不能用" not in listing[0]
+    assert listing[1] == f"        草稿:{T1041_FIRST_REDRAFT}"
 
 
 @contextmanager
