@@ -11,7 +11,7 @@
           已经在队列或收件箱里的、客服选了「不回」的、事件进了死信的工单不再入队,有这种情况时多一行说明。
           created_at 不是 YYYY-MM-DD 开头的开着的工单(别的系统的库)不入队,标准错误多一行列出来。
           worker 处理 ticket.stale 事件时,提示词会说这张工单等了很久,草稿开头先为久等道歉。
-    report:事件状态、队列深度(pending)、收件箱里等得最久的一条、死信数和每条死信、
+    report:事件状态、队列深度(pending)、收件箱里等得最久的一条、死信数和每条死信(最多 REPORT_MAX_DEAD_LINES 条)、
           每类工单的处理结果(accept / edit / ignore 各几张,其中几张提过意见重写、共几轮 response)、
           模型调用次数、token 和单事件成本。
 
@@ -44,6 +44,9 @@ OUTCOME_KINDS = ("accept", "edit", "ignore")  # 每张工单最后是其中一�
 REPORT_RECENT_DAYS = 7
 # 百分点(0–100);最近的 edit 率比之前高出这么多,日报那一类后面加一句提醒
 EDIT_RISE_ALERT_POINTS = 20
+# 条(至少 1);日报最多列出这么多条死信,其余的只说还有几条。API key 半夜过期时,一早几百条积压全在死信里:
+# 原来一条一行全列出来,日报翻不到底,发给 Slack 的也超过了它一条消息的长度
+REPORT_MAX_DEAD_LINES = 20
 EXIT_OK, EXIT_SLACK_FAILED, EXIT_USAGE, EXIT_DB_UNAVAILABLE = 0, 1, 2, 3
 
 
@@ -116,10 +119,19 @@ def build_report(numbers: dict | None = None, moment: datetime | None = None) ->
     else:
         lines.append("收件箱里没有等人处理的待办")
     lines.append(f"死信数:{len(n['dead'])}")
-    lines += [f"死信:{d['event_id']}  {(d['last_error'] or '')[:80]}" for d in n["dead"]]
+    shown = n["dead"][:max_dead_lines()]
+    # 只取原因的第一行:多行的(traceback、psycopg 的 DETAIL)原来把日报拆成了不像死信的几行
+    lines += [f"死信:{d['event_id']}  {((d['last_error'] or '').strip().splitlines() or [''])[0][:80]}" for d in shown]
+    if more := len(n["dead"]) - len(shown):
+        lines.append(f"死信:还有 {more} 条没有列出(REPORT_MAX_DEAD_LINES={len(shown)}),"
+                     "事件表里 status 是 dead 的就是;查清原因后 uv run python worker.py --requeue-dead 放回队列")
     lines += outcome_lines(n["outcomes"])
     lines.append(cost_line(n["usage"]))
     return "\n".join(lines)
+
+
+def max_dead_lines() -> int:
+    return config.integer("REPORT_MAX_DEAD_LINES", REPORT_MAX_DEAD_LINES, minimum=1)
 
 
 def alert_hours() -> float:
@@ -145,6 +157,7 @@ def slack_timeout() -> float:
 def report_settings() -> tuple[str, float]:
     """report 用的设置都读一遍,返回 (Slack 地址, 超时);不对就以 SystemExit 退出。"""
     alert_hours()
+    max_dead_lines()
     recent_days()
     edit_rise_points()
     price_per_1k_tokens()

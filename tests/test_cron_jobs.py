@@ -400,6 +400,29 @@ def test_report_shows_queue_depth_inbox_wait_dead_letters_outcomes_per_category_
         "收件箱里等得最久的:evt_T1012_created,已等 48.1 小时(收件箱共 2 条)")
 
 
+def test_report_lists_at_most_report_max_dead_lines_dead_letters_one_line_each(lab, monkeypatch):
+    """API key 半夜过期,一早 25 条积压全在死信里,原因还是好几行的:原来一条条全列出来(日报翻不到底,发给 Slack 的
+    也超过一条消息的长度),多行的原因还把日报拆成了不像死信的几行。现在每条一行(原因的第一行),最多
+    REPORT_MAX_DEAD_LINES 条(默认 20),其余的说还有几条、去哪里看。"""
+    for i in range(25):
+        add_event_with(f"evt_T{2000 + i}_created", f"T{2000 + i}", "dead",
+                       updated_at=f"2026-11-30T00:{i:02d}:00.000000+00:00",
+                       error="OpenAIAuthenticationError: Error code: 401\nTraceback (most recent call last):\n  ...")
+    moment = datetime(2026, 11, 30, 1, 5, tzinfo=timezone.utc)
+    lines = cron_jobs.build_report(moment=moment).splitlines()
+    start = lines.index("死信数:25")
+    assert lines[start + 1:start + 23] == [
+        *(f"死信:evt_T{2000 + i}_created  OpenAIAuthenticationError: Error code: 401" for i in range(20)),
+        "死信:还有 5 条没有列出(REPORT_MAX_DEAD_LINES=20),事件表里 status 是 dead 的就是;"
+        "查清原因后 uv run python worker.py --requeue-dead 放回队列",
+        "处理结果:还没有审核记录(review_log 是空的)"]
+    monkeypatch.setenv("REPORT_MAX_DEAD_LINES", "30")
+    assert len([x for x in cron_jobs.build_report(moment=moment).splitlines() if x.startswith("死信:")]) == 25
+    r = run(["cron_jobs.py", "report"], {**lab, "REPORT_MAX_DEAD_LINES": "0"})
+    assert (r.returncode, r.stdout) == (2, "")
+    assert r.stderr.startswith("配置错误:REPORT_MAX_DEAD_LINES=")
+
+
 def test_report_flags_a_category_whose_edit_rate_jumped_this_week_although_its_history_hides_it(any_lab,
                                                                                                   monkeypatch):
     """课文自测 6:某一类 edit 率一周里从 10% 涨到 40%。全部历史合起来只是 15 张里 3 张(20%),
