@@ -94,7 +94,18 @@ def describe(error: Exception, *, requeue: str | None = None) -> str:
     if hint is None and isinstance(error, TRANSIENT_ERRORS) and (backup := config.get("LLM_FALLBACK_MODEL")):
         # with_fallbacks 两个都失败时抛的是主模型的错误:说一声备用模型也试过了
         hint = f"备用模型 {backup} 也没有成功,稍后自动再试"
+    if isinstance(error, openai.APIConnectionError) and (note := proxy_note(error)):
+        hint = f"{hint}{note}" if hint else note.removeprefix(";")
     return mask_pii(f"{text}({hint})" if hint else text, keep=(requeue, *getattr(error, "kept", ())))
+
+
+def proxy_note(error: openai.APIConnectionError) -> str:
+    """连不上的那个请求走了终端里设的代理时,说是哪个代理(config.proxy_note);没走代理(本机的服务、NO_PROXY)时是空串。"""
+    try:
+        url = str(error.request.url)
+    except (AttributeError, RuntimeError):  # 没带请求的错误(少见)
+        return ""
+    return "" if config.on_this_machine(url) else config.proxy_note(url)
 
 
 def llm_settings() -> tuple:
@@ -270,9 +281,12 @@ def _build(temperature, api_key, model, base_url, extra_body, fallback_model, fa
     from langchain_openai import ChatOpenAI
 
     def chat(cls, name: str, url: str, key: str, share: float = 1.0):
-        # 自己给 HTTP 客户端(openai 的默认设置),只为挂上 _within_deadline、_response_within_deadline
+        # 自己给 HTTP 客户端(openai 的默认设置),为挂上 _within_deadline、_response_within_deadline;
+        # 本机的模型服务(Ollama、vLLM 开在 127.0.0.1)不走终端里设的代理(http_proxy / all_proxy):原来请求绕到代理上,
+        # 代理没开时每次起草都是 APIConnectionError,看着像模型服务没起来
         client = openai.DefaultHttpxClient(event_hooks={"request": [partial(_within_deadline, share=share)],
-                                                        "response": [partial(_response_within_deadline, share=share)]})
+                                                        "response": [partial(_response_within_deadline, share=share)]},
+                                           trust_env=not config.on_this_machine(url))
         return cls(model=name, base_url=url, api_key=key, temperature=temperature,
                    extra_body=extra, timeout=timeout, max_retries=retries, http_client=client)
 

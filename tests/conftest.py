@@ -389,6 +389,13 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def proxies_that_are_not_running() -> dict:
+    """终端里设着代理(Clash 之类「复制终端代理命令」给的那三个变量),代理却没开。"""
+    http, socks = f"http://127.0.0.1:{free_port()}", f"socks5://127.0.0.1:{free_port()}"
+    return {"http_proxy": http, "https_proxy": http, "all_proxy": socks, "HTTP_PROXY": http, "HTTPS_PROXY": http,
+            "ALL_PROXY": socks, "NO_PROXY": "", "no_proxy": ""}
+
+
 @contextmanager
 def webhook_server(env: dict):
     """起一个真的 uvicorn webhook 进程,等它能连上;返回 (进程, 基础 URL)。"""

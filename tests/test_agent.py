@@ -6,7 +6,7 @@ import re
 import pytest
 from langchain_core.utils.function_calling import convert_to_openai_tool
 
-from conftest import checkpoint_bytes, drain, free_port, rows, run
+from conftest import checkpoint_bytes, drain, free_port, proxies_that_are_not_running, rows, run
 from openai_stub import OpenAIStub
 
 import llm
@@ -477,6 +477,31 @@ def test_fallback_model_takes_over_when_the_primary_service_cannot_be_reached(la
         assert queue_and_run("T1012") == [("evt_T1012_created", "waiting_human")]
         assert [(r["model"], sent_key(r)) for r in stub.requests] == [("backup-model", "Bearer sk-backup")]
     assert rows("SELECT model FROM llm_usage") == [("backup-model",)]
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "localhost"])
+def test_a_model_service_on_this_machine_is_not_reached_through_the_terminal_proxy(lab, monkeypatch, host):
+    """终端里设着代理(Clash 给的 http_proxy / all_proxy)、代理没开,模型服务开在本机(Ollama、vLLM):原来请求也绕到
+    代理上,每次起草都是 APIConnectionError,事件一直退避,看着像模型服务没起来。现在发给本机的请求不走代理。"""
+    with OpenAIStub() as stub:
+        real_model(monkeypatch, stub, LLM_BASE_URL=stub.base_url.replace("127.0.0.1", host),
+                   **proxies_that_are_not_running())
+        assert queue_and_run("T1012") == [("evt_T1012_created", "waiting_human")]
+        assert [r["model"] for r in stub.requests] == ["stub-model"]
+    assert rows("SELECT event_id, model FROM llm_usage") == [("evt_T1012_created", "stub-model")]
+
+
+def test_a_model_service_elsewhere_behind_a_dead_proxy_names_the_proxy(lab, monkeypatch):
+    """模型服务在别处、请求走终端里的代理、代理没开:last_error 说是哪个代理,别只让人去查模型服务。事件留在队列里稍后再试。"""
+    proxies = proxies_that_are_not_running()
+    with OpenAIStub() as stub:
+        real_model(monkeypatch, stub, LLM_BASE_URL="http://llm.invalid/v1", **proxies)
+        assert queue_and_run("T1012") == [("evt_T1012_created", "pending")]
+        assert stub.requests == []
+    assert rows("SELECT status, attempts, last_error FROM events") == [
+        ("pending", 1, f"OpenAIConnectionError: Connection error.(这个请求走的是环境变量里的代理 {proxies['http_proxy']}:"
+                       "代理没开或不通时也是这样,不走代理就把主机加进 NO_PROXY)")]
+    assert rows("SELECT COUNT(*) FROM llm_usage") == [(0,)]
 
 
 @pytest.mark.parametrize("status, kind", [(401, "invalid_api_key"), (403, "permission_denied")])

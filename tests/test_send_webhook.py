@@ -12,7 +12,7 @@ from contextlib import closing, contextmanager
 from pathlib import Path
 
 import pytest
-from conftest import LAB, cut_connections, free_port, rows, run, webhook_server
+from conftest import LAB, cut_connections, free_port, proxies_that_are_not_running, rows, run, webhook_server
 from test_webhook import unread_in_pipe, writer_pids
 
 import store
@@ -119,13 +119,6 @@ def test_a_double_dash_before_the_ticket_id_sends_that_ticket(lab):
         r = run(["send_webhook.py", "--", "T1012"], {**lab, "WEBHOOK_URL": url + "/hooks/cloudledger"})
     assert (r.returncode, r.stdout, r.stderr) == (0, "202 {'accepted': True, 'duplicate': False}\n", "")
     assert rows("SELECT event_id FROM events") == [("evt_T1012_created",)]
-
-
-def proxies_that_are_not_running() -> dict:
-    """终端里设着代理(Clash 之类「复制终端代理命令」给的那三个变量),代理却没开。"""
-    http, socks = f"http://127.0.0.1:{free_port()}", f"socks5://127.0.0.1:{free_port()}"
-    return {"http_proxy": http, "https_proxy": http, "all_proxy": socks, "HTTP_PROXY": http, "HTTPS_PROXY": http,
-            "ALL_PROXY": socks, "NO_PROXY": "", "no_proxy": ""}
 
 
 def test_a_proxy_set_in_the_terminal_is_not_used_for_the_webhook_on_this_machine(lab):
