@@ -66,8 +66,20 @@ MAX_SUBJECT_CHARS = 200      # 字;主题也进模型(工单原文是「主题:�
 TICKET_HASH_LENGTHS = range(6, 41, 2)  # 工单号 M + sha1(Message-ID) 的前 6 位;和别的邮件撞了再加长,直到不撞
 # 邮件里常见的「声明的字符集比实际用的小」:标 gb2312 的信里常有 GBK 才有的字,标 big5 的信里常有香港增补字。
 # 用它们的超集解码,能多认出字,原本就合规的信结果不变。
+# 标着 iso-8859-1 的信多半是 Windows-1252(Outlook 这样发):0x80–0x9F 在 latin-1 里是看不见的控制字符,在 cp1252 里是
+# 弯引号、破折号、€(浏览器也这样认,WHATWG 编码标准)。cp1252 没定义的 5 个字节解不通时,decode_bytes 再按声明的 latin-1 解
+LATIN1_NAMES = ("iso-8859-1", "iso8859-1", "iso_8859-1", "latin1", "latin-1", "l1", "cp819")
 CHARSET_SUPERSETS = {"gb2312": "gb18030", "gbk": "gb18030", "x-gbk": "gb18030", "big5": "big5hkscs",
-                     "us-ascii": "utf-8", "ascii": "utf-8"}
+                     "us-ascii": "utf-8", "ascii": "utf-8", **dict.fromkeys(LATIN1_NAMES, "cp1252")}
+# 没在 Content-Type 里声明字符集的 HTML:看它开头的 <meta charset="big5"> / <meta http-equiv=… content="…; charset=gbk">
+META_CHARSET = re.compile(rb"<meta[^>]*?charset\s*=\s*[\"']?\s*([A-Za-z0-9_.:-]+)", re.IGNORECASE)
+META_SCAN_BYTES = 2048    # 字节;<meta> 按规矩在前 1024 字节里,多看一点
+# 截断正文、主题时,截断处落在一串字母数字里(号码可以用空格、横线分组;邮箱地址带着 . 和 @)就退到这一串的开头:
+# 原来截下半个手机号、卡号(「请回电1381234」),脱敏认不出来,原样进了提示词和 checkpoint
+# (全角数字、全角 @、输入法打出的全角横线和空格,网页复制来的不间断空格也算,和 llm.mask_pii 认的一样)
+_RUN_CHARS = r"0-9０-９A-Za-zＡ-Ｚａ-ｚ._%+@＠\-－"
+PII_RUN = re.compile(rf"[{_RUN_CHARS}]+(?:[ \t\u00a0\u3000\-－‐‑—]+[0-9０-９][{_RUN_CHARS}]*)*")
+PII_RUN_MAX_CHARS = 100   # 字;再长的一串(网址、日志)不会是手机号、卡号、邮箱,照原样截
 # 字;事件 id 最长这么多(和 webhook 收的 id 一样)。Message-ID 再长就用它的 sha1:PostgreSQL 主键索引的一行
 # 最多 2704 字节,原来几 KB 的 Message-ID 每次都存不进去,还被当成「数据库用不了」,整个邮箱就卡在这封信上
 MAX_EVENT_ID_CHARS = 200
@@ -114,7 +126,7 @@ def decode_bytes(raw: bytes, charset: str | None) -> str:
     解出落单代理项的也算解不通(utf-7 的 +2AA-、unicode_escape 的 \\ud800 会这样):带着它存不进库,
     原来这封信每次都「存储失败」、保持未读,永远收不进来。"""
     declared = effective_charset(raw, charset)
-    for name in (declared, "utf-8", "gb18030"):
+    for name in (declared, charset, "utf-8", "gb18030"):  # 超集解不通时再按声明的字符集本身(cp1252 → latin-1)
         if not name:
             continue
         try:
@@ -260,7 +272,20 @@ def is_attachment(part: Message) -> bool:
 
 def _decoded(part: Message) -> str:
     raw = part.get_payload(decode=True) or b""  # base64 / quoted-printable 在这里解开
-    return decode_bytes(raw, part.get_content_charset())
+    charset = part.get_content_charset()
+    if charset is None and part.get_content_type() == "text/html" and (m := META_CHARSET.search(raw[:META_SCAN_BYTES])):
+        charset = m.group(1).decode("ascii")  # 原来没声明字符集的 Big5 网页按 GB18030 解成了乱码
+    return decode_bytes(raw, charset)
+
+
+def cut(text: str, limit: int) -> str:
+    """text 的前 limit 个字;截断处在一串字母数字(号码、邮箱地址、英文单词,见 PII_RUN)中间时退到这一串的开头。"""
+    if len(text) <= limit:
+        return text
+    for m in PII_RUN.finditer(text, max(0, limit - PII_RUN_MAX_CHARS), limit + PII_RUN_MAX_CHARS):
+        if m.start() < limit < m.end() and limit - PII_RUN_MAX_CHARS < m.start():
+            return text[:m.start()]
+    return text[:limit]
 
 
 def derived_message_id(raw: bytes) -> str:
@@ -304,8 +329,8 @@ def parse(raw: bytes) -> dict:
         return {
             "message_id": mail_event_id(msg, raw),
             "from": address,
-            "subject": header_text(msg.get("Subject"))[:MAX_SUBJECT_CHARS] or "(无主题)",
-            "body": body_of(msg)[:MAX_BODY_CHARS],
+            "subject": cut(header_text(msg.get("Subject")), MAX_SUBJECT_CHARS) or "(无主题)",
+            "body": cut(body_of(msg), MAX_BODY_CHARS),
         }
     except BrokenMail:
         raise

@@ -1247,6 +1247,55 @@ def test_utf8_bytes_labelled_gbk_are_read_as_utf8_not_as_garble_or_a_cut_mail(ch
         assert email_poller.parse(raw)["body"] == text, encoding
 
 
+@pytest.mark.parametrize("tail, kept", [
+    ("退款请打到 6222 0212 3456 7890 谢谢", "退款请打到 "),  # 卡号:原来截下前 14 位
+    ("请回电13812345678", "请回电"),  # 原来留下「请回电1381234」
+    ("请回电 138-1234-5678 谢谢", "请回电 "),
+    ("邮箱 zhang.wei@example.com 谢谢", "邮箱 "),
+    ("回电１３８１２３４５６７８", "回电"),  # 输入法打出的全角数字
+    ("回电 138 - 1234 - 5678", "回电 "),
+])
+def test_a_long_mail_is_cut_before_a_phone_card_or_address_not_through_it(tail, kept):
+    """正文只留前 MAX_BODY_CHARS 个字、主题只留前 MAX_SUBJECT_CHARS 个字:截断处原来可以落在卡号、手机号中间,
+    剩下的半截脱敏认不出来(整个号码才认得出),原样进了提示词和 checkpoint。现在退到这一串的开头。"""
+    def cut_inside_the_number(limit: int) -> str:
+        return "好" * (limit - len(kept) - 5) + tail  # 截断处在号码的第 5 个字之后
+    subject, body = cut_inside_the_number(email_poller.MAX_SUBJECT_CHARS), cut_inside_the_number(email_poller.MAX_BODY_CHARS)
+    raw = mail("<long@example.com>", "zhang.wei@example.com", subject, body)
+    assert email_poller.parse(raw) == {
+        "message_id": "<long@example.com>", "from": "zhang.wei@example.com",
+        "subject": subject[:email_poller.MAX_SUBJECT_CHARS - 5], "body": body[:email_poller.MAX_BODY_CHARS - 5]}
+    assert subject[:email_poller.MAX_SUBJECT_CHARS - 5].endswith(kept) and body[:email_poller.MAX_BODY_CHARS - 5].endswith(kept)
+
+
+def test_a_long_mail_that_is_not_cut_inside_a_number_keeps_exactly_the_first_max_body_chars():
+    body = "导出报表失败,麻烦看看。" * 300
+    raw = mail("<long@example.com>", "zhang.wei@example.com", "x" * 500, body)
+    parsed = email_poller.parse(raw)
+    assert (parsed["subject"], parsed["body"]) == ("x" * email_poller.MAX_SUBJECT_CHARS, body[:email_poller.MAX_BODY_CHARS])
+
+
+@pytest.mark.parametrize("charset", ["iso-8859-1", "ISO-8859-1", "latin1"])
+def test_a_mail_labelled_latin_1_with_windows_1252_quotes_dashes_and_euro_reads_them(charset):
+    """Outlook 发的信标着 iso-8859-1,字节却是 Windows-1252:原来弯引号、破折号、€ 解成看不见的控制字符
+    (「invoice \x80100」,模型看到的是 100),原样进了工单。cp1252 没定义的字节(0x81)照声明的 latin-1 解,不会成了中文乱码。"""
+    text = "The \u201cExport\u201d button fails \u2013 caf\u00e9 invoice \u20ac100"
+    head = (HEAD + f"Content-Type: text/plain; charset={charset}\nContent-Transfer-Encoding: 8bit\n\n").encode()
+    assert email_poller.parse(head + text.encode("cp1252") + b"\n")["body"] == text
+    assert email_poller.parse(head + b"caf\xe9 \x81 ok\n")["body"] == "caf\u00e9 \x81 ok"
+
+
+@pytest.mark.parametrize("meta, encoding, text", [
+    ('<meta charset="big5">', "big5", "發票抬頭錯了,麻煩重開"),
+    ("<META HTTP-EQUIV='Content-Type' CONTENT='text/html; charset=gbk'>", "gbk", "发票抬头错了,麻烦重开"),
+])
+def test_an_html_mail_without_a_declared_charset_is_decoded_by_its_meta_charset(meta, encoding, text):
+    """Content-Type 里没写字符集的 HTML 信,字符集写在 <meta> 里:原来 Big5 的「發票抬頭錯了」按 GB18030 解成了乱码。"""
+    raw = (HEAD + "Content-Type: text/html\n\n").encode() + (
+        f"<html><head>{meta}</head><body><p>{text}</p></body></html>\n").encode(encoding)
+    assert email_poller.parse(raw)["body"] == text
+
+
 def test_mail_without_a_sender_address_cannot_be_parsed():
     with pytest.raises(email_poller.BrokenMail, match=r"找不到发件人地址\(From: '客服系统'\)"):
         email_poller.parse("From: =?utf-8?B?5a6i5pyN57O757uf?=\nSubject: x\n\nbody\n".encode())
