@@ -30,6 +30,11 @@ from langchain_core.utils.function_calling import convert_to_openai_tool
 
 import config
 
+try:  # 服务端让等得比这更久(秒)时 openai 客户端不重试、马上抛错;是它的私有常量,换版本时可能挪走
+    from openai._constants import MAX_RETRY_AFTER_DELAY
+except ImportError:  # pragma: no cover
+    MAX_RETRY_AFTER_DELAY = 120
+
 DEFAULT_MODEL = "deepseek-flash"          # 课文用的模型;换服务时改 LLM_MODEL
 DEFAULT_BASE_URL = "https://api.deepseek.com"
 LLM_TIMEOUT_S = 60                        # 秒(0.1–3600);一次模型调用最长等多久,超时算暂时性错误
@@ -167,6 +172,9 @@ def deadline_s() -> float:
     return config.number("LLM_DEADLINE_S", LLM_DEADLINE_S, minimum=0.1, maximum=86400)
 
 
+DEADLINE_SLACK_S = 0.1  # 秒;被时限截短的等待到点抛错时,离时限最多差这么多(计时器的粒度)
+
+
 class DeadlineExceeded(TimeoutError):
     """一次起草用完了 LLM_DEADLINE_S。暂时性错误:worker 按退避稍后再试。"""
 
@@ -199,8 +207,10 @@ def deadline():
     try:
         yield
     except openai.APITimeoutError as e:
-        if not budget.cut:
-            raise  # 是一次普通的超时(LLM_TIMEOUT_S),时限还没到
+        if not budget.cut or time.monotonic() < budget.ends_at - DEADLINE_SLACK_S:
+            # 是一次普通的超时(LLM_TIMEOUT_S),时限还没到;或者主模型用完了它那一份、备用模型很快就失败了(500、401),
+            # 抛出来的是主模型的超时:原来也说成「用完了整体时限」,时限只用了一半,人会去调大 LLM_DEADLINE_S,而不是去修备用模型
+            raise
         backup = "、切备用模型" if config.get("LLM_FALLBACK_MODEL") else ""
         raise DeadlineExceeded(f"起草用完了整体时限 LLM_DEADLINE_S={seconds:g} 秒(含客户端重试{backup}),"
                                "稍后自动再试") from e
@@ -229,7 +239,7 @@ def _within_deadline(request, share: float = 1.0) -> None:
 def _response_within_deadline(response, share: float = 1.0) -> None:
     """HTTP 客户端的响应钩子:收到响应头之后、读响应体之前调用。两件事:
     1. 服务端让过 N 秒再试(429 / 503 带 Retry-After)、N 超过了剩下的时限:改成只等到时限为止。OpenAI 客户端
-       照服务端说的等(最多 2 分钟),原来 LLM_DEADLINE_S=3 的起草,每次重试前都等了 20 秒。
+       照服务端说的等(最多 2 分钟;再长就不重试),原来 LLM_DEADLINE_S=3 的起草,每次重试前都等了 20 秒。
     2. 请求钩子截短的 read 超时是「两次收到数据之间」最多等多久,管不住一直有数据来的响应:DeepSeek 忙的时候
        先回 200,然后每隔几秒发一个空行保持连接,可以这样拖上十几分钟(原来 LLM_DEADLINE_S=3 的起草等了 15 秒;
        等得比 STALE_MINUTES 还久的话,别的机器上的 worker 会把事件放回队列、再起草一遍)。这里让读响应体时
@@ -245,7 +255,9 @@ def _response_within_deadline(response, share: float = 1.0) -> None:
             wait = float(response.headers.get(header, "")) / per_second
         except ValueError:
             continue  # 没有这个头,或者写的是日期(少见):照客户端的办法
-        if wait > left:
+        # 超过 MAX_RETRY_AFTER_DELAY 的,openai 客户端根本不重试、马上抛错(配额用完时常见 Retry-After: 3600):
+        # 原来也改成「等到时限为止」,客户端就照着等满整个时限(有备用模型时等满主模型那一份,75 秒)才出错
+        if left < wait <= MAX_RETRY_AFTER_DELAY:
             budget.cut = True
             response.headers["retry-after-ms"] = str(max(left, 0.001) * 1000)  # 客户端先看这个头
         break
@@ -287,8 +299,10 @@ def _build(temperature, api_key, model, base_url, extra_body, fallback_model, fa
         client = openai.DefaultHttpxClient(event_hooks={"request": [partial(_within_deadline, share=share)],
                                                         "response": [partial(_response_within_deadline, share=share)]},
                                            trust_env=not config.on_this_machine(url))
-        return cls(model=name, base_url=url, api_key=key, temperature=temperature,
-                   extra_body=extra, timeout=timeout, max_retries=retries, http_client=client)
+        # http_socket_options=():langchain-openai 给用不上的异步客户端装 TCP keepalive 时,终端里设着代理就打一行
+        # 英文 WARNING(说代理被绕过了,其实同步的这个客户端照常走代理),每次运行都进 cron.log
+        return cls(model=name, base_url=url, api_key=key, temperature=temperature, extra_body=extra, timeout=timeout,
+                   max_retries=retries, http_client=client, http_socket_options=())
 
     classified_class, primary_class, backup_class = _chat_classes(ChatOpenAI)
     if not fallback_model:

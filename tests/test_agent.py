@@ -508,6 +508,19 @@ def test_a_model_service_on_this_machine_is_not_reached_through_the_terminal_pro
     assert rows("SELECT event_id, model FROM llm_usage") == [("evt_T1012_created", "stub-model")]
 
 
+def test_a_proxy_in_the_terminal_prints_no_warning_from_langchain_openai(lab):
+    """终端里设着代理时,langchain-openai 给用不上的异步客户端装 TCP keepalive,每次运行都在 stderr 上打一行英文
+    WARNING(「…disables httpx's proxy auto-detection…」),进了 cron.log,说的还不对:worker 用的同步客户端照常走代理。"""
+    with OpenAIStub() as stub:
+        env = {**lab, **proxies_that_are_not_running(), "LLM_API_KEY": "sk-test", "LLM_BASE_URL": stub.base_url,
+               "LLM_MODEL": "stub-model"}
+        store.add_event("evt_T1012_created", "webhook", "ticket.created",
+                        json.dumps({"id": "evt_T1012_created", "type": "ticket.created", "data": {"ticket_id": "T1012"}}))
+        r = run(["worker.py", "--once"], env)
+        assert (r.returncode, r.stdout, r.stderr) == (0, "evt_T1012_created → waiting_human\n", "")
+        assert [req["model"] for req in stub.requests] == ["stub-model"]
+
+
 def test_a_model_service_elsewhere_behind_a_dead_proxy_names_the_proxy(lab, monkeypatch):
     """模型服务在别处、请求走终端里的代理、代理没开:last_error 说是哪个代理,别只让人去查模型服务。事件留在队列里稍后再试。"""
     proxies = proxies_that_are_not_running()

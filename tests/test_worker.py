@@ -446,6 +446,58 @@ def test_after_the_overall_deadline_neither_a_retry_nor_the_backup_model_is_sent
     assert capsys.readouterr().err == ""  # 备用模型没有机会试:不说「换备用模型」
 
 
+@pytest.mark.parametrize("backup", [False, True])
+def test_a_retry_after_too_long_for_the_client_to_wait_fails_at_once_instead_of_waiting_out_the_deadline(
+        lab, monkeypatch, capsys, backup):
+    """配额用完时服务端回 429、Retry-After: 3600:openai 客户端不会等这么久,马上抛错(超过 2 分钟就不重试)。
+    原来把它改成「等到时限为止」,客户端就照着等满整个时限(有备用模型时等满主模型那一份,默认 75 秒)才出错,
+    last_error 还说是时限用完了。现在马上出错:有备用模型就换它,没有就是 RateLimitError,稍后再试。"""
+    with OpenAIStub() as stub:
+        use_stub(monkeypatch, stub, retries=2)
+        monkeypatch.setenv("LLM_DEADLINE_S", "8")
+        stub.fail["stub-model"] = (429, "rate_limit_exceeded")
+        stub.retry_after = "3600"
+        if backup:
+            monkeypatch.setenv("LLM_FALLBACK_MODEL", "backup-model")
+        add("T1012")
+        started = time.monotonic()
+        assert drain() == [("evt_T1012_created", "waiting_human" if backup else "pending")]
+        assert time.monotonic() - started < 3
+        assert [r["model"] for r in stub.requests] == ["stub-model", "backup-model"] if backup else ["stub-model"]
+    if backup:
+        assert rows("SELECT status, attempts, last_error FROM events") == [("waiting_human", 1, None)]
+        assert capsys.readouterr().err == ("[llm] 主模型 stub-model 出错(暂时性的):OpenAIRateLimitError: Error code: 429 - "
+                                           "stub says rate_limit_exceeded;这次换备用模型 backup-model\n")
+    else:
+        assert rows("SELECT status, attempts, last_error FROM events") == [
+            ("pending", 1, "OpenAIRateLimitError: Error code: 429 - stub says rate_limit_exceeded")]
+
+
+@pytest.mark.parametrize("status, kind", [(500, "server_error"), (401, "invalid_api_key")])
+def test_a_backup_that_fails_fast_after_the_primary_used_its_share_is_not_called_the_overall_deadline(
+        lab, monkeypatch, capsys, status, kind):
+    """主模型挂住、用完了它那一份时限(LLM_PRIMARY_SHARE 默认一半),备用模型马上就失败了(500,或者它的 key 不对):
+    原来 last_error 说「起草用完了整体时限 LLM_DEADLINE_S」,时限只用了一半,人会去调大时限,而不是去修备用模型。
+    现在说的是主模型超时、备用模型也没有成功。"""
+    with OpenAIStub(delay=30.0) as primary, OpenAIStub() as other:
+        use_stub(monkeypatch, primary)
+        monkeypatch.setenv("LLM_TIMEOUT_S", "10")
+        monkeypatch.setenv("LLM_DEADLINE_S", "2")
+        monkeypatch.setenv("LLM_FALLBACK_MODEL", "backup-model")
+        monkeypatch.setenv("LLM_FALLBACK_BASE_URL", other.base_url)
+        monkeypatch.setenv("LLM_FALLBACK_API_KEY", "sk-backup")
+        other.fail["backup-model"] = (status, kind)
+        add("T1012")
+        started = time.monotonic()
+        assert drain() == [("evt_T1012_created", "pending")]
+        assert time.monotonic() - started < 2
+        assert [r["model"] for r in other.requests] == ["backup-model"]
+    assert rows("SELECT status, attempts, last_error FROM events") == [
+        ("pending", 1, "OpenAITimeoutError: Request timed out.(备用模型 backup-model 也没有成功,稍后自动再试)")]
+    assert capsys.readouterr().err.startswith("[llm] 主模型 stub-model 出错(暂时性的):用完了留给它的时限"
+                                              "(LLM_DEADLINE_S 的 LLM_PRIMARY_SHARE=0.5);这次换备用模型 backup-model\n")
+
+
 @pytest.mark.parametrize("how", ["hangs", "asks_to_wait"])
 def test_a_primary_that_hangs_or_asks_to_wait_long_leaves_the_backup_its_share_of_the_deadline(lab, monkeypatch,
                                                                                                capsys, how):
