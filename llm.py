@@ -113,11 +113,16 @@ def proxy_note(error: openai.APIConnectionError) -> str:
     return "" if config.on_this_machine(url) else config.proxy_note(url)
 
 
+def _not_json(name: str):
+    raise ValueError(f"{name} 不是 JSON")
+
+
 def llm_settings() -> tuple:
     """模型的各项设置,检查过的;不对就以 SystemExit 退出,说明是哪一项。"""
     extra_body = config.get("LLM_EXTRA_BODY", "{}")
     try:
-        parsed = json.loads(extra_body)
+        # NaN、Infinity:Python 的 json 认,可发请求时编不成合法 JSON,每个事件都失败、重试到进死信
+        parsed = json.loads(extra_body, parse_constant=_not_json)
     except ValueError:
         raise SystemExit(f"配置错误:LLM_EXTRA_BODY 不是合法 JSON:{extra_body}") from None
     if not isinstance(parsed, dict):  # 它的键要并进请求体:[1]、"x" 这种合法 JSON 也不行

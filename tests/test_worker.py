@@ -1169,6 +1169,8 @@ def test_durability_exit_worker_killed_inside_draft_starts_the_ticket_over(any_l
     ("LLM_EXTRA_BODY", "{oops", "配置错误:LLM_EXTRA_BODY 不是合法 JSON:{oops"),
     # 下面这些原来要领到事件、发请求时才出错,还被当成暂时性错误一遍遍重试
     ("LLM_EXTRA_BODY", "[1]", "配置错误:LLM_EXTRA_BODY 应该是 JSON 对象({…}):[1]"),
+    # Python 的 json 认 NaN,发请求时却编不成 JSON:原来每个事件都 ValueError、重试到进死信
+    ("LLM_EXTRA_BODY", '{"top_p": NaN}', '配置错误:LLM_EXTRA_BODY 不是合法 JSON:{"top_p": NaN}'),
     ("LLM_BASE_URL", "api.deepseek.com", "配置错误:LLM_BASE_URL='api.deepseek.com' 不是合法的网址"
                                          "(要以 http:// 或 https:// 开头,后面是主机名)"),
     ("LLM_FALLBACK_BASE_URL", "http://[::1", "配置错误:LLM_FALLBACK_BASE_URL='http://[::1' 不是合法的网址(Invalid IPv6 URL)"),
