@@ -175,6 +175,7 @@ class _HTMLText(HTMLParser):
     SKIP = {"script", "style", "title"}
     HEAD = {"meta", "title", "link", "style", "script", "base", "noscript", "template"}  # 能待在 <head> 里的标签
     BLOCKS = {"br", "p", "div", "li", "tr", "table", "ul", "ol", "blockquote", "h1", "h2", "h3", "h4", "h5", "h6"}
+    CELLS = {"td", "th"}  # 表格的格子之间空一格:原来「订单号」「A1001」两格粘成「订单号A1001」
 
     def __init__(self) -> None:
         super().__init__(convert_charrefs=True)
@@ -195,6 +196,8 @@ class _HTMLText(HTMLParser):
             self.skipping += 1
         elif tag in self.BLOCKS:
             self.parts.append("\n")
+        elif tag in self.CELLS:
+            self.parts.append(" ")
 
     def handle_endtag(self, tag) -> None:
         if tag == "head":

@@ -1296,6 +1296,14 @@ def test_an_html_mail_without_a_declared_charset_is_decoded_by_its_meta_charset(
     assert email_poller.parse(raw)["body"] == text
 
 
+def test_the_cells_of_an_html_table_are_kept_apart():
+    """客户贴进来的订单表格:原来格子粘在一起(「订单号A1001」「金额¥99.00」),模型读不出哪个是订单号。"""
+    html = ("<html><body><p>这两笔扣了两次:</p><table><tr><th>订单号</th><th>金额</th></tr>"
+            "<tr><td>A1001</td><td>99.00</td></tr><tr><td>A1002</td><td>199.00</td></tr></table></body></html>")
+    raw = (HEAD + "Content-Type: text/html; charset=utf-8\n\n" + html + "\n").encode()
+    assert email_poller.parse(raw)["body"] == "这两笔扣了两次:\n订单号 金额\nA1001 99.00\nA1002 199.00"
+
+
 def test_mail_without_a_sender_address_cannot_be_parsed():
     with pytest.raises(email_poller.BrokenMail, match=r"找不到发件人地址\(From: '客服系统'\)"):
         email_poller.parse("From: =?utf-8?B?5a6i5pyN57O757uf?=\nSubject: x\n\nbody\n".encode())
