@@ -353,7 +353,9 @@ def act(graph, command: str, ticket_id: str, text: str) -> None:
         if command != "respond" or len(graph.get_state(cfg).values.get("feedback", [])) == rounds:
             # 上面核对过了,按说不会到这里:图没有接受这个回答(review 又问了一次),待办原样留着,可以再处理
             raise Refused(f"{ticket_id} 这次没有处理成:{item['description']};仍在收件箱里")
-        print("已按意见重写,新草稿:", visible(item["action_request"]["args"]["reply"]))
+        # 新草稿有好几行(真模型常这样写)时,后面几行和 list 里一样缩进,不和下一行输出混在一起
+        first, *rest = item["action_request"]["args"]["reply"].splitlines() or [""]
+        print("已按意见重写,新草稿:", "\n".join([visible(first), *(indented("", line) for line in rest)]))
         sys.stdout.flush()  # 真的写出去了才算看过(见 show_list)
         remember({ticket_id: item["action_request"]["args"]["reply"]})
         return

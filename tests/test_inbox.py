@@ -691,6 +691,19 @@ def test_list_into_a_pipe_that_is_already_closed_exits_141_quietly_and_records_n
     assert rows("SELECT COUNT(*) FROM inbox_seen") == [(shown.stdout.count("        草稿:"),)] == [(29,)]
 
 
+def test_a_multi_line_redraft_is_printed_with_its_later_lines_indented_like_list(lab):
+    """真模型重写的草稿常分几行:原来第二行起顶格打印,和下一行输出分不清哪些是草稿。现在和 list 一样缩进。"""
+    queue("T1012")  # 第一版是离线模型写的
+    with OpenAIStub() as stub:
+        stub.multiline = True
+        r = inbox({**lab, "LLM_API_KEY": "sk-test", "LLM_BASE_URL": stub.base_url}, "respond", "T1012", "先道歉")
+    reply = state("T1012")["draft"]["reply"]
+    first, *rest = reply.splitlines()
+    assert rest  # 确实是好几行
+    assert (r.returncode, r.stderr) == (0, "")
+    assert r.stdout == "已按意见重写,新草稿: " + first + "".join(f"\n        {line}" for line in rest) + "\n"
+
+
 @pytest.mark.parametrize("setting, value, message", [
     ("MAX_REDRAFTS", "-1", "配置错误:MAX_REDRAFTS='-1' 不能小于 0"),
     ("MAX_TICKET_CHARS", "4k", "配置错误:MAX_TICKET_CHARS='4k' 不是数字"),
