@@ -1917,6 +1917,13 @@ def open_tickets_created_by(last_day: str) -> tuple[list[str], list[tuple[str, s
 
 def ticket_day(value) -> str | None:
     """工单 created_at 的日期(YYYY-MM-DD);认不出是哪天时是 None。PostgreSQL 里别人的表可能是 date / timestamp 类型。"""
+    if isinstance(value, str) and re.match(r"\d{4}-\d{2}-\d{2}.", value):
+        # 文字里带着时区的(「2026-11-15T07:30:00+08:00」,别的系统导出的):和 timestamptz 一样按 UTC 的日子,
+        # 原来取前 10 个字,它是 11-15,同一时刻写成 UTC 的却是 11-14
+        try:
+            value = datetime.fromisoformat(value.replace("Z", "+00:00"))
+        except ValueError:
+            pass  # 别的写法(「2026-11-15 上午」):下面照旧取前 10 个字
     if isinstance(value, datetime) and value.tzinfo is not None:
         # timestamptz:psycopg 按会话的时区给出(国内的服务器多半默认 Asia/Shanghai),日期一律按 UTC 算,先换过去。
         # 原来 UTC 晚上 8 点建的工单,在 +08:00 的会话里就成了第二天,同一张工单扫不扫得到要看服务器的设置

@@ -190,6 +190,20 @@ def test_scan_dates_timestamptz_tickets_in_utc_whatever_the_sessions_time_zone(p
         assert r.stdout.splitlines()[0].startswith("超过 40 天还开着的工单 3 张,其中没回复过的 3 张,"), (zone, r.stdout)
 
 
+def test_scan_dates_text_timestamps_with_an_offset_in_utc_like_timestamptz(lab):
+    """别的系统导出的 created_at 是带时区的文字(「…T07:30:00+08:00」):原来取前 10 个字,UTC 前一天晚上 11 点半建的
+    工单成了第二天,刚好 40 天的那张扫不到;同一时刻写成 UTC 的那张却扫得到。现在和 timestamptz 一样按 UTC 的日子。"""
+    day = date.fromisoformat(today()) - timedelta(days=40)
+    conn = store.connect(store.biz_target())
+    for ticket, written in (("X1", f"{day + timedelta(days=1)}T07:30:00+08:00"), ("X2", f"{day}T23:30:00Z")):
+        conn.execute("INSERT INTO tickets (id, customer_id, subject, body, status, created_at) "
+                     "SELECT ?, customer_id, subject, body, 'open', ? FROM tickets WHERE id = 'T1029'", (ticket, written))
+    conn.close()
+    r = run(["cron_jobs.py", "scan", "--limit", "1"], {**lab, "STALE_DAYS": "40"})
+    assert (r.returncode, r.stderr) == (0, "")
+    assert r.stdout.splitlines() == ["超过 40 天还开着的工单 4 张,其中没回复过的 4 张,本次入队 1 个", "没有入队的:超出 --limit 1 3 张"]
+
+
 def test_scan_leaves_out_replied_ignored_and_already_queued_tickets(any_lab):
     store.record_reply("T1029", "已经回复过了", "agent+reviewer",
                        {"category": "refund", "draft": "已经回复过了", "final": "已经回复过了", "action": "accept"})
