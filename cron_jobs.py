@@ -113,7 +113,8 @@ def build_report(numbers: dict | None = None, moment: datetime | None = None) ->
              f"事件状态:{by_status}",
              f"队列深度:{by_status.get('pending', 0)} 个事件等 worker 处理(pending)"]
     if oldest := n["oldest_waiting"]:
-        hours = (moment - store.parse_time(oldest["waiting_since"])).total_seconds() / 3600
+        # 按打印出来的那个数(一位小数)比:原来等了 23.96 小时,打印「已等 24.0 小时」,却不提醒
+        hours = round((moment - store.parse_time(oldest["waiting_since"])).total_seconds() / 3600, 1)
         lines.append(f"收件箱里等得最久的:{oldest['event_id']},已等 {hours:.1f} 小时{alert_note(hours)}"
                      f"(收件箱共 {by_status.get('waiting_human', 0)} 条)")
     else:

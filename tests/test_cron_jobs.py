@@ -412,6 +412,10 @@ def test_report_shows_queue_depth_inbox_wait_dead_letters_outcomes_per_category_
     monkeypatch.setenv("INBOX_ALERT_HOURS", "72")
     assert cron_jobs.build_report(moment=moment).splitlines()[3] == (
         "收件箱里等得最久的:evt_T1012_created,已等 48.1 小时(收件箱共 2 条)")
+    # 等了 48 小时 5 分(48.08),打印的是 48.1:原来按没舍入的数比,说「已等 48.1 小时」,却不提醒
+    monkeypatch.setenv("INBOX_ALERT_HOURS", "48.1")
+    assert cron_jobs.build_report(moment=moment).splitlines()[3] == (
+        "收件箱里等得最久的:evt_T1012_created,已等 48.1 小时(超过 48.1 小时,该提醒值班的人了)(收件箱共 2 条)")
 
 
 def test_report_lists_at_most_report_max_dead_lines_dead_letters_one_line_each(lab, monkeypatch):
