@@ -11,7 +11,7 @@
 
 坏请求一律回清楚的 JSON 错误,什么都不存:签名头缺失或格式不对 400,时间戳超出 ±300 秒 400,
 签名不对 401,请求体不是带 id/type/data.ticket_id 的 JSON 对象 400(里面的整数超过 4300 位也是 400),
-请求体超过 1 MiB 413;
+请求体超过 1 MiB 413,WEBHOOK_BODY_TIMEOUT_S(30 秒)里没收完 408;
 签名对、但 type 不是 ticket.created(上游订阅了别的事件)时回 202 {"accepted": false, "reason": "ignored type"},
 也什么都不存:回 4xx 的话上游会一直重试;这种事件只检查 id 和 type,不看 data。
 事件库写不进去时 503(什么都没存,上游照常重试即可)。
@@ -53,6 +53,10 @@ DEFAULT_SECRET_SET_WARNING = (f"WEBHOOK_SECRET 还是课文里公开的默认密
                               "谁都能照着它伪造签名,上线前一定要换掉")
 TOLERANCE_S = 300             # 秒;时间戳离现在超过这么多就当重放拒掉
 MAX_BODY_BYTES = 1024 * 1024  # 字节;正常的工单通知不到 1 KB,超过 1 MiB 的不读完就拒
+# 秒(环境变量 WEBHOOK_BODY_TIMEOUT_S);请求体要在这么久里收完,不然回 408。上游发了请求头、请求体一个字节一个字节地挤
+# (或者它那台机器半路没了、连接没关),原来这个请求一直挂着,关服务(SIGTERM)时 uvicorn 等它,服务停不下来。
+# 一个工单通知不到 1 KB,1 MiB 在慢网络上也用不了这么久
+BODY_TIMEOUT_S = 30
 MAX_BATCH = 500               # 个;一次组提交最多写多少个事件
 MAX_BATCH_CHARS = 8 * 1024 * 1024  # 字符;一批的请求体加起来最多这么长(一个 1 MiB 的请求体也能自己成一批)
 WRITER_EXIT_TIMEOUT_S = 10    # 秒;关服务时等写库进程写完最后一批、退出,超时就杀掉
@@ -75,7 +79,6 @@ class GroupCommitter:
         self.wake: asyncio.Event | None = None
         self.pump: asyncio.Task | None = None
         self.stopping = False
-        self.in_flight = 0  # 正在写的这一批有几个事件
         self.stdin_copy: int | None = None  # 写库进程输入管道写端的副本,见 _spawn
         # 秒;交给写库进程的一批,等它回话最多等这么久(event_writer.batch_time_limit_s(),start() 时按 BUSY_TIMEOUT_S 算)。
         # 过了还没回话(多半是和 PostgreSQL 之间的网络不通了、服务器不回话,它卡在读 socket 上):杀掉它,这一批回 503
@@ -117,13 +120,11 @@ class GroupCommitter:
             self.wake.clear()
             while self.pending:
                 batch = self._take()
-                self.in_flight = len(batch)
                 try:
                     results, error = await self._write([event for event, _ in batch]), None
                 except Exception as e:  # noqa: BLE001 —— 不管出了什么错,这一批的请求都要有个回答,这个循环不能停
                     error = e if isinstance(e, StoreUnavailable) else StoreUnavailable(f"{type(e).__name__}: {e}")
                     results = [None] * len(batch)
-                self.in_flight = 0
                 for (_, future), is_new in zip(batch, results):
                     if future.done():  # 客户端已经断开,请求被取消了;事件照样已经落库
                         continue
@@ -217,6 +218,7 @@ ACCEPTED = {is_new: JSONResponse({"accepted": True, "duplicate": not is_new}).bo
 @asynccontextmanager
 async def lifespan(_: FastAPI):
     check_secret()  # 密钥写错了就别启动
+    body_timeout_s()
     try:
         store.init()  # 设置不对(DATABASE_URL、PG_POOL_SIZE、EVENTS_DB……)时以 SystemExit("配置错误:…") 之类退出
     except store.unavailable_errors() as e:  # PostgreSQL 还没起来、在重启:也只说一行;收不下事件,不如不启动(上游会重试)
@@ -273,22 +275,40 @@ def check_timestamp(ts: str) -> None:
         raise fail(400, "timestamp too far in the future")
 
 
-def verify_cloudledger(raw: bytes, header: str, secret: str) -> None:
-    ts, signatures = None, []
+def signed_timestamps(header: str) -> list[tuple[str, list[bytes]]]:
+    """签名头里的 (t, 它的那几个 v1)。换密钥期间上游每把密钥各签一行,两行的 t 可能差一秒(正好跨过一秒),
+    代理合成一行后是「t=…,v1=…, t=…,v1=…」:每个 v1 归它前面那个 t(一行里 v1 写在 t 前面的,归这一行的 t)。
+    原来只留最后一个 t,拿它核对所有签名:新密钥那行在前时,它自己明明对,却回 401。"""
+    groups: list[tuple[str, list[bytes]]] = []
+    before_any_t: list[bytes] = []
     for part in header.split(","):
         key, sep, value = part.strip().partition("=")
         if not sep:
             raise fail(400, "bad signature header")
         if key == "t":
-            ts = value
+            groups.append((value, before_any_t))
+            before_any_t = []
         elif key == "v1":  # 十六进制不分大小写:上游用大写字母写的是同一个签名(原来回 401)
-            signatures.append(value.lower().encode())
-    if ts is None or not signatures:
+            (groups[-1][1] if groups else before_any_t).append(value.lower().encode())
+    groups = [(ts, signatures) for ts, signatures in groups if signatures]
+    if not groups:
         raise fail(400, "bad signature header")
-    check_timestamp(ts)
-    expected = hmac.new(secret.encode(), f"{ts}.".encode() + raw, hashlib.sha256).hexdigest().encode()
-    if not any(hmac.compare_digest(expected, s) for s in signatures):
-        raise fail(401, "bad signature")
+    return groups
+
+
+def verify_cloudledger(raw: bytes, header: str, secret: str) -> None:
+    """任意一个 t 在时间窗里、它的某个 v1 对得上就行;都不行时回第一个 t 的错误(只有一个 t 时和原来一样:先查时间戳)。"""
+    errors = []
+    for ts, signatures in signed_timestamps(header):
+        try:
+            check_timestamp(ts)
+            expected = hmac.new(secret.encode(), f"{ts}.".encode() + raw, hashlib.sha256).hexdigest().encode()
+            if any(hmac.compare_digest(expected, s) for s in signatures):
+                return
+            raise fail(401, "bad signature")
+        except HTTPException as e:
+            errors.append(e)
+    raise errors[0]
 
 
 def standard_webhooks_key(secret: str) -> bytes:
@@ -342,17 +362,24 @@ def verify(request: Request, raw: bytes) -> None:
         raise fail(400, "missing signature header (X-CloudLedger-Signature or webhook-signature)")
 
 
+def body_timeout_s() -> float:
+    return config.number("WEBHOOK_BODY_TIMEOUT_S", BODY_TIMEOUT_S, minimum=0.1, maximum=3600)
+
+
 async def read_body(request: Request) -> bytes:
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
         raise fail(413, f"body larger than {MAX_BODY_BYTES} bytes")
-    chunks, size = [], 0
+    chunks, size, limit = [], 0, body_timeout_s()
     try:
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > MAX_BODY_BYTES:
-                raise fail(413, f"body larger than {MAX_BODY_BYTES} bytes")
-            chunks.append(chunk)
+        async with asyncio.timeout(limit):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > MAX_BODY_BYTES:
+                    raise fail(413, f"body larger than {MAX_BODY_BYTES} bytes")
+                chunks.append(chunk)
+    except TimeoutError:
+        raise fail(408, f"body not received within {limit:g} seconds") from None
     except ClientDisconnect:
         # 上游发到一半断开(它那边超时了,稍后会重发):没人收这个回答,日志里一行 400 就够,什么都没存。
         # 原来一整段 traceback(Exception in ASGI application),盯着日志报警的会以为服务出了错

@@ -124,6 +124,33 @@ def test_a_valid_signature_on_a_second_signature_header_line_is_accepted_like_on
     assert stored() == [("evt_T1012_created", "webhook", "ticket.created", "pending", 0)]
 
 
+def test_signature_lines_signed_a_second_apart_are_each_checked_against_their_own_timestamp(client):
+    """换密钥期间上游每把密钥各签一行,两行的 t 差一秒(正好跨过一秒)。原来只留最后一个 t 核对所有签名:新密钥那行
+    在前时,它自己明明对,却回 401(反过来的顺序才 202)。现在每个 v1 和它自己的 t 一起核对,哪种顺序、分行还是合成一行都是 202。"""
+    body = body_for()
+    ts = int(time.time())
+    new, old = send_webhook.sign(body, SECRET, ts), send_webhook.sign(body, "old-secret", ts + 1)
+    answers = [client.post(URL, content=body, headers=[("x-cloudledger-signature", line) for line in lines])
+               for lines in ([new, old], [old, new], [f"{new}, {old}"], [f"{old}, {new}"])]
+    assert [(r.status_code, r.json()) for r in answers] == [(202, {"accepted": True, "duplicate": False})] + [
+        (202, {"accepted": True, "duplicate": True})] * 3
+    assert stored() == [("evt_T1012_created", "webhook", "ticket.created", "pending", 0)]
+
+
+def test_with_several_timestamps_none_passing_the_first_ones_error_is_given_and_nothing_stored(client):
+    body = body_for()
+    ts = int(time.time())
+    stale = send_webhook.sign(body, SECRET, ts - 3600)  # 对的密钥,时间戳太旧
+    wrong = send_webhook.sign(body, "another-secret", ts)  # 时间戳对,密钥不对
+    r = client.post(URL, content=body, headers=[("x-cloudledger-signature", stale), ("x-cloudledger-signature", wrong)])
+    assert (r.status_code, r.json()) == (400, {"detail": "timestamp too old"})
+    r = client.post(URL, content=body, headers=[("x-cloudledger-signature", wrong), ("x-cloudledger-signature", stale)])
+    assert (r.status_code, r.json()) == (401, {"detail": "bad signature"})
+    r = client.post(URL, content=body, headers=[("x-cloudledger-signature", f"{stale}, {send_webhook.sign(body, SECRET, ts)}")])
+    assert (r.status_code, r.json()) == (202, {"accepted": True, "duplicate": False})  # 一个过期、一个对:收下
+    assert stored() == [("evt_T1012_created", "webhook", "ticket.created", "pending", 0)]
+
+
 def frozen_clock(monkeypatch) -> int:
     """webhook 看到的「现在」停在这一秒:刚好超出 ±300 秒一秒的时间戳,不会因为测试和服务端之间跨过了一秒而变成刚好在界内
     (CI 上碰到过:now + 301 在服务端看来只差 300 秒,回了 202)。"""
@@ -405,6 +432,7 @@ def test_the_webhook_warns_at_startup_when_it_runs_on_the_lessons_public_default
 @pytest.mark.parametrize("settings, message", [
     ({"WEBHOOK_SECRET": "whsec_not*base64"}, "配置错误:WEBHOOK_SECRET 以 whsec_ 开头,但后面不是合法的 base64"),
     ({"WEBHOOK_SECRET": "whsec_"}, "配置错误:WEBHOOK_SECRET 是 whsec_,后面没有密钥"),  # 原来当成空密钥,谁都能签出对的签名
+    ({"WEBHOOK_BODY_TIMEOUT_S": "0"}, "配置错误:WEBHOOK_BODY_TIMEOUT_S='0' 不能小于 0.1"),
     ({"DATABASE_URL": NOWHERE}, '数据库暂时用不了(OperationalError: connection failed: connection to server at "127.0.0.1", '
      "port 1 failed: Connection refused),webhook 没有启动:数据库能连上以后再启动"),
     ({"DATABASE_URL": NOWHERE, "PG_POOL_SIZE": "0"}, "配置错误:PG_POOL_SIZE='0' 不能小于 1"),
@@ -885,6 +913,30 @@ def test_ids_of_mail_and_cron_events_are_refused_so_a_signed_request_cannot_take
     assert (mail.returncode, mail.stderr, mail.stdout.splitlines()[-1]) == (
         0, "", "本次收取 1 封:新工单 1,重复 0,跳过 0,无法解析 0,存储失败 0")
     assert rows("SELECT event_id, source FROM events") == [(mail_id, "email")]
+
+
+def test_a_body_that_trickles_in_too_slowly_gets_408_nothing_stored_and_the_service_still_stops(lab):
+    """上游发了请求头,请求体却停在半路(它那台机器没了、连接没关,或者一个字节一个字节地挤):原来这个请求一直挂着,
+    关服务(SIGTERM)时 uvicorn 等它,服务停不下来。现在 WEBHOOK_BODY_TIMEOUT_S 里没收完就回 408,什么都不存。"""
+    import socket
+
+    body = body_for("T1012")
+    env = {**lab, "WEBHOOK_SECRET": SECRET, "WEBHOOK_BODY_TIMEOUT_S": "1"}
+    with webhook_server(env) as (proc, base_url):
+        port = int(base_url.rsplit(":", 1)[1])
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
+            conn.sendall((f"POST {URL} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                          f"X-CloudLedger-Signature: {send_webhook.sign(body, SECRET)}\r\n"
+                          f"Content-Length: {len(body)}\r\n\r\n").encode() + body[:20])
+            started = time.monotonic()
+            answer = conn.recv(65536).decode()
+            waited = time.monotonic() - started
+            proc.terminate()  # 连接还开着:服务照样停得下来(uvicorn 收拾完以后照收到的信号退出)
+            assert proc.wait(timeout=10) in (0, -signal.SIGTERM)
+        assert answer.startswith("HTTP/1.1 408 "), answer
+        assert answer.endswith('{"detail":"body not received within 1 seconds"}'), answer
+        assert 0.5 < waited < 5
+    assert stored() == []
 
 
 def test_an_upstream_that_hangs_up_mid_body_gets_one_line_not_a_traceback_and_nothing_is_stored(lab):
