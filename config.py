@@ -28,8 +28,7 @@ _dotenv_problem = ""  # .env 读不懂时的那句说明(见 _load_dotenv_once)
 
 def _load_dotenv_once() -> None:
     """第一次读设置时读一次 .env。.env 读不懂(不是 UTF-8、有一行写错了)时以 SystemExit("配置错误:…") 退出,
-    之后每次读设置都再退出一次:哪个程序都不会接着拿默认值跑(原来写错的那一项悄悄变回默认值,WEBHOOK_SECRET
-    就成了公开的默认密钥)。"""
+    之后每次读设置都再退出一次:哪个程序都不会拿默认值接着跑(写错的 WEBHOOK_SECRET 不会变回公开的默认密钥)。"""
     global _dotenv_loaded, _dotenv_problem
     if _dotenv_problem:
         raise SystemExit(_dotenv_problem)
@@ -42,7 +41,7 @@ def _load_dotenv_once() -> None:
         data = (Path.cwd() / ".env").read_bytes()
     except (FileNotFoundError, IsADirectoryError):  # 没有 .env 也行
         return
-    except OSError as e:  # 没有读权限(别的用户建的、权限 600)、符号链接绕成了圈:原来是 traceback
+    except OSError as e:  # 没有读权限(别的用户建的、权限 600)、符号链接绕成了圈
         _dotenv_problem = f"配置错误:.env 读不了({e.strerror or e})"
         raise SystemExit(_dotenv_problem) from None
     try:
@@ -132,9 +131,8 @@ def url(name: str, default: str = "", *, secret: bool = False) -> str:
     raw = get(name, default)
     if not raw:
         return raw
-    # urlsplit 悄悄删掉网址里的制表符和换行(WHATWG 的规矩),httpx 却拒收:原来要等到真的去发(日报都打印完了)才是
-    # 「连不上」、退出码 1,不是「配置错误」、退出码 2。空格和别的 ASCII 控制字符也一样,网址里不能有(主机名里的 \x80 这类
-    # 由 hostname_problem 说得更准)
+    # urlsplit 悄悄删掉网址里的制表符和换行(WHATWG 的规矩),httpx 却拒收:在这里拦下,是「配置错误」,而不是真的去发时
+    # 的「连不上」。空格和别的 ASCII 控制字符也不能有(主机名里的 \x80 这类由 hostname_problem 说得更准)
     if bad := next((c for c in raw if c.isspace() or c < " " or c == "\x7f"), None):
         shown = raw[:16] + "…" if secret and len(raw) > 16 else hide_password(raw)
         raise SystemExit(f"配置错误:{name}={shown!r} 不是合法的网址(里面有空白或控制字符 {bad!r},多半是复制时带进来的)")
@@ -199,7 +197,7 @@ def path(name: str, default_filename: str) -> Path:
         return HERE / default_filename
     try:
         return _resolved(raw, os.getcwd())
-    except RuntimeError:  # Python 3.11 的 resolve() 遇到绕成圈的符号链接抛它;原来是 traceback
+    except RuntimeError:  # Python 3.11 的 resolve() 遇到绕成圈的符号链接抛它
         raise SystemExit(f"配置错误:{name}={raw!r} 是绕成圈的符号链接(指来指去又回到自己),指不到文件") from None
 
 
@@ -225,7 +223,7 @@ _ARGPARSE_ERRORS = [
 
 
 class ArgumentParser(argparse.ArgumentParser):
-    """argparse,只是说中文:「用法:」「选项:」,错误是「worker.py:错误:不认识的参数:--bogus」,退出码照旧是 2。
+    """argparse,只是说中文:「用法:」「选项:」,错误是「worker.py:错误:不认识的参数:--bogus」,退出码和 argparse 一样是 2。
     (inbox.py、send_webhook.py 照课文读 sys.argv,用法自己写。)"""
 
     def __init__(self, **kwargs):
@@ -263,7 +261,7 @@ SIGINT_IGNORED_AT_START = signal.getsignal(signal.SIGINT) is signal.SIG_IGN
 
 
 def handle_stop_signals(on_sigint, on_sigterm) -> None:
-    """装停止信号的处理函数。SIGINT 本来就被忽略的(见 SIGINT_IGNORED_AT_START)照旧不理,只装 SIGTERM。"""
+    """装停止信号的处理函数。SIGINT 本来就被忽略的(见 SIGINT_IGNORED_AT_START)仍然不理,只装 SIGTERM。"""
     signal.signal(signal.SIGTERM, on_sigterm)
     if not SIGINT_IGNORED_AT_START:
         signal.signal(signal.SIGINT, on_sigint)
@@ -283,7 +281,7 @@ def quit_quietly_while_importing(message: str) -> None:
 def interrupts_as_usual() -> None:
     """quit_quietly_while_importing() 之后:Ctrl-C 抛一次 KeyboardInterrupt(interrupt_once),之后的 Ctrl-C 都不理,
     SIGTERM 回到默认的直接结束。程序接住 KeyboardInterrupt 之后要收拾(收件箱把拿走的事件放回该在的地方),只要几毫秒;
-    人连按两下、或者 uv run 把发给进程组的 SIGINT 再转发一次,第二个原来打断了收拾:事件留在 processing。"""
+    人连按两下、或者 uv run 把发给进程组的 SIGINT 再转发一次时,第二个不打断收拾(不然事件留在 processing)。"""
     handle_stop_signals(interrupt_once, signal.SIG_DFL)
 
 
@@ -308,9 +306,9 @@ def run(main, *args) -> None:
       cat、grep 一样。stdout 先指到 /dev/null:Python 退出时还要再冲一次缓冲区,不然又是一段「Exception ignored」。
       冲缓冲区放在这里(而不是退出时),写不出去才会在这里被发现。
     - main() 自己没有接住的 Ctrl-C:一行「已中断(Ctrl-C)」、退出码 130。做到一半的都是一个个事务,没有提交的不算。
-      Ctrl-C 只抛一次(interrupt_once):连按两下、或者 uv run 再转发一次的 SIGINT 原来落在收拾或退出的途中,
-      进程被信号结束(退出码 -2)。SIGINT 本来就被忽略(从脚本里放到后台跑)时照旧不理;自己装了处理函数的程序
-      (worker、收件箱)这里不动,它们用 handle_stop_signals() 装,本来不理的也照旧不理。"""
+      Ctrl-C 只抛一次(interrupt_once):连按两下、或者 uv run 再转发一次的 SIGINT 不会在收拾或退出的途中
+      把进程结束(退出码 -2)。SIGINT 本来就被忽略(从脚本里放到后台跑)时仍然不理;自己装了处理函数的程序
+      (worker、收件箱)这里不动,它们用 handle_stop_signals() 装,本来不理的也仍然不理。"""
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
         signal.signal(signal.SIGINT, interrupt_once)
     # 标准输出写进文件(cron 的 >> cron.log 2>&1)时 Python 攒满一块才写,不带缓冲的标准错误就跑到了前面:
