@@ -1,10 +1,10 @@
-"""配置只从这里读:环境变量优先,其次是当前目录的 .env(有就读,没有也行),最后是各模块顶部常量给的默认值。
+"""配置:每个设置在下面的 SETTINGS 里声明一次(名字、类型、默认值、范围、单位、一句话说明),value(name) 按它读、按它检查。
 
-这个文件不单独运行。每个设置项都列在 .env.example 里,带说明。
-读取发生在调用时而不是 import 时,所以测试可以在子进程或 monkeypatch 里随时换设置。
-设置 AMBIENT_NO_DOTENV=1 可以完全不读 .env(测试里就是这么做的,免得你本机的 .env 混进来)。
-.env 要存成 UTF-8(带不带 BOM 都行)。不是 UTF-8、或者有一行 python-dotenv 读不懂(比如引号没配对)时,第一次读设置就以
-SystemExit("配置错误:…") 退出,说是哪一行:不会有哪一项悄悄变回默认值。
+读的顺序:环境变量优先,其次是当前目录的 .env(有就读,没有也行),最后是表里的默认值。读取发生在调用时而不是
+import 时,所以测试可以在子进程或 monkeypatch 里随时换设置;AMBIENT_NO_DOTENV=1 时完全不读 .env(测试就这么做,
+免得你本机的 .env 混进来)。.env 要存成 UTF-8(带不带 BOM 都行)。不是 UTF-8、或者有一行 python-dotenv 读不懂
+(比如引号没配对)时,第一次读设置就以 SystemExit("配置错误:…") 退出,说是哪一行:不会有哪一项悄悄变回默认值。
+.env.example 和 docs/configuration.md 按这张表的顺序列出每一项(tests/test_config.py 核对)。
 这里还有 worker.py、cron_jobs.py、email_poller.py 共用的命令行解析器 ArgumentParser:argparse 的提示换成中文。
 """
 import argparse
@@ -17,11 +17,126 @@ import re
 import signal
 import sys
 import urllib.request
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from urllib.parse import urlsplit
 
 HERE = Path(__file__).resolve().parent
+
+
+@dataclass(frozen=True)
+class Setting:
+    """一个设置项。kind 是读法:"str" 原样(去掉两头空白),"int" / "float" 是数字,在 [minimum, maximum] 里
+    (None = 不限),"url" 是 http(s) 网址,"path" 是文件路径(default 是脚本旁边的文件名)。
+    default 为 None:没设置时 value() 给 None,由用的地方决定(IMAP_PORT 跟着 IMAP_SSL 走)。
+    secret:值是密钥,报错时不整个打印。choices:只能是其中之一。"""
+    kind: str
+    default: str | int | float | None
+    minimum: float | None = None
+    maximum: float | None = None
+    unit: str = ""
+    meaning: str = ""
+    secret: bool = False
+    choices: tuple[str, ...] = ()
+
+
+SETTINGS: dict[str, Setting] = {
+    # ---- 模型(llm.py)
+    "LLM_API_KEY": Setting("str", "", secret=True,
+                           meaning="模型服务的 API key;不设就用离线模型(按关键词分类、按模板起草,不联网、不花钱)"),
+    "LLM_MODEL": Setting("str", "deepseek-flash", meaning="模型名;默认是课文用的模型"),
+    "LLM_BASE_URL": Setting("url", "https://api.deepseek.com", unit="网址", meaning="OpenAI 兼容服务的地址"),
+    "LLM_EXTRA_BODY": Setting("str", "{}", unit="JSON 对象",
+                              meaning='原样并进每个请求体的额外参数,例如 {"thinking": {"type": "disabled"}}'),
+    "LLM_TIMEOUT_S": Setting("float", 60, minimum=0.1, maximum=3600, unit="秒",
+                             meaning="一次模型调用最多等多久;超时算暂时性错误"),
+    "LLM_MAX_RETRIES": Setting("int", 2, minimum=0, maximum=10, unit="次",
+                               meaning="客户端对 429/408/409/超时/连接错误/5xx 的快速重试(带退避);400/401/403/404 不重试"),
+    "LLM_DEADLINE_S": Setting("float", 150, minimum=0.1, maximum=86400, unit="秒",
+                              meaning="一次起草最多花多久(请求、快速重试、切备用模型全算在内);150 够主模型等满两次"
+                                      " LLM_TIMEOUT_S,又远短于 STALE_MINUTES"),
+    "LLM_FALLBACK_MODEL": Setting("str", "", meaning="备用模型:主模型暂时性错误(重试后仍失败)时切过去;不设就没有"),
+    "LLM_FALLBACK_BASE_URL": Setting("url", "", unit="网址", meaning="备用模型的服务地址;不设时和 LLM_BASE_URL 相同"),
+    "LLM_FALLBACK_API_KEY": Setting("str", "", secret=True,
+                                    meaning="备用模型的 API key;不设时用 LLM_API_KEY,但只限同一个服务(协议、主机、端口相同)"),
+    "LLM_PRIMARY_SHARE": Setting("float", 0.5, minimum=0.1, maximum=1, unit="份",
+                                 meaning="配了备用模型时,主模型(连同它的重试)最多用 LLM_DEADLINE_S 的这一份;0.5 给备用模型"
+                                         "也留下 75 秒"),
+    "LLM_PRICE_PER_1K_TOKENS": Setting("float", 0.002, minimum=0, unit="元/千 token",
+                                       meaning="日报估算成本用的均价;按课文「一次起草约 0.0015 元」(六七百个 token)反推"),
+    # ---- webhook(webhook.py、send_webhook.py)
+    "WEBHOOK_SECRET": Setting("str", "dev-secret-change-me", secret=True,
+                              meaning="webhook 和 send_webhook.py 共用的签名密钥,上线前一定要换;以 whsec_ 开头时按"
+                                      " Standard Webhooks 的 base64 解码"),
+    "WEBHOOK_URL": Setting("url", "http://127.0.0.1:8139/hooks/cloudledger", unit="网址",
+                           meaning="send_webhook.py 发到哪"),
+    "WEBHOOK_BODY_TIMEOUT_S": Setting("float", 30, minimum=0.1, maximum=3600, unit="秒",
+                                      meaning="webhook 等一个请求体最多多久;停在半路的请求到时回 408,服务停得下来"),
+    # ---- 数据库(store.py)
+    "EVENTS_DB": Setting("path", "ambient.db", unit="文件",
+                         meaning="事件库(events、outbox、review_log、llm_usage);相对路径按当前目录解释"),
+    "CHECKPOINTS_DB": Setting("path", "checkpoints.db", unit="文件",
+                              meaning="LangGraph 的 checkpoint 库;设了 DATABASE_URL 时只用来从这里搬"),
+    "BIZ_DB": Setting("path", "cloudledger.db", unit="文件",
+                      meaning="业务库(customers、tickets);不存在时用种子数据建一个"),
+    "BUSY_TIMEOUT_S": Setting("float", 30, minimum=0, maximum=3600, unit="秒",
+                              meaning="库被别的进程锁着时最多等多久,等不到就说「数据库暂时用不了」(PostgreSQL 上是"
+                                      " lock_timeout)"),
+    "DATABASE_URL": Setting("str", "", secret=True,
+                            meaning="设成 postgresql://用户@主机:5432/库 就把事件表、checkpoint 和业务表都放进"
+                                    " PostgreSQL;不设是 SQLite"),
+    "PG_POOL_SIZE": Setting("int", 10, minimum=1, unit="个",
+                            meaning="每个 PostgreSQL 连接池最多几个连接;一个进程最多三个池"),
+    "PG_IDLE_CHECK_S": Setting("float", 5, minimum=0, maximum=86400, unit="秒",
+                               meaning="闲了这么久的连接借出前先确认还连着(0 = 每次都查):服务器重启后不白白失败一次,"
+                                       "忙时不多一次往返"),
+    # ---- worker(worker.py、agent.py)
+    "MAX_ATTEMPTS": Setting("int", 3, minimum=1, maximum=20, unit="次", meaning="暂时性失败最多试几次,之后进死信"),
+    "BACKOFF_BASE_MINUTES": Setting("float", 1, minimum=0, maximum=1440, unit="分钟",
+                                    meaning="第 n 次失败后等 BASE × 2^n 分钟再试(练习 3);上限让 BASE × 2^20 仍算得出时间"),
+    "STALE_MINUTES": Setting("float", 10, minimum=0, maximum=525600, unit="分钟",
+                             meaning="别的机器上的 worker 手里的事件 processing 超过这么久算卡住,放回队列;本机进程死了的"
+                                     "马上放回"),
+    "POLL_SECONDS": Setting("float", 2, minimum=0.01, maximum=3600, unit="秒", meaning="常驻模式下没事件时隔多久再看"),
+    "WORKER_CONCURRENCY": Setting("int", 1, minimum=1, maximum=256, unit="个",
+                                  meaning="一个 worker 同时处理几个事件(--concurrency 覆盖);每个是一个线程"),
+    "CHECKPOINT_DURABILITY": Setting("str", "async", choices=("async", "exit", "sync"),
+                                     meaning="checkpoint 什么时候写:async 每个节点之后(和课文一样),exit 停下时写一次,"
+                                             "sync 写完才走下一个节点"),
+    "MAX_REDRAFTS": Setting("int", 3, minimum=0, unit="次", meaning="每张工单最多按意见重写几次(每次都再调一次模型)"),
+    "MAX_TICKET_CHARS": Setting("int", 4000, minimum=200, unit="字",
+                                meaning="工单原文最多给模型几个字,超过的不进提示词;邮件建的工单本来不到 2201 字"),
+    "INBOX_USER": Setting("str", "", meaning="谁在用收件箱;不设是「登录名@主机名」,共用一个系统账号的几个人各设一个名字"),
+    "INBOX_MAX_TEXT_CHARS": Setting("int", 2000, minimum=1, unit="字",
+                                    meaning="edit 的回复、respond 的意见最多几个字;草稿本来不到 150 字,更长的多半是多粘贴了一段"),
+    # ---- 邮件(email_poller.py)
+    "IMAP_HOST": Setting("str", "", meaning="IMAP 服务器,例如 imap.qq.com;不设时 email_poller.py 说明缺什么并退出"),
+    "IMAP_USER": Setting("str", "", meaning="邮箱地址"),
+    "IMAP_PASSWORD": Setting("str", "", secret=True, meaning="邮箱的授权码(不是登录密码)"),
+    "IMAP_PORT": Setting("int", None, minimum=1, maximum=65535, unit="端口",
+                         meaning="IMAP 端口;不设时按 IMAP_SSL:993,IMAP_SSL=0 时 143"),
+    "IMAP_SSL": Setting("str", "1", meaning="1 = SSL 直连并校验服务器证书;0 = 明文 IMAP,只给本机测试服务器用"),
+    "IMAP_MAILBOX": Setting("str", "INBOX", meaning="收哪个文件夹"),
+    "IMAP_CAFILE": Setting("str", "", unit="文件", meaning="额外信任的 CA 证书文件(邮件服务器用私有 CA 时;只在 IMAP_SSL=1 时用)"),
+    "IMAP_TIMEOUT_S": Setting("float", 30, minimum=0.1, maximum=3600, unit="秒",
+                              meaning="连接和每条 IMAP 命令最多等多久;crontab 每分钟跑一次,卡住的进程不能越积越多"),
+    # ---- 定时任务(cron_jobs.py)
+    "STALE_DAYS": Setting("int", 20, minimum=0, maximum=36500, unit="天",
+                          meaning="开了这么多天还没回复的工单该跟进(课文的 20 天);正好 20 天前建的也算"),
+    "INBOX_ALERT_HOURS": Setting("float", 24, minimum=0, unit="小时",
+                                 meaning="收件箱的待办等了超过这么久,日报里标出来;24 约是一个工作日"),
+    "REPORT_MAX_DEAD_LINES": Setting("int", 20, minimum=1, unit="条",
+                                     meaning="日报最多列出几条死信,其余的只说还有几条:几百条积压时日报和 Slack 消息不会太长"),
+    "REPORT_RECENT_DAYS": Setting("float", 7, minimum=1, maximum=365, unit="天",
+                                  meaning="日报另算最近这么多天的 edit 率,和之前的比:只看全部历史时,变化被旧记录冲淡"),
+    "EDIT_RISE_ALERT_POINTS": Setting("float", 20, minimum=0, maximum=100, unit="百分点",
+                                      meaning="最近的 edit 率比之前高出这么多,日报在那一类后面提醒"),
+    "SLACK_WEBHOOK_URL": Setting("url", "", unit="网址", secret=True,
+                                 meaning='有就把日报 POST 过去({"text": …});路径就是密钥,报错时只露出开头'),
+    "SLACK_TIMEOUT_S": Setting("float", 10, minimum=0.1, maximum=3600, unit="秒",
+                               meaning="Slack 最多等多久(连接、发送、读完回答加在一起);crontab 里的任务不能挂住"),
+}
 _dotenv_loaded = False
 _dotenv_problem = ""  # .env 读不懂时的那句说明(见 _load_dotenv_once)
 
@@ -110,11 +225,11 @@ def number(name: str, default: float, *, minimum: float | None = None, maximum: 
     return value
 
 
-def integer(name: str, default: int, *, minimum: int | None = None, maximum: int | None = None) -> int:
+def integer(name: str, default: int | None, *, minimum: int | None = None, maximum: int | None = None) -> int | None:
     value = number(name, default, minimum=minimum, maximum=maximum)
-    if value != int(value):
+    if value is not None and value != int(value):
         raise SystemExit(f"配置错误:{name}={get(name)!r} 应该是整数")
-    return int(value)
+    return value if value is None else int(value)
 
 
 def hide_password(text: str) -> str:
@@ -206,6 +321,23 @@ def _resolved(raw: str, cwd: str) -> Path:
     """Path.resolve() 要对路径的每一段做一次 lstat;store 每条语句都要问一次库在哪,
     不缓存的话 worker 处理一个事件有 4% 的时间花在这里(bench/worker.py 采样)。按原值和当前目录缓存。"""
     return (Path(cwd) / Path(raw).expanduser()).resolve()
+
+
+def value(name: str) -> str | int | float | Path | None:
+    """按 SETTINGS 读一个设置:没设置时是表里的默认值,不对时以 SystemExit("配置错误:…") 退出,说明是哪一项。"""
+    setting = SETTINGS[name]
+    if setting.kind == "int":
+        return integer(name, setting.default, minimum=setting.minimum, maximum=setting.maximum)
+    if setting.kind == "float":
+        return number(name, setting.default, minimum=setting.minimum, maximum=setting.maximum)
+    if setting.kind == "url":
+        return url(name, setting.default, secret=setting.secret)
+    if setting.kind == "path":
+        return path(name, setting.default)
+    text = get(name, setting.default)
+    if setting.choices and text not in setting.choices:
+        raise SystemExit(f"配置错误:{name}={text!r},只能是 {'、'.join(setting.choices)} 之一")
+    return text
 
 
 # argparse(Python 3.11)的英文错误 → 中文。整句匹配;没列到的(更新的 Python 改了措辞)原样留着,意思不丢
