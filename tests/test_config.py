@@ -20,11 +20,142 @@ import store
 def test_every_setting_the_code_reads_is_documented_in_env_example():
     read = set()
     for path in LAB.glob("*.py"):
-        read |= set(re.findall(r'(?:(?:config|settings)\.(?:get|number|integer|path|url)|api_key_setting)\(\s*"([A-Z0-9_]+)"',
-                               path.read_text(encoding="utf-8")))
+        read |= set(re.findall(r'(?:(?:config|settings)\.(?:get|number|integer|path|url|value)|api_key_setting)'
+                               r'\(\s*"([A-Z0-9_]+)"', path.read_text(encoding="utf-8")))
     documented = set(re.findall(r"^([A-Z0-9_]+)=", (LAB / ".env.example").read_text(encoding="utf-8"), re.M))
     assert read and read <= documented, f"没写进 .env.example:{sorted(read - documented)}"
     assert documented <= read | {"IMAP_HOST", "IMAP_USER", "IMAP_PASSWORD", "IMAP_PORT"}, sorted(documented - read)
+    assert read <= set(config.SETTINGS), f"没写进 config.SETTINGS:{sorted(read - set(config.SETTINGS))}"
+
+
+# ---------------------------------------------------------------- 设置表(config.SETTINGS)和写着它的三处
+def default_cell(setting: config.Setting) -> str:
+    """表格「默认值」一栏该写的:`3`;留空的写「不设」。"""
+    return "不设" if setting.default in ("", None) else f"`{setting.default}`"
+
+
+def unit_cell(setting: config.Setting) -> str:
+    """表格「单位(范围)」一栏该写的:秒(0.1–3600)、字(至少 200)、网址;什么都没有的写「—」。"""
+    low, high = setting.minimum, setting.maximum
+    bounds = f"{low:g}–{high:g}" if low is not None and high is not None else f"至少 {low:g}" if low is not None else ""
+    return (f"{setting.unit}({bounds})" if setting.unit and bounds else setting.unit or bounds) or "—"
+
+
+SETTING_ROW = re.compile(r"^\|\s*`?([A-Z][A-Z0-9_]*)`?\s*\|(.*)\|\s*$", re.M)
+
+
+def setting_rows(markdown: str) -> tuple[list[str], list[str]]:
+    """markdown 里第一格是设置名的四格表格行(`| NAME | 默认值 | 单位(范围) | 说明 |`,名字带不带反引号都行):
+    返回 (按出现顺序的名字, 和 config.SETTINGS 对不上的地方)。别的表格(第一格不是设置名、不是四格)不管;
+    README 里那张常改设置的小表也用它核对。"""
+    names, problems = [], []
+    for match in SETTING_ROW.finditer(markdown):
+        name, cells = match[1], [c.strip() for c in match[2].split("|")]
+        if len(cells) != 3:
+            continue
+        if name not in config.SETTINGS:
+            if name.isupper() and "_" in name:
+                problems.append(f"{name}:config.SETTINGS 里没有这一项")
+            continue
+        names.append(name)
+        setting = config.SETTINGS[name]
+        expected = [default_cell(setting), unit_cell(setting), setting.meaning]
+        if cells != expected:
+            problems.append(f"{name}:写的是 {cells},表里是 {expected}")
+    return names, problems
+
+
+def test_the_settings_table_is_consistent_in_itself():
+    for name, setting in config.SETTINGS.items():
+        assert setting.kind in ("str", "int", "float", "url", "path"), name
+        assert setting.meaning and "|" not in setting.meaning and "\n" not in setting.meaning, name
+        if setting.kind in ("int", "float"):
+            assert setting.default is None or setting.minimum is None or setting.default >= setting.minimum, name
+            assert setting.default is None or setting.maximum is None or setting.default <= setting.maximum, name
+        else:
+            assert (setting.minimum, setting.maximum) == (None, None), name
+            assert isinstance(setting.default, str), name
+        if setting.kind == "int":
+            assert setting.default is None or isinstance(setting.default, int), name
+        assert not setting.choices or (setting.kind == "str" and setting.default in setting.choices), name
+
+
+def test_env_example_lists_every_setting_in_table_order_with_its_default_unit_and_meaning():
+    from dotenv import dotenv_values
+
+    text = (LAB / ".env.example").read_text(encoding="utf-8")
+    values = dotenv_values(LAB / ".env.example")  # 它自己也要是一份读得懂的 .env
+    assert list(values) == list(config.SETTINGS)
+    for name, setting in config.SETTINGS.items():
+        assert values[name] == ("" if setting.default is None else str(setting.default)), name
+        unit = unit_cell(setting)
+        comment = f"# {setting.meaning}" if unit == "—" else f"# {unit}:{setting.meaning}"
+        assert re.search(f"^{re.escape(comment)}\n{name}=", text, re.M), f"{name} 上面一行应该是:{comment}"
+
+
+def test_docs_configuration_has_one_row_per_setting_in_table_order():
+    names, problems = setting_rows((LAB / "docs" / "configuration.md").read_text(encoding="utf-8"))
+    assert problems == []
+    assert names == list(config.SETTINGS)
+
+
+def test_the_settings_rows_in_the_readme_agree_with_the_table():
+    text = (LAB / "README.md").read_text(encoding="utf-8")
+    names, problems = setting_rows(text)
+    assert problems == []
+    assert len(names) == len(set(names)), "README 里有设置列了两遍"
+    if "docs/configuration.md" in text:  # 链到全表的 README 有一张常改设置的小表
+        assert names, "README 链到了 docs/configuration.md,却没有 | NAME | 默认值 | 单位(范围) | 说明 | 格式的设置行"
+
+
+def test_value_is_the_tables_default_when_a_setting_is_not_set(monkeypatch):
+    for name in config.SETTINGS:
+        monkeypatch.delenv(name, raising=False)
+    for name, setting in config.SETTINGS.items():
+        expected = config.HERE / setting.default if setting.kind == "path" else setting.default
+        assert config.value(name) == expected, name
+        assert type(config.value(name)) is type(expected), name
+
+
+@pytest.mark.parametrize("name, raw, expected", [
+    ("MAX_ATTEMPTS", "5", 5),
+    ("IMAP_PORT", "143", 143),
+    ("STALE_MINUTES", "0.5", 0.5),
+    ("LLM_MODEL", "  qwen-plus ", "qwen-plus"),
+    ("CHECKPOINT_DURABILITY", "exit", "exit"),
+    ("LLM_BASE_URL", "http://127.0.0.1:8000/v1", "http://127.0.0.1:8000/v1"),
+])
+def test_value_reads_a_setting_by_its_kind(monkeypatch, name, raw, expected):
+    monkeypatch.setenv(name, raw)
+    assert config.value(name) == expected
+    assert type(config.value(name)) is type(expected)
+
+
+def test_value_reads_a_path_setting_relative_to_the_current_directory(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("EVENTS_DB", "here.db")
+    assert config.value("EVENTS_DB") == tmp_path.resolve() / "here.db"
+
+
+@pytest.mark.parametrize("name, raw, message", [
+    ("MAX_ATTEMPTS", "0", "配置错误:MAX_ATTEMPTS='0' 不能小于 1"),
+    ("MAX_ATTEMPTS", "2.5", "配置错误:MAX_ATTEMPTS='2.5' 应该是整数"),
+    ("WORKER_CONCURRENCY", "257", "配置错误:WORKER_CONCURRENCY='257' 不能大于 256"),
+    ("POLL_SECONDS", "0.001", "配置错误:POLL_SECONDS='0.001' 不能小于 0.01"),
+    ("LLM_PRIMARY_SHARE", "nan", "配置错误:LLM_PRIMARY_SHARE='nan' 不是数字"),
+    ("IMAP_PORT", "70000", "配置错误:IMAP_PORT='70000' 不能大于 65535"),
+    ("PG_POOL_SIZE", "0", "配置错误:PG_POOL_SIZE='0' 不能小于 1"),
+    ("LLM_BASE_URL", "api.deepseek.com", "配置错误:LLM_BASE_URL='api.deepseek.com' 不是合法的网址"
+                                         "(要以 http:// 或 https:// 开头,后面是主机名)"),
+    ("SLACK_WEBHOOK_URL", "hooks.slack.com/services/T0/B0/secret", "配置错误:SLACK_WEBHOOK_URL='hooks.slack.com/…' "
+                                                                   "不是合法的网址(要以 http:// 或 https:// 开头,后面是主机名)"),
+    ("CHECKPOINT_DURABILITY", "fast", "配置错误:CHECKPOINT_DURABILITY='fast',只能是 async、exit、sync 之一"),
+])
+def test_value_refuses_a_wrong_setting_with_the_same_message_as_the_helpers(monkeypatch, name, raw, message):
+    monkeypatch.setenv(name, raw)
+    with pytest.raises(SystemExit) as e:
+        config.value(name)
+    assert str(e.value) == message
 
 
 @pytest.mark.parametrize("encoding", ["utf-8", "utf-8-sig"])
