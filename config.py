@@ -240,9 +240,8 @@ def hide_password(text: str) -> str:
 
 
 def url(name: str, default: str = "", *, secret: bool = False) -> str:
-    """读一个 http(s) 网址设置(没设置时是 default,可以为空)。不是 http:// 或 https:// 开头、没有主机名、
-    端口不是数字时以 SystemExit 退出,说明是哪一项 —— 不然要等到真的去连时,才报一个像是「对方没开」的错。
-    secret=True:网址本身就是密钥(Slack webhook 的路径),错误信息里只露出开头。"""
+    """读一个 http(s) 网址设置(没设置时是 default,可以为空)。写错时以 SystemExit 退出,说明是哪一项,不用等到真的
+    去连时才报一个像是「对方没开」的错。secret=True:网址本身就是密钥(Slack webhook 的路径),报错时只露出开头。"""
     raw = get(name, default)
     if not raw:
         return raw
@@ -289,9 +288,8 @@ def proxy_note(url: str) -> str:
 
 
 def hostname_problem(host: str) -> str:
-    """主机名 idna 编不出来时说明原因,编得出来时是空串。连网时 socket 要先把主机名编成 idna:a..b、.a、超过 63 个字符的
-    一段、U+0080 这样的控制字符,不在读设置时拦下,就要等到真的去连时才是一个 UnicodeError 的 traceback
-    (worker 还把它当成暂时性错误,每领一次事件用掉一次尝试)。"""
+    """主机名编不成 idna 时说明原因,编得出来时是空串。a..b、.a、超过 63 个字符的一段、U+0080 这样的字符在读设置时拦下,
+    不然要到真的去连时才是 UnicodeError 的 traceback(worker 还把它当暂时性错误,每次用掉一次尝试)。"""
     try:
         host.encode("idna")
         return ""
@@ -386,9 +384,8 @@ def _chinese_usage(text: str) -> str:
 # ---------------------------------------------------------------- 程序入口
 INTERRUPTED = "已中断(Ctrl-C)"
 
-# 进程启动时 SIGINT 是不是本来就被忽略:shell 脚本里用 & 放到后台的程序就是这样(没有作业控制的 shell 让后台作业不理
-# SIGINT,uv run 也照样传下去),终端上的 Ctrl-C 是给前台那个命令的,不该停下它。在导入这个模块时读,也就是在任何程序
-# 装自己的处理函数之前(worker、收件箱都先导入 config)
+# 进程启动时 SIGINT 是不是本来就被忽略:shell 脚本里用 & 放到后台的程序就是这样(uv run 也照样传下去),终端上的 Ctrl-C
+# 是给前台命令的,不该停下它。在导入时读,也就是在任何程序装自己的处理函数之前(worker、收件箱都先导入 config)
 SIGINT_IGNORED_AT_START = signal.getsignal(signal.SIGINT) is signal.SIG_IGN
 
 
@@ -418,10 +415,9 @@ def interrupts_as_usual() -> None:
 
 
 def ignore_stop_signals() -> None:
-    """从这里起 Ctrl-C、SIGTERM 都不理。要退出、正在收拾时用:`uv run` 会把发给整个进程组的信号(终端外的 Ctrl-C、
-    systemd 停服务、kill -- -PGID)再转发一次,进程收到两次。第二次落在收拾的途中,收拾就断在一半(临时目录没删);
-    落在解释器退出的途中更糟:Python 这时把装过的处理函数换回默认,进程被信号直接结束,退出码成了 143 / 130。
-    「不理」(SIG_IGN)在退出途中也不会被换回来。"""
+    """从这里起 Ctrl-C、SIGTERM 都不理,要退出、正在收拾时用。`uv run` 会把发给进程组的信号(终端外的 Ctrl-C、systemd
+    停服务、kill -- -PGID)再转发一次:第二次落在收拾途中,收拾断在一半(临时目录没删);落在解释器退出途中,Python 已把
+    处理函数换回默认,进程被信号结束(退出码 143 / 130)。SIG_IGN 在退出途中不会被换回来。"""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
@@ -434,13 +430,12 @@ def interrupt_once(_signum=None, _frame=None) -> None:
 
 def run(main, *args) -> None:
     """sys.exit(main(*args)),再加两种不该有 traceback 的退出:
-    - 看输出的一方提前走了(… | head):照 Python 文档 signal 一节的做法安静退出,退出码 141,和被 SIGPIPE 结束的
-      cat、grep 一样。stdout 先指到 /dev/null:Python 退出时还要再冲一次缓冲区,不然又是一段「Exception ignored」。
-      冲缓冲区放在这里(而不是退出时),写不出去才会在这里被发现。
-    - main() 自己没有接住的 Ctrl-C:一行「已中断(Ctrl-C)」、退出码 130。做到一半的都是一个个事务,没有提交的不算。
-      Ctrl-C 只抛一次(interrupt_once):连按两下、或者 uv run 再转发一次的 SIGINT 不会在收拾或退出的途中
-      把进程结束(退出码 -2)。SIGINT 本来就被忽略(从脚本里放到后台跑)时仍然不理;自己装了处理函数的程序
-      (worker、收件箱)这里不动,它们用 handle_stop_signals() 装,本来不理的也仍然不理。"""
+    - 看输出的一方提前走了(… | head):照 Python 文档 signal 一节安静退出,退出码 141(和被 SIGPIPE 结束的 cat 一样)。
+      stdout 先指到 /dev/null,不然 Python 退出时再冲一次缓冲区,又是一段「Exception ignored」;缓冲区在这里冲,
+      写不出去才在这里发现。
+    - main() 没接住的 Ctrl-C:一行「已中断(Ctrl-C)」、退出码 130(做到一半的都是没提交的事务)。Ctrl-C 只抛一次
+      (interrupt_once),连按两下、uv run 再转发一次的 SIGINT 不会在收拾或退出途中把进程结束(退出码 -2)。
+      SIGINT 本来就被忽略(后台跑)时仍然不理;用 handle_stop_signals() 自己装了处理函数的程序(worker、收件箱)这里不动。"""
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
         signal.signal(signal.SIGINT, interrupt_once)
     # 标准输出写进文件(cron 的 >> cron.log 2>&1)时 Python 攒满一块才写,不带缓冲的标准错误就跑到了前面:
