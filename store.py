@@ -140,13 +140,11 @@ DIALECTS = {
         "time": "TEXT",                                          # 没有时间类型:统一格式的字符串
         "serial": "INTEGER PRIMARY KEY AUTOINCREMENT",
         "begin": "BEGIN IMMEDIATE",                              # 一开始就拿写锁
-        "skip_locked": "",                                       # 单写者:整条 UPDATE 本来就是原子的
     },
     "postgres": {
         "time": "TIMESTAMPTZ",
         "serial": "BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY",
         "begin": "BEGIN",
-        "skip_locked": "FOR UPDATE SKIP LOCKED",                 # 别的 worker 锁着的行跳过,不排队等
     },
 }
 PG_POOL_SIZE = 10  # 个(至少 1);每个连接池最多开几个连接(比 worker 的并发数小时,线程排队等连接);一个进程最多三个池:等落盘的、不等落盘的、checkpoint
@@ -257,11 +255,6 @@ def biz_target() -> Path | None:
     """业务库在哪,给 connect() / opened() / transaction():设了 DATABASE_URL 时是同一个 PostgreSQL 库(None),
     几台机器上的 worker 都读得到邮件轮询建的工单;否则是 BIZ_DB 指的 SQLite 文件(课文的 cloudledger.db)。"""
     return None if database_url() else biz_db()
-
-
-def sql(name: str) -> str:
-    """按当前数据库填好差异处的 SQL(SCHEMA、CLAIM_SQL)。"""
-    return globals()[name].format(**DIALECTS[dialect()])
 
 
 def connect(path: Path | str | None = None, *, durable: bool = True):
@@ -409,7 +402,7 @@ def init() -> None:
                 # 不然只有读写权限的用户在这里照样执行 DDL、被拒绝,虽然表已经都在了
                 built_meanwhile = pg_nothing_to_build(conn)
                 if not built_meanwhile:
-                    conn.executescript(sql("SCHEMA"))
+                    conn.executescript(SCHEMA.format(**DIALECTS["postgres"]))
                     if not conn.execute(PG_HAS_WAITING_SINCE).fetchone():
                         conn.execute(f"ALTER TABLE events ADD COLUMN waiting_since {DIALECTS['postgres']['time']}")
                         conn.execute(BACKFILL_WAITING_SINCE)
@@ -427,7 +420,7 @@ def init() -> None:
                 raise SystemExit(moved_away(events_db(), *moved))
             if problem := foreign_table(conn):
                 raise SystemExit(problem)
-            conn.executescript(sql("SCHEMA"))
+            conn.executescript(SCHEMA.format(**DIALECTS["sqlite"]))
             have = events_columns(conn)
     # 每个程序都先 init():路径设错了、指到了不是数据库的文件(DatabaseError),在这里一行说清楚,什么都还没做
     except sqlite3.DatabaseError as e:
@@ -1109,7 +1102,22 @@ WHERE event_id = (
             WHERE ticket_id IS NOT NULL AND (status = 'processing' OR (status = 'pending' AND not_before > ?))))
     ORDER BY received_at, event_id
     LIMIT 1
-    {skip_locked}
+)
+RETURNING event_id, kind, payload, attempts, ticket_id, last_error, updated_at
+"""
+# PostgreSQL(练习 6):同一条语句,挑选时跳过别的 worker 正锁着的行,不排队等它们
+CLAIM_SQL_POSTGRES = """
+UPDATE events SET status = 'processing', attempts = attempts + 1, claimed_by = ?, updated_at = ?
+WHERE event_id = (
+    SELECT event_id FROM events
+    WHERE status = 'pending'
+      AND (not_before IS NULL OR not_before <= ?)
+      AND (ticket_id IS NULL OR ticket_id NOT IN
+           (SELECT ticket_id FROM events
+            WHERE ticket_id IS NOT NULL AND (status = 'processing' OR (status = 'pending' AND not_before > ?))))
+    ORDER BY received_at, event_id
+    LIMIT 1
+    FOR UPDATE SKIP LOCKED
 )
 RETURNING event_id, kind, payload, attempts, ticket_id, last_error, updated_at
 """
@@ -1130,7 +1138,8 @@ def claim(owner: str | None = None) -> dict | None:
     等于绕过退避(上游每通知一次就多调一次模型)。"""
     for _ in range(CLAIM_TRIES):
         with opened(durable=False) as conn:
-            cur = _unless_ticket_taken(conn, sql("CLAIM_SQL"), claim_args(owner or worker_id(), now()))
+            query = CLAIM_SQL_POSTGRES if dialect() == "postgres" else CLAIM_SQL
+            cur = _unless_ticket_taken(conn, query, claim_args(owner or worker_id(), now()))
             if cur is not None:
                 row = cur.fetchone()
                 return dict(row) if row else None

@@ -462,7 +462,7 @@ def test_a_read_write_user_waiting_while_the_owner_builds_the_tables_uses_them_i
                 proc = subprocess.Popen([sys.executable, "-c", script], cwd=LAB, env={**lab, "DATABASE_URL": url},
                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
                 waiting_for(owner_url, user, "pg_advisory_xact_lock")
-                conn.executescript(store.sql("SCHEMA"))
+                conn.executescript(store.SCHEMA.format(**store.DIALECTS["postgres"]))
                 conn.execute(store.ONE_PROCESSING_PER_TICKET)
                 # 在同一个事务里给权限(一起提交):放开锁之前就给好,不然等着的程序先看到没权限的表,说缺什么权限
                 conn.execute(f"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA {schema_of(owner_url)} TO {user}")

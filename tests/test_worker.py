@@ -1248,7 +1248,7 @@ def test_two_claims_racing_for_one_ticket_on_postgres_give_it_to_one_worker(pg_l
     got = {}
     with psycopg.connect(pg_lab["DATABASE_URL"]) as other, \
             psycopg.connect(pg_lab["DATABASE_URL"], autocommit=True) as watcher:  # other 不是 autocommit:领取停在提交之前
-        claimed = other.execute(store.sql("CLAIM_SQL").replace("?", "%s"),
+        claimed = other.execute(store.CLAIM_SQL_POSTGRES.replace("?", "%s"),
                                 store.claim_args("other-worker", store.now())).fetchone()
         assert claimed[0] == "evt_a"
         racer = threading.Thread(target=lambda: got.update(event=store.claim("this-worker")))
