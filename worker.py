@@ -41,6 +41,11 @@ if __name__ == "__main__":
     config.handle_stop_signals(stop_while_importing, stop_while_importing)
 
 import store  # noqa: E402 —— 上面先装好信号处理,再做慢的导入
+import store_biz  # noqa: E402
+import store_errors  # noqa: E402
+import store_events  # noqa: E402
+import store_pg  # noqa: E402
+import worker_owner  # noqa: E402
 from agent import (FINISHED, PermanentError, finished_status, interrupted_status, is_permanent,  # noqa: E402
                    known_new, open_graph, thread_of)
 from agent import check_settings as graph_settings  # noqa: E402
@@ -61,6 +66,79 @@ MAX_CONCURRENCY = 256       # 个;每个都是一个线程,再多也只是一起
 #   sync:每走完一个节点写一次,写完才走下一个。
 CHECKPOINT_DURABILITY = "async"
 DURABILITIES = ("async", "exit", "sync")
+
+
+CLAIM_SQL = """
+UPDATE events SET status = 'processing', attempts = attempts + 1, claimed_by = ?, updated_at = ?
+WHERE event_id = (
+    SELECT event_id FROM events
+    WHERE status = 'pending'
+      AND (not_before IS NULL OR not_before <= ?)
+      AND (ticket_id IS NULL OR ticket_id NOT IN
+           (SELECT ticket_id FROM events
+            WHERE ticket_id IS NOT NULL AND (status = 'processing' OR (status = 'pending' AND not_before > ?))))
+    ORDER BY received_at, event_id
+    LIMIT 1
+)
+RETURNING event_id, kind, payload, attempts, ticket_id, last_error, updated_at
+"""
+# PostgreSQL(练习 6):同一条语句,挑选时跳过别的 worker 正锁着的行,不排队等它们
+CLAIM_SQL_POSTGRES = """
+UPDATE events SET status = 'processing', attempts = attempts + 1, claimed_by = ?, updated_at = ?
+WHERE event_id = (
+    SELECT event_id FROM events
+    WHERE status = 'pending'
+      AND (not_before IS NULL OR not_before <= ?)
+      AND (ticket_id IS NULL OR ticket_id NOT IN
+           (SELECT ticket_id FROM events
+            WHERE ticket_id IS NOT NULL AND (status = 'processing' OR (status = 'pending' AND not_before > ?))))
+    ORDER BY received_at, event_id
+    LIMIT 1
+    FOR UPDATE SKIP LOCKED
+)
+RETURNING event_id, kind, payload, attempts, ticket_id, last_error, updated_at
+"""
+
+
+def claim_args(owner: str, stamp_: str) -> tuple:
+    """CLAIM_SQL 的参数:谁领的、现在(领取时间、退避到期了没有、同一张工单还在不在退避)。"""
+    return owner, stamp_, stamp_, stamp_
+
+
+CLAIM_TRIES = 5  # 次;每撞一次,说明别人刚领了同一张工单的事件;再挑时看得见它。连撞几次就等下一轮
+
+
+def claim(owner: str | None = None) -> dict | None:
+    """原子地领一个到点的 pending 事件:挑选和标记在同一条语句里,两个 worker 不会领到同一个。
+    同一张工单已经有事件在处理时先不领它,免得两个 worker 同时往一个 thread 里写(见 ONE_PROCESSING_PER_TICKET);
+    有事件失败了、还在退避时也不领它的别的事件:一张工单一个 thread,别的事件领走了也是接着那个失败的节点再跑一遍,
+    等于绕过退避(上游每通知一次就多调一次模型)。"""
+    for _ in range(CLAIM_TRIES):
+        with store.opened(durable=False) as conn:
+            query = CLAIM_SQL_POSTGRES if store.dialect() == "postgres" else CLAIM_SQL
+            cur = worker_owner._unless_ticket_taken(conn, query, claim_args(owner or worker_owner.worker_id(), store.now()))
+            if cur is not None:
+                row = cur.fetchone()
+                return dict(row) if row else None
+    return None
+
+
+def requeue_stale(minutes: float) -> int:
+    """把卡在 processing 的事件放回 pending(见 hand_to_worker)。
+    本机的进程:已经死了的马上放回,还活着的不动(STALE_MINUTES=0 重启时也不会抢别人正在做的);
+    别的机器上的进程看不到死活,只能按时间:超过 minutes 分钟没动静才放回。"""
+    cutoff = store.minutes_from_now(-minutes)
+    with store.transaction() as conn:
+        rows = conn.execute(
+            "SELECT event_id, claimed_by, updated_at FROM events WHERE status = 'processing'"
+        ).fetchall()
+        stale = [r for r in rows
+                 if (state := worker_owner._owner_state(r["claimed_by"], conn)) == "dead"
+                 or (state == "unknown" and store.parse_time(r["updated_at"]) <= store.parse_time(cutoff))]
+        # 只放回刚才看过的那一次领取(同一个领的人、同一个时间):PostgreSQL 上 SELECT 不锁行,两个 worker 同时来放回时,
+        # 一个放回、第三个马上领走,另一个原来接着把这次新的、活着的领取也放回了,同一张工单两个 worker 同时起草
+        return sum(worker_owner.hand_to_worker(r["event_id"], r["claimed_by"], conn=conn, updated_at=r["updated_at"])
+                   for r in stale)
 
 
 def payload_ticket(ev: dict) -> str:
@@ -116,7 +194,7 @@ def read_settings() -> None:
 def check_settings() -> None:
     """配置错了启动时就退出(还没领任何事件),别等领到事件、用掉一次尝试才发现。"""
     read_settings()
-    if problem := store.biz_db_problem():  # 业务库还没建(课文假设它已经在了)
+    if problem := store_biz.biz_db_problem():  # 业务库还没建(课文假设它已经在了)
         raise SystemExit(problem)
 
 
@@ -132,17 +210,17 @@ def handle(graph, ev: dict) -> str:
         # 这张工单已经处理完了:上游换了个 event_id 又通知了一次,或者收件箱命令走完了图、没来得及改事件状态就没了
         # (交回来的是它)。人选了不回的照样是 ignored:原来一律 done,日报和事件表里这张工单就成了处理过
         return finished_status(outcome)
-    if ev["attempts"] > max_attempts() and ev.get("last_error") == store.REQUEUED_STALE:
+    if ev["attempts"] > max_attempts() and ev.get("last_error") == worker_owner.REQUEUED_STALE:
         # 普通的失败到了 MAX_ATTEMPTS 就进死信,领的次数超过它,只能是上一次处理到一半进程没了。
         # 每次都让 worker 崩溃的事件(太大、触发了 bug)不能无限循环、每圈都调一次模型
-        command = store.requeue_dead_command([ev["event_id"]])
+        command = store_events.requeue_dead_command([ev["event_id"]])
         raise PermanentError(f"领了 {ev['attempts']} 次都没做完,超过 MAX_ATTEMPTS={max_attempts()}:最后一次处理到一半"
                              f"进程没了(被杀、崩溃或卡住),多半是这个事件让 worker 崩溃;查清原因后运行 {command}", command)
-    if any(t.name == "draft" for t in snap.tasks) and (dead := store.dead_events_of(ticket_id, ev["event_id"])):
+    if any(t.name == "draft" for t in snap.tasks) and (dead := store_events.dead_events_of(ticket_id, ev["event_id"])):
         # 同一张工单的事件在起草时进了死信:续跑就是接着那里再来一遍(新事件不带新输入),只会再失败、再调模型。
         # MAX_ATTEMPTS 按事件算,上游每换一个 event_id 再通知一次,就又多 MAX_ATTEMPTS 次模型调用;这里按工单挡住。
         # 停在 load 的(工单当时还不存在)照常续跑:不调模型,工单现在可能已经有了
-        command = store.requeue_dead_command([*dead, ev["event_id"]])
+        command = store_events.requeue_dead_command([*dead, ev["event_id"]])
         raise PermanentError(f"同一张工单的 {' '.join(dead)} 在死信里,这个事件不再接着跑;查清原因后运行 {command}",
                              command, *dead)
     if snap.tasks:
@@ -174,7 +252,7 @@ def process(graph, ev: dict, owner: str) -> str:
     try:
         status = handle(graph, ev)
     except Exception as e:  # noqa: BLE001 —— 任何错误都要落到事件表里,不能让 worker 死掉
-        if store.temporary(e):
+        if store_errors.temporary(e):
             # 数据库暂时用不了(图里写 checkpoint 时库被别人锁着超过 BUSY_TIMEOUT_S、PostgreSQL 的连接被掐断……):不是这个
             # 事件的错,不算它的一次失败。原来和模型出错一样记一次、退避,三次就进了死信;现在交给 run() / main():
             # 说一行,这个事件交回队列(attempts 不变),隔一会儿再试
@@ -182,7 +260,7 @@ def process(graph, ev: dict, owner: str) -> str:
         failed = e
         status = "dead" if is_permanent(e) or ev["attempts"] >= max_attempts() else "pending"
         not_before = store.minutes_from_now(backoff_minutes(ev["attempts"])) if status == "pending" else None
-    requeue = store.requeue_dead_command([ev["event_id"]]) if status == "dead" else None
+    requeue = store_events.requeue_dead_command([ev["event_id"]]) if status == "dead" else None
     why = failed and describe(failed, requeue=requeue)
     kept = store.set_status(ev["event_id"], status, why, not_before=not_before, owner=owner,
                             claimed_at=ev.get("updated_at"))
@@ -199,7 +277,7 @@ def process(graph, ev: dict, owner: str) -> str:
 
 def say_retrying(error: Exception) -> None:
     """常驻模式下数据库用不了(启动时、运行中)时标准错误上的那一行;接着隔 POLL_SECONDS 再试。"""
-    print(f"{store.unavailable(error)},{poll_seconds():g} 秒后再试", file=sys.stderr, flush=True)
+    print(f"{store_errors.unavailable(error)},{poll_seconds():g} 秒后再试", file=sys.stderr, flush=True)
 
 
 class Worker:
@@ -208,7 +286,7 @@ class Worker:
     def __init__(self, concurrency: int | None = None):
         check_settings()
         self.concurrency = concurrency or default_concurrency()
-        self.owner = store.worker_id()
+        self.owner = worker_owner.worker_id()
         # 停止信号只改这几样,不碰任何锁:信号处理函数在主线程上、任意两条字节码之间运行,主线程这时可能正拿着某把锁
         # (threading.Event 的锁:Event.wait 里,或者上一个信号的 Event.set() 里),处理函数再去拿它就是自己等自己。
         # 原来用 Event,发给整个进程组的 SIGTERM(worker 收到两次)偶尔让常驻 worker 永远停不下来
@@ -236,16 +314,16 @@ class Worker:
             if unless_recent and time.monotonic() - self._requeued_at < self.requeue_every_s:
                 return
             self._requeued_at = time.monotonic()
-            if n := store.requeue_stale(stale_minutes()):
+            if n := requeue_stale(stale_minutes()):
                 say(f"放回队列 {n} 个卡住的事件")
         finally:
             self._requeue_lock.release()
 
     def drain(self, done: list) -> None:
         while not self.stopping and not self.round_failed:
-            store.same_checkpoints_or_exit(self.conn)  # 事件库在 claim 里查
+            store_pg.same_checkpoints_or_exit(self.conn)  # 事件库在 claim 里查
             self.requeue(unless_recent=True)
-            if not (ev := store.claim(self.owner)):
+            if not (ev := claim(self.owner)):
                 return
             self.in_hand.add(ev["event_id"])
             if self.stopping:
@@ -271,19 +349,19 @@ class Worker:
         没来得及改状态的,还有领取提交了、回答却因为断线没收到的(它不在 in_hand 里)。只在没有线程还在处理时调用,
         或者(立即退出时)那些线程的事件反正也要交回。"""
         try:
-            handed = store.hand_back_all(self.owner)
-        except store.unavailable_errors():
+            handed = worker_owner.hand_back_all(self.owner)
+        except store_errors.unavailable_errors():
             # 连接被掐断时池里别的连接多半也断了,交回又借到一个死的(原来事件就这么留在 processing,要等按卡住的放回、
             # 还算一次失败):扔掉断了的连接,再试一次。SQLite 不再试:库被锁着的话,再等一个 BUSY_TIMEOUT_S 也多半一样
-            if not store.drop_broken_connections():
+            if not store_pg.drop_broken_connections():
                 raise
-            handed = store.hand_back_all(self.owner)
+            handed = worker_owner.hand_back_all(self.owner)
         for event_id in handed:
             print(f"{event_id} 交回队列", file=sys.stderr, flush=True)
         self.in_hand.clear()
 
     def give_back(self, event_id: str) -> None:
-        if store.hand_back(event_id, self.owner):  # 两个线程同时交回同一个:只有一个改得成、说一行
+        if worker_owner.hand_back(event_id, self.owner):  # 两个线程同时交回同一个:只有一个改得成、说一行
             print(f"{event_id} 交回队列", file=sys.stderr, flush=True)
 
     def run_once(self) -> list[tuple[str, str]]:
@@ -313,7 +391,7 @@ class Worker:
                     self.hand_back()
                     troubled = False
                 busy = self.run_once()
-            except store.unavailable_errors() as e:
+            except store_errors.unavailable_errors() as e:
                 # 数据库重启、连接被掐断、库被锁太久:常驻的 worker 不退出,等一会儿再试;手上的事件下一轮交回队列
                 say_retrying(e)
                 busy, troubled = [], True
@@ -323,7 +401,7 @@ class Worker:
         if troubled:
             # 数据库出错之后、下一轮交回之前收到了停止信号:原来直接退出,事件留在 processing,要等别人按卡住的放回、
             # 还算一次失败。数据库还是用不了就算了:那样的事件照旧按卡住的放回
-            with contextlib.suppress(*store.unavailable_errors()):
+            with contextlib.suppress(*store_errors.unavailable_errors()):
                 self.hand_back()
 
     def stop(self, signum: int | None = None, _frame=None) -> None:
@@ -372,10 +450,10 @@ def main(argv: list[str] | None = None) -> int:
         worker = start(args)
         config.handle_stop_signals(worker.stop, worker.stop)
         worker.run_once() if args.once else worker.run()
-    except store.unavailable_errors() as e:  # --once 中途,或者一开始就用不了;常驻模式运行中自己等着再试
-        print(f"{store.unavailable(e)},这一轮停下,下次再跑", file=sys.stderr, flush=True)
+    except store_errors.unavailable_errors() as e:  # --once 中途,或者一开始就用不了;常驻模式运行中自己等着再试
+        print(f"{store_errors.unavailable(e)},这一轮停下,下次再跑", file=sys.stderr, flush=True)
         if worker:
-            with contextlib.suppress(*store.unavailable_errors()):
+            with contextlib.suppress(*store_errors.unavailable_errors()):
                 worker.hand_back()
         return 1
     except KeyboardInterrupt:
@@ -384,10 +462,10 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         try:
             worker.hand_back()
-        except store.unavailable_errors() as e:
+        except store_errors.unavailable_errors() as e:
             # 第二次 Ctrl-C 时数据库正好用不了(被别人锁着超过 BUSY_TIMEOUT_S、PostgreSQL 在重启):交不回去。
             # 原来是一整段 traceback;事件留在 processing,下次启动的 worker 看这个进程没了就放回队列(算一次尝试)
-            print(f"{store.unavailable(e)}:手上的事件没能交回队列,留在处理中;下次启动 worker 时会放回队列",
+            print(f"{store_errors.unavailable(e)}:手上的事件没能交回队列,留在处理中;下次启动 worker 时会放回队列",
                   file=sys.stderr, flush=True)
             sys.stdout.flush()
             os._exit(1)
@@ -409,7 +487,7 @@ def start(args) -> Worker:
     while True:
         try:
             return Worker(args.concurrency)
-        except store.unavailable_errors() as e:
+        except store_errors.unavailable_errors() as e:
             if args.once:
                 raise
             say_retrying(e)
@@ -419,11 +497,11 @@ def start(args) -> Worker:
 def requeue_dead(event_ids: list[str]) -> int:
     store.init()
     if event_ids:
-        dead = {e["event_id"] for e in store.events_by_status("dead")}
+        dead = {e["event_id"] for e in store_events.events_by_status("dead")}
         if missing := [e for e in event_ids if e not in dead]:
             print("这些事件不是死信(不存在,或者状态不是 dead),一个都没动:", " ".join(missing), file=sys.stderr)
             return 1
-    n = store.requeue_dead(event_ids or None)
+    n = store_events.requeue_dead(event_ids or None)
     print(f"已把 {n} 个死信放回队列")
     return 0
 
