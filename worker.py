@@ -14,11 +14,9 @@
 """
 import contextlib
 import json
-import itertools
 import math
 import os
 import queue
-import signal
 import sys
 import threading
 import time
@@ -46,6 +44,7 @@ import store_errors  # noqa: E402
 import store_events  # noqa: E402
 import store_pg  # noqa: E402
 import worker_owner  # noqa: E402
+import worker_pool  # noqa: E402
 from agent import (FINISHED, PermanentError, finished_status, interrupted_status, is_permanent,  # noqa: E402
                    known_new, open_graph, thread_of)
 from agent import check_settings as graph_settings  # noqa: E402
@@ -55,17 +54,6 @@ MAX_ATTEMPTS = 3            # 次(1–20);暂时性失败最多试几次,之后�
 STALE_MINUTES = 10          # 分钟(0–525600);processing 超过这么久、处理它的进程也不在了,就放回队列(可以是 0 或小数)
 BACKOFF_BASE_MINUTES = 1    # 分钟(0–1440);第 n 次失败后等 BASE × 2^n 分钟再试(练习 3);测试里调小
 POLL_SECONDS = 2            # 秒(0.01–3600);常驻模式下没事件时隔多久再看;一直有事件时,也隔这么久查一次卡住的事件
-CONCURRENCY = 1             # 个(1–256);一个 worker 同时处理几个事件
-MAX_CONCURRENCY = 256       # 个;每个都是一个线程,再多也只是一起等模型,内存和数据库连接先不够了
-# worker 跑图时 checkpoint 什么时候写(LangGraph 的 durability);收件箱恢复 thread 时总是用 sync(见 inbox.py)。
-#   async(默认,和课文一样):每走完一个节点写一次(后台线程写,这次运行结束前等它写完)。
-#         被 kill -9 的工单,重启后从被杀时所在的节点接着跑。
-#   exit:这次运行停下时(进了收件箱、出错、做完)才写一次。出错照样从失败的节点续跑(出错退出时也写);
-#         但被 kill -9 时,这次运行里走过的节点都没记下:新工单重启后 load 再读一遍工单、draft 再调一次模型
-#         (被杀时模型多半还没回答,这次调用反正白费)。PostgreSQL 上一个事件少 6 次写入,见 README「性能与可靠性」。
-#   sync:每走完一个节点写一次,写完才走下一个。
-CHECKPOINT_DURABILITY = "async"
-DURABILITIES = ("async", "exit", "sync")
 
 
 CLAIM_SQL = """
@@ -155,14 +143,6 @@ def payload_ticket(ev: dict) -> str:
     return ticket_id
 
 
-def durability() -> str:
-    """CHECKPOINT_DURABILITY 的值;不认识的值是配置错误,worker 启动时就退出(还没领任何事件)。"""
-    value = config.get("CHECKPOINT_DURABILITY", CHECKPOINT_DURABILITY)
-    if value not in DURABILITIES:
-        raise SystemExit(f"配置错误:CHECKPOINT_DURABILITY={value!r},只能是 {'、'.join(DURABILITIES)} 之一")
-    return value
-
-
 def max_attempts() -> int:
     return config.integer("MAX_ATTEMPTS", MAX_ATTEMPTS, minimum=1, maximum=20)
 
@@ -180,13 +160,9 @@ def poll_seconds() -> float:
     return config.number("POLL_SECONDS", POLL_SECONDS, minimum=0.01, maximum=3600)
 
 
-def default_concurrency() -> int:
-    return config.integer("WORKER_CONCURRENCY", CONCURRENCY, minimum=1, maximum=MAX_CONCURRENCY)
-
-
 def read_settings() -> None:
     """worker 要用的设置都读一遍,哪一项不对就以 SystemExit("配置错误:…") 退出。"""
-    for read in (durability, max_attempts, lambda: backoff_minutes(0), stale_minutes, poll_seconds, default_concurrency,
+    for read in (worker_pool.durability, max_attempts, lambda: backoff_minutes(0), stale_minutes, poll_seconds, worker_pool.default_concurrency,
                  graph_settings):
         read()
 
@@ -227,23 +203,14 @@ def handle(graph, ev: dict) -> str:
         # 崩溃的 thread:checkpoint 停在失败的节点前面。不给新输入,从那里接着跑。
         # 看 tasks 不看 next:节点的结果写下了、下一个 checkpoint 还没写就被杀时,next 是空的(那个任务已经有结果),
         # tasks 里还有它;续跑时 LangGraph 直接用写下的结果,不重跑这个节点
-        result = graph.invoke(None, cfg, durability=durability())
+        result = graph.invoke(None, cfg, durability=worker_pool.durability())
     else:
         empty = snap.created_at is None  # 没有任何 checkpoint:新工单(最常见的情况)
         result = graph.invoke({"ticket_id": ticket_id, "kind": ev["kind"]}, known_new(cfg) if empty else cfg,
-                              durability=durability())
+                              durability=worker_pool.durability())
     if "__interrupt__" in result:
         return "waiting_human"
     return finished_status(result.get("outcome"))
-
-
-_say_lock = threading.Lock()
-
-
-def say(line: str) -> None:
-    """几个线程同时打印时一行一行地出来:print 的几段和换行是分开写的,不加锁会拼在一起。"""
-    with _say_lock:
-        print(line, flush=True)
 
 
 def process(graph, ev: dict, owner: str) -> str:
@@ -267,11 +234,11 @@ def process(graph, ev: dict, owner: str) -> str:
     # 慢到被放回队列、又被别人领走了:不覆盖,说一声(成功、失败都一样;原来失败时照样说「→ dead」,表里却没改)
     moved = "" if kept else "(这期间事件被放回了队列,状态留给接手的 worker 改)"
     if failed is None:
-        say(f"{ev['event_id']} → {status}{moved}")
+        worker_pool.say(f"{ev['event_id']} → {status}{moved}")
     else:
         shown = str(failed) if isinstance(failed, PermanentError) else why
         kept = (requeue, *getattr(failed, "kept", ()))  # 让人照着敲的命令、事件 id 不打码
-        say(f"{ev['event_id']} 第 {ev['attempts']} 次失败 → {status}{moved}: {mask_pii(shown, keep=kept)}")
+        worker_pool.say(f"{ev['event_id']} 第 {ev['attempts']} 次失败 → {status}{moved}: {mask_pii(shown, keep=kept)}")
     return status
 
 
@@ -280,29 +247,19 @@ def say_retrying(error: Exception) -> None:
     print(f"{store_errors.unavailable(error)},{poll_seconds():g} 秒后再试", file=sys.stderr, flush=True)
 
 
-class Worker:
+class Worker(worker_pool.WorkerBase):
     """run() 一直循环;run_once() 把现在能领的都处理完,返回 [(event_id, 新状态)]。"""
 
     def __init__(self, concurrency: int | None = None):
         check_settings()
-        self.concurrency = concurrency or default_concurrency()
+        self.concurrency = concurrency or worker_pool.default_concurrency()
         self.owner = worker_owner.worker_id()
-        # 停止信号只改这几样,不碰任何锁:信号处理函数在主线程上、任意两条字节码之间运行,主线程这时可能正拿着某把锁
-        # (threading.Event 的锁:Event.wait 里,或者上一个信号的 Event.set() 里),处理函数再去拿它就是自己等自己。
-        # 原来用 Event,发给整个进程组的 SIGTERM(worker 收到两次)偶尔让常驻 worker 永远停不下来
-        self.stopping = False
-        self._stop_signals = itertools.count()  # next() 是一次 C 调用,中间插不进别的信号:谁拿到 0 谁是第一个
-        self._wake = queue.SimpleQueue()        # 空闲时在它上面等;put() 可重入,信号处理函数里可以用
-        self.in_hand: set[str] = set()
-        self.round_failed = False  # 这一轮有个处理线程碰上数据库出错:别的线程做完手上的就停,不再领新的
+        super().__init__()
         self.requeue_every_s = poll_seconds()
         self._requeue_lock = threading.Lock()
         self._requeued_at = -math.inf
         store.init()
         self.graph, self.conn = open_graph()
-
-    def close(self) -> None:
-        self.conn.close()
 
     def requeue(self, *, unless_recent: bool = False) -> None:
         """放回卡住的事件。unless_recent:上次查过还不到 POLL_SECONDS 就不查(处理线程每领一个事件前都来问一次;
@@ -315,7 +272,7 @@ class Worker:
                 return
             self._requeued_at = time.monotonic()
             if n := requeue_stale(stale_minutes()):
-                say(f"放回队列 {n} 个卡住的事件")
+                worker_pool.say(f"放回队列 {n} 个卡住的事件")
         finally:
             self._requeue_lock.release()
 
@@ -334,35 +291,6 @@ class Worker:
                 return
             done.append((ev["event_id"], process(self.graph, ev, self.owner)))
             self.in_hand.discard(ev["event_id"])
-
-    def drain_or_end_round(self, done: list) -> None:
-        """几个处理线程之一:drain(),出错时让别的线程也停下。原来一个线程碰上数据库出错(「这一轮停下」),
-        别的线程照样把队列领完、起草完,说停下的这一轮其实一直做到了底(常驻模式也要等到这时才隔一会儿再试)。"""
-        try:
-            self.drain(done)
-        except BaseException:
-            self.round_failed = True
-            raise
-
-    def hand_back(self) -> None:
-        """把这个进程名下还在 processing 的事件交回队列(这次不算一次失败):立即退出时手上还没做完的、数据库出错时
-        没来得及改状态的,还有领取提交了、回答却因为断线没收到的(它不在 in_hand 里)。只在没有线程还在处理时调用,
-        或者(立即退出时)那些线程的事件反正也要交回。"""
-        try:
-            handed = worker_owner.hand_back_all(self.owner)
-        except store_errors.unavailable_errors():
-            # 连接被掐断时池里别的连接多半也断了,交回又借到一个死的(原来事件就这么留在 processing,要等按卡住的放回、
-            # 还算一次失败):扔掉断了的连接,再试一次。SQLite 不再试:库被锁着的话,再等一个 BUSY_TIMEOUT_S 也多半一样
-            if not store_pg.drop_broken_connections():
-                raise
-            handed = worker_owner.hand_back_all(self.owner)
-        for event_id in handed:
-            print(f"{event_id} 交回队列", file=sys.stderr, flush=True)
-        self.in_hand.clear()
-
-    def give_back(self, event_id: str) -> None:
-        if worker_owner.hand_back(event_id, self.owner):  # 两个线程同时交回同一个:只有一个改得成、说一行
-            print(f"{event_id} 交回队列", file=sys.stderr, flush=True)
 
     def run_once(self) -> list[tuple[str, str]]:
         self.requeue()
@@ -404,36 +332,20 @@ class Worker:
             with contextlib.suppress(*store_errors.unavailable_errors()):
                 self.hand_back()
 
-    def stop(self, signum: int | None = None, _frame=None) -> None:
-        if next(self._stop_signals):
-            # 再来的 SIGTERM 不改主意:发给整个进程组的 SIGTERM(systemd 停服务、kill -- -PGID),uv run 还会再转发一次,
-            # worker 收到两次,原来第二次就被当成「立即退出」。手上没有事件时也不用抢:马上就退出了(原来正在收尾时
-            # 收到第二个信号会带着 traceback 退出)
-            if signum == signal.SIGTERM or not self.in_hand:
-                return
-            raise KeyboardInterrupt  # 第二次 Ctrl-C:不等了
-        # 先记下「在停了」再说出来:第二个信号可能在 print 途中就到(Python 在这个函数的字节码之间就会再调它)。
-        # 原来先 print 后 set,看到这一行马上再按一次 Ctrl-C,第二次被当成第一次,这一行说了两遍,worker 不退出
-        self.stopping = True
-        self._wake.put(signum)
-        # 从脚本里放到后台跑、本来就不理 Ctrl-C 的 worker(config.SIGINT_IGNORED_AT_START):「再按一次 Ctrl-C」对它没用,不说
-        hint = "" if config.SIGINT_IGNORED_AT_START else "(再按一次 Ctrl-C 立即退出,手上的事件交回队列)"
-        print(f"收到停止信号:做完手上的事件就退出{hint}", file=sys.stderr, flush=True)
-
 
 def main(argv: list[str] | None = None) -> int:
     parser = config.ArgumentParser(description="后台 worker:领事件、跑 Agent")
     parser.add_argument("--once", action="store_true", help="把现在能领的事件处理完就退出")
     parser.add_argument("--concurrency", type=int, default=None,
-                        help=f"同时处理几个事件(不给时用 WORKER_CONCURRENCY,默认 {CONCURRENCY})")
+                        help=f"同时处理几个事件(不给时用 WORKER_CONCURRENCY,默认 {worker_pool.CONCURRENCY})")
     # extend:--requeue-dead 写了两次时 id 合在一起(原来只留最后一次的:前面的 id 不查也不放,最后一个不带 id 的还成了「全部」)
     parser.add_argument("--requeue-dead", nargs="*", action="extend", metavar="EVENT_ID",
                         help="把死信放回队列,不给 id 就是全部")
     args = parser.parse_args(argv)
     if args.concurrency is not None and args.concurrency < 1:
         parser.error("--concurrency 至少是 1")
-    if args.concurrency is not None and args.concurrency > MAX_CONCURRENCY:
-        parser.error(f"--concurrency 最多是 {MAX_CONCURRENCY}")
+    if args.concurrency is not None and args.concurrency > worker_pool.MAX_CONCURRENCY:
+        parser.error(f"--concurrency 最多是 {worker_pool.MAX_CONCURRENCY}")
     if any(not e.strip() for e in args.requeue_dead or ()):  # --requeue-dead "$ID",变量是空的
         parser.error("--requeue-dead 后面的事件号不能是空的(不给事件号才是全部)")
     if args.requeue_dead is not None and (args.once or args.concurrency is not None):
