@@ -50,10 +50,23 @@ from agent import (FINISHED, PermanentError, finished_status, interrupted_status
 from agent import check_settings as graph_settings  # noqa: E402
 from llm import describe, mask_pii  # noqa: E402
 
+
 MAX_ATTEMPTS = 3            # 次(1–20);暂时性失败最多试几次,之后进死信
 STALE_MINUTES = 10          # 分钟(0–525600);processing 超过这么久、处理它的进程也不在了,就放回队列(可以是 0 或小数)
-BACKOFF_BASE_MINUTES = 1    # 分钟(0–1440);第 n 次失败后等 BASE × 2^n 分钟再试(练习 3);测试里调小
 POLL_SECONDS = 2            # 秒(0.01–3600);常驻模式下没事件时隔多久再看;一直有事件时,也隔这么久查一次卡住的事件
+CLAIM_TRIES = 5  # 次;每撞一次,说明别人刚领了同一张工单的事件;再挑时看得见它。连撞几次就等下一轮
+
+
+def max_attempts() -> int:
+    return config.integer("MAX_ATTEMPTS", MAX_ATTEMPTS, minimum=1, maximum=20)
+
+
+def stale_minutes() -> float:
+    return config.number("STALE_MINUTES", STALE_MINUTES, minimum=0, maximum=525600)
+
+
+def poll_seconds() -> float:
+    return config.number("POLL_SECONDS", POLL_SECONDS, minimum=0.01, maximum=3600)
 
 
 CLAIM_SQL = """
@@ -70,6 +83,9 @@ WHERE event_id = (
 )
 RETURNING event_id, kind, payload, attempts, ticket_id, last_error, updated_at
 """
+
+
+# ---- 练习 6:PostgreSQL 上领事件用 FOR UPDATE SKIP LOCKED ----
 # PostgreSQL(练习 6):同一条语句,挑选时跳过别的 worker 正锁着的行,不排队等它们
 CLAIM_SQL_POSTGRES = """
 UPDATE events SET status = 'processing', attempts = attempts + 1, claimed_by = ?, updated_at = ?
@@ -91,9 +107,6 @@ RETURNING event_id, kind, payload, attempts, ticket_id, last_error, updated_at
 def claim_args(owner: str, stamp_: str) -> tuple:
     """CLAIM_SQL 的参数:谁领的、现在(领取时间、退避到期了没有、同一张工单还在不在退避)。"""
     return owner, stamp_, stamp_, stamp_
-
-
-CLAIM_TRIES = 5  # 次;每撞一次,说明别人刚领了同一张工单的事件;再挑时看得见它。连撞几次就等下一轮
 
 
 def claim(owner: str | None = None) -> dict | None:
@@ -127,51 +140,6 @@ def requeue_stale(minutes: float) -> int:
         # 一个放回、第三个马上领走,另一个原来接着把这次新的、活着的领取也放回了,同一张工单两个 worker 同时起草
         return sum(worker_owner.hand_to_worker(r["event_id"], r["claimed_by"], conn=conn, updated_at=r["updated_at"])
                    for r in stale)
-
-
-def payload_ticket(ev: dict) -> str:
-    try:
-        payload = json.loads(ev["payload"])
-    except ValueError as e:
-        raise PermanentError(f"payload 不是合法的 JSON:{e}") from None
-    try:
-        ticket_id = payload["data"]["ticket_id"]
-    except (KeyError, TypeError, IndexError) as e:  # 缺键,或者 payload / data 不是对象(列表、字符串……)
-        raise PermanentError(f"payload 格式不对,缺 data.ticket_id:{e!r}") from None
-    if not isinstance(ticket_id, str) or not ticket_id:
-        raise PermanentError(f"payload 格式不对,ticket_id 应该是非空字符串:{ticket_id!r}")
-    return ticket_id
-
-
-def max_attempts() -> int:
-    return config.integer("MAX_ATTEMPTS", MAX_ATTEMPTS, minimum=1, maximum=20)
-
-
-def backoff_minutes(attempts: int) -> float:
-    # 上限让 BASE × 2^20 仍是一个 datetime 算得出的时间
-    return config.number("BACKOFF_BASE_MINUTES", BACKOFF_BASE_MINUTES, minimum=0, maximum=1440) * 2 ** attempts
-
-
-def stale_minutes() -> float:
-    return config.number("STALE_MINUTES", STALE_MINUTES, minimum=0, maximum=525600)
-
-
-def poll_seconds() -> float:
-    return config.number("POLL_SECONDS", POLL_SECONDS, minimum=0.01, maximum=3600)
-
-
-def read_settings() -> None:
-    """worker 要用的设置都读一遍,哪一项不对就以 SystemExit("配置错误:…") 退出。"""
-    for read in (worker_pool.durability, max_attempts, lambda: backoff_minutes(0), stale_minutes, poll_seconds, worker_pool.default_concurrency,
-                 graph_settings):
-        read()
-
-
-def check_settings() -> None:
-    """配置错了启动时就退出(还没领任何事件),别等领到事件、用掉一次尝试才发现。"""
-    read_settings()
-    if problem := store_biz.biz_db_problem():  # 业务库还没建(课文假设它已经在了)
-        raise SystemExit(problem)
 
 
 def handle(graph, ev: dict) -> str:
@@ -240,11 +208,6 @@ def process(graph, ev: dict, owner: str) -> str:
         kept = (requeue, *getattr(failed, "kept", ()))  # 让人照着敲的命令、事件 id 不打码
         worker_pool.say(f"{ev['event_id']} 第 {ev['attempts']} 次失败 → {status}{moved}: {mask_pii(shown, keep=kept)}")
     return status
-
-
-def say_retrying(error: Exception) -> None:
-    """常驻模式下数据库用不了(启动时、运行中)时标准错误上的那一行;接着隔 POLL_SECONDS 再试。"""
-    print(f"{store_errors.unavailable(error)},{poll_seconds():g} 秒后再试", file=sys.stderr, flush=True)
 
 
 class Worker(worker_pool.WorkerBase):
@@ -333,6 +296,25 @@ class Worker(worker_pool.WorkerBase):
                 self.hand_back()
 
 
+def say_retrying(error: Exception) -> None:
+    """常驻模式下数据库用不了(启动时、运行中)时标准错误上的那一行;接着隔 POLL_SECONDS 再试。"""
+    print(f"{store_errors.unavailable(error)},{poll_seconds():g} 秒后再试", file=sys.stderr, flush=True)
+
+
+def read_settings() -> None:
+    """worker 要用的设置都读一遍,哪一项不对就以 SystemExit("配置错误:…") 退出。"""
+    for read in (worker_pool.durability, max_attempts, lambda: backoff_minutes(0), stale_minutes, poll_seconds, worker_pool.default_concurrency,
+                 graph_settings):
+        read()
+
+
+def check_settings() -> None:
+    """配置错了启动时就退出(还没领任何事件),别等领到事件、用掉一次尝试才发现。"""
+    read_settings()
+    if problem := store_biz.biz_db_problem():  # 业务库还没建(课文假设它已经在了)
+        raise SystemExit(problem)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = config.ArgumentParser(description="后台 worker:领事件、跑 Agent")
     parser.add_argument("--once", action="store_true", help="把现在能领的事件处理完就退出")
@@ -416,6 +398,30 @@ def requeue_dead(event_ids: list[str]) -> int:
     n = store_events.requeue_dead(event_ids or None)
     print(f"已把 {n} 个死信放回队列")
     return 0
+
+
+# ---- 练习 2:PermanentError,坏的输入直接进死信 ----
+def payload_ticket(ev: dict) -> str:
+    try:
+        payload = json.loads(ev["payload"])
+    except ValueError as e:
+        raise PermanentError(f"payload 不是合法的 JSON:{e}") from None
+    try:
+        ticket_id = payload["data"]["ticket_id"]
+    except (KeyError, TypeError, IndexError) as e:  # 缺键,或者 payload / data 不是对象(列表、字符串……)
+        raise PermanentError(f"payload 格式不对,缺 data.ticket_id:{e!r}") from None
+    if not isinstance(ticket_id, str) or not ticket_id:
+        raise PermanentError(f"payload 格式不对,ticket_id 应该是非空字符串:{ticket_id!r}")
+    return ticket_id
+
+
+# ---- 练习 3:退避 ----
+BACKOFF_BASE_MINUTES = 1    # 分钟(0–1440);第 n 次失败后等 BASE × 2^n 分钟再试(练习 3);测试里调小
+
+
+def backoff_minutes(attempts: int) -> float:
+    # 上限让 BASE × 2^20 仍是一个 datetime 算得出的时间
+    return config.number("BACKOFF_BASE_MINUTES", BACKOFF_BASE_MINUTES, minimum=0, maximum=1440) * 2 ** attempts
 
 
 if __name__ == "__main__":
