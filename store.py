@@ -46,8 +46,20 @@ import store_upgrade
 
 HERE = config.HERE
 
-STATUSES = ("pending", "processing", "waiting_human", "done", "ignored", "dead")
 
+def events_db() -> Path:
+    return config.path("EVENTS_DB", "ambient.db")
+
+
+def biz_db() -> Path:
+    return config.path("BIZ_DB", "cloudledger.db")
+
+
+def checkpoints_db() -> Path:
+    return config.path("CHECKPOINTS_DB", "checkpoints.db")
+
+
+STATUSES = ("pending", "processing", "waiting_human", "done", "ignored", "dead")
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS events (
     event_id     TEXT PRIMARY KEY,          -- 上游给的唯一 id,去重全靠它
@@ -114,20 +126,6 @@ TABLE_COLUMNS = {name: frozenset(re.findall(r"^ {4}(\w+) ", body, re.M)) - {"PRI
 TIME_COLUMNS = {name: frozenset(re.findall(r"^ {4}(\w+) +\{time\}", body, re.M))
                 for name, body in re.findall(r"CREATE TABLE IF NOT EXISTS (\w+) \((.*?)\n\);", SCHEMA, re.S)}
 
-# 两种数据库只在这里不一样。SQLite 是默认;设了 DATABASE_URL=postgresql://… 就换成 PostgreSQL(练习 6)。
-DIALECTS = {
-    "sqlite": {
-        "time": "TEXT",                                          # 没有时间类型:统一格式的字符串
-        "serial": "INTEGER PRIMARY KEY AUTOINCREMENT",
-        "begin": "BEGIN IMMEDIATE",                              # 一开始就拿写锁
-    },
-    "postgres": {
-        "time": "TIMESTAMPTZ",
-        "serial": "BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY",
-        "begin": "BEGIN",
-    },
-}
-
 
 def now() -> str:
     """UTC、微秒、固定宽度:2026-11-30T05:03:25.123456+00:00。字符串比较和时间先后一致。"""
@@ -147,33 +145,6 @@ def parse_time(value) -> datetime:
     原来和带时区的一比就是 TypeError(日报在照课文建的库上崩掉)。"""
     moment = value if isinstance(value, datetime) else datetime.fromisoformat(value)
     return moment if moment.tzinfo else moment.astimezone(timezone.utc)
-
-
-def events_db() -> Path:
-    return config.path("EVENTS_DB", "ambient.db")
-
-
-def biz_db() -> Path:
-    return config.path("BIZ_DB", "cloudledger.db")
-
-
-def checkpoints_db() -> Path:
-    return config.path("CHECKPOINTS_DB", "checkpoints.db")
-
-
-def database_url() -> str:
-    return config.get("DATABASE_URL")
-
-
-def dialect(path: Path | str | None = None) -> str:
-    """path(一个 SQLite 文件)之外的库用哪种数据库:事件库,设了 DATABASE_URL 时还有业务库(见 biz_target())。"""
-    return "postgres" if path is None and database_url() else "sqlite"
-
-
-def biz_target() -> Path | None:
-    """业务库在哪,给 connect() / opened() / transaction():设了 DATABASE_URL 时是同一个 PostgreSQL 库(None),
-    几台机器上的 worker 都读得到邮件轮询建的工单;否则是 BIZ_DB 指的 SQLite 文件(课文的 cloudledger.db)。"""
-    return None if database_url() else biz_db()
 
 
 def connect(path: Path | str | None = None, *, durable: bool = True):
@@ -331,6 +302,7 @@ def set_status(event_id: str, status: str, error: str | None = None, *, not_befo
         return conn.execute(query, args).rowcount == 1
 
 
+# ---- 练习 4:review_log,人改了什么 ----
 def record_reply(ticket_id: str, body: str, sent_by: str, review: dict) -> bool:
     """写 outbox 和 review_log,同一个事务。返回 True 表示这次真的「发」了,False 表示之前已经发过。"""
     with transaction() as conn:
@@ -358,6 +330,37 @@ def record_ignore(ticket_id: str, review: dict) -> None:
     """review["action"] 是 ignore,或者 notify(通知类待办看过了)。"""
     with transaction() as conn:
         record_review(conn, ticket_id, {**review, "final": None})
+
+
+# ---- 练习 6:PostgreSQL(设了 DATABASE_URL 时)----
+def database_url() -> str:
+    return config.get("DATABASE_URL")
+
+
+def dialect(path: Path | str | None = None) -> str:
+    """path(一个 SQLite 文件)之外的库用哪种数据库:事件库,设了 DATABASE_URL 时还有业务库(见 biz_target())。"""
+    return "postgres" if path is None and database_url() else "sqlite"
+
+
+def biz_target() -> Path | None:
+    """业务库在哪,给 connect() / opened() / transaction():设了 DATABASE_URL 时是同一个 PostgreSQL 库(None),
+    几台机器上的 worker 都读得到邮件轮询建的工单;否则是 BIZ_DB 指的 SQLite 文件(课文的 cloudledger.db)。"""
+    return None if database_url() else biz_db()
+
+
+# 两种数据库只在这里不一样。SQLite 是默认;设了 DATABASE_URL=postgresql://… 就换成 PostgreSQL(练习 6)。
+DIALECTS = {
+    "sqlite": {
+        "time": "TEXT",                                          # 没有时间类型:统一格式的字符串
+        "serial": "INTEGER PRIMARY KEY AUTOINCREMENT",
+        "begin": "BEGIN IMMEDIATE",                              # 一开始就拿写锁
+    },
+    "postgres": {
+        "time": "TIMESTAMPTZ",
+        "serial": "BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY",
+        "begin": "BEGIN",
+    },
+}
 
 
 if __name__ == "__main__":
