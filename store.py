@@ -27,7 +27,6 @@ SQLite 事件库已经搬进了 PostgreSQL 却没设 DATABASE_URL(说明原因);
 发给客户的回复写进 outbox(今天不真的发邮件,写进这张表就算发出去了)。
 """
 import json
-import re
 import sqlite3
 import sys
 from contextlib import contextmanager
@@ -116,15 +115,6 @@ CREATE TABLE IF NOT EXISTS llm_usage (       -- 每次模型调用一行:算单�
 ONE_PROCESSING_PER_TICKET = """
 CREATE UNIQUE INDEX IF NOT EXISTS events_one_processing_per_ticket ON events (ticket_id) WHERE status = 'processing'
 """
-# init() 要建的表和索引的名字,从上面的语句里读出来(加一张表不用再改这里)
-SCHEMA_OBJECTS = frozenset(re.findall(r"(?:TABLE|INDEX) IF NOT EXISTS (\w+)", SCHEMA + ONE_PROCESSING_PER_TICKET))
-# SCHEMA 里每张表的列(约束那几行不算)。事件表缺的列 init() 会补;别的表早就有、却缺列的,是别人建的(见 foreign_table)
-TABLE_COLUMNS = {name: frozenset(re.findall(r"^ {4}(\w+) ", body, re.M)) - {"PRIMARY"}
-                 for name, body in re.findall(r"CREATE TABLE IF NOT EXISTS (\w+) \((.*?)\n\);", SCHEMA, re.S)}
-# 每张表里存时间的列({time}):PostgreSQL 上它们必须是 TIMESTAMPTZ。照课文自己建、列名都对却用了 TEXT 的,
-# 写进去的是字符串、比较的是字符串,领取时和 now() 一比就是 DatatypeMismatch
-TIME_COLUMNS = {name: frozenset(re.findall(r"^ {4}(\w+) +\{time\}", body, re.M))
-                for name, body in re.findall(r"CREATE TABLE IF NOT EXISTS (\w+) \((.*?)\n\);", SCHEMA, re.S)}
 
 
 def now() -> str:

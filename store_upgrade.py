@@ -21,6 +21,23 @@ SELECT 1 FROM pg_attribute WHERE attname = 'waiting_since' AND NOT attisdropped 
 # 当前 schema 里已有的表和索引(PostgreSQL 的 CREATE … IF NOT EXISTS 在 current_schema() 里建、查,这里也只看它)
 PG_OBJECTS = ("SELECT relname FROM pg_class "
               "WHERE relnamespace = (SELECT oid FROM pg_namespace WHERE nspname = current_schema())")
+# init() 建的表和索引(SCHEMA、ONE_PROCESSING_PER_TICKET);加一张表时这里也要加,tests/test_store.py 核对两边一致
+SCHEMA_OBJECTS = frozenset({"events", "events_status", "events_one_processing_per_ticket", "outbox", "review_log",
+                            "inbox_seen", "llm_usage"})
+# SCHEMA 里每张表的列。事件表缺的列 init() 会补;别的表早就有、却缺列的,是别人建的(见 foreign_table)
+TABLE_COLUMNS = {
+    "events": frozenset({"event_id", "source", "kind", "payload", "status", "attempts", "last_error", "received_at",
+                         "updated_at", "not_before", "ticket_id", "claimed_by", "waiting_since"}),
+    "outbox": frozenset({"id", "ticket_id", "body", "sent_by", "sent_at"}),
+    "review_log": frozenset({"ticket_id", "category", "draft", "final", "action", "feedback", "created_at"}),
+    "inbox_seen": frozenset({"ticket_id", "viewer", "draft_sha", "seen_at"}),
+    "llm_usage": frozenset({"id", "event_id", "ticket_id", "model", "input_tokens", "output_tokens", "created_at"}),
+}
+# 每张表里存时间的列(SCHEMA 里的 {time}):PostgreSQL 上它们必须是 TIMESTAMPTZ。照课文自己建、列名都对却用了 TEXT 的,
+# 写进去的是字符串、比较的是字符串,领取时和 now() 一比就是 DatatypeMismatch
+TIME_COLUMNS = {"events": frozenset({"received_at", "updated_at", "not_before", "waiting_since"}),
+                "outbox": frozenset({"sent_at"}), "review_log": frozenset({"created_at"}),
+                "inbox_seen": frozenset({"seen_at"}), "llm_usage": frozenset({"created_at"})}
 PG_TIME_TYPE = "timestamp with time zone"  # format_type() 对 TIMESTAMPTZ 的叫法
 # 补上 waiting_since 时,已经在收件箱里的待办从 updated_at 算起(上一版的收件箱放回待办时保留的就是它);
 # 不补的话它们是空的,之后有人 respond 一下,set_status 就把「现在」当成进收件箱的时刻,等了 50 小时的显示 0 小时
@@ -51,7 +68,7 @@ def pg_nothing_to_build(conn) -> bool:
     """PostgreSQL 上 init() 要建的表、索引和后加的列是不是都在了,而且这个连接能写。
     只能读(备库、default_transaction_read_only)时照旧走建表那条路:PG_DDL_REFUSALS 一行说清楚,
     而不是等到第一次写(领事件、收信)时才出错。"""
-    return (store.SCHEMA_OBJECTS <= pg_objects(conn) and conn.execute(PG_HAS_WAITING_SINCE).fetchone() is not None
+    return (SCHEMA_OBJECTS <= pg_objects(conn) and conn.execute(PG_HAS_WAITING_SINCE).fetchone() is not None
             and conn.execute(PG_READ_ONLY).fetchone()[0] == "off")
 
 
@@ -73,7 +90,7 @@ CHECKPOINT_TABLES = ("checkpoint_migrations", "checkpoints", "checkpoint_blobs",
 def pg_rights_or_exit(conn) -> None:
     """表是所有者建的、这个用户只被给了一部分权限(比如只有 SELECT):一开始就一行说清楚缺什么、怎么给,什么都还没做。
     不查的话要到第一次写(领事件、收信)时才是 InsufficientPrivilege 的 traceback。"""
-    ours = [*store.SCHEMA_OBJECTS, *store_biz.BIZ_COLUMNS, *CHECKPOINT_TABLES]
+    ours = [*SCHEMA_OBJECTS, *store_biz.BIZ_COLUMNS, *CHECKPOINT_TABLES]
     if missing := [r[0] for r in conn.execute(PG_MISSING_RIGHTS, (ours,))]:
         user, schema = conn.execute("SELECT quote_ident(current_user), quote_ident(current_schema())").fetchone()
         raise SystemExit(f"DATABASE_URL 的用户 {user} 对表 {'、'.join(missing)} 没有读写权限(程序要 SELECT、INSERT、UPDATE、"
@@ -98,7 +115,7 @@ def foreign_table(conn) -> str | None:
     业务表也在这个库里,别的程序的 tickets 原来让 store.py 叫人把它 DROP 掉。
     PostgreSQL 上列都在、存时间的列却是 TEXT(照课文的 SQLite 建表语句搬过去的)也算:原来领取时是 DatatypeMismatch 的 traceback。"""
     if store.dialect() == "postgres":
-        tables = {**store.TABLE_COLUMNS, "events": store.TABLE_COLUMNS["events"] - {"waiting_since"},
+        tables = {**TABLE_COLUMNS, "events": TABLE_COLUMNS["events"] - {"waiting_since"},
                   **{t: frozenset(columns) for t, columns in store_biz.BIZ_COLUMNS.items()}}
         have: dict[str, set] = {}
         typed: dict[str, dict[str, str]] = {}
@@ -108,7 +125,7 @@ def foreign_table(conn) -> str | None:
         where, whose = f"{store_errors._safe_url(store.database_url())} 里", "多半是自己做练习时建的,或者是别的程序的"
         rename = "ALTER TABLE {table} RENAME TO my_{table}(或者换一个 schema)"
     else:
-        tables = {t: columns for t, columns in store.TABLE_COLUMNS.items() if t != "events"}
+        tables = {t: columns for t, columns in TABLE_COLUMNS.items() if t != "events"}
         have = {t: {r["name"] for r in conn.execute(f"PRAGMA table_info({t})")} for t in tables}
         path = shlex.quote(str(store.events_db()))
         where, whose = f"事件库 {store.events_db()} 里", "多半是自己做练习时建的"
@@ -118,7 +135,7 @@ def foreign_table(conn) -> str | None:
             continue
         if missing := wanted - have[table]:
             wrong = f"缺 {'、'.join(sorted(missing))} 列"
-        elif store.dialect() == "postgres" and (off := {c: typed[table][c] for c in sorted(store.TIME_COLUMNS.get(table, ()))
+        elif store.dialect() == "postgres" and (off := {c: typed[table][c] for c in sorted(TIME_COLUMNS.get(table, ()))
                                                   if typed[table].get(c, PG_TIME_TYPE) != PG_TIME_TYPE}):
             by_type: dict[str, list[str]] = {}
             for column, kind in off.items():

@@ -1,5 +1,6 @@
 """store.py 自己的几条出错路径:业务库建不了、PostgreSQL 单独连得上但连接池连不上;设了 DATABASE_URL 时业务表建在哪。"""
 import os
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -15,6 +16,7 @@ import store_biz
 import store_errors
 import store_pg
 import store_sqlite
+import store_upgrade
 
 
 def test_a_business_database_in_a_missing_directory_names_the_setting_and_creates_nothing(lab, tmp_path):
@@ -527,3 +529,20 @@ def test_a_pooled_connection_that_finds_the_server_read_only_is_dropped_so_the_p
             after = [outcome(n) for n in range(7, 15)]
             # 池里最多两个只能读的连接:各失败一次就被换掉,之后一直能写
             assert set(after[:2]) <= {"ok", "ReadOnlySqlTransaction"} and after[2:] == ["ok"] * 6, after
+
+
+def test_the_column_lists_in_store_upgrade_match_the_schema():
+    """store_upgrade 认「结构对不对」用的表名、列名和时间列是手写的:和 store.SCHEMA 真建出来的库逐一核对。"""
+    conn = sqlite3.connect(":memory:")
+    conn.executescript(store.SCHEMA.format(time="STAMP", serial="INTEGER PRIMARY KEY AUTOINCREMENT"))
+    conn.execute(store.ONE_PROCESSING_PER_TICKET)
+    objects = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type IN ('table', 'index') "
+                                          "AND name NOT LIKE 'sqlite_%'")}
+    assert objects == store_upgrade.SCHEMA_OBJECTS
+    tables = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table' "
+                                         "AND name NOT LIKE 'sqlite_%' ORDER BY rowid")]
+    assert tables == list(store_upgrade.TABLE_COLUMNS) == list(store_upgrade.TIME_COLUMNS)
+    for table in tables:
+        info = conn.execute(f"PRAGMA table_info({table})").fetchall()
+        assert {r[1] for r in info} == store_upgrade.TABLE_COLUMNS[table], table
+        assert {r[1] for r in info if r[2] == "STAMP"} == store_upgrade.TIME_COLUMNS[table], table
