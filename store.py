@@ -139,7 +139,8 @@ def parse_time(value) -> datetime:
 
 def connect(path: Path | str | None = None, *, durable: bool = True):
     """打开一个连接(默认事件库)。autocommit 模式:单条语句自己就是一个事务,多条用 transaction()。
-    PostgreSQL 时返回一个接口和 sqlite3 连接一样的包装(? 占位符、按列名取值),用完 close() 还回连接池。
+    PostgreSQL 时返回一个接口和 sqlite3 连接一样的包装(? 占位符、按列名取值)。用完调 release():
+    SQLite 的连接留给这个线程下次用(store_sqlite.KeptConnection),PostgreSQL 的还回连接池。
 
     durable=True(默认):每次提交都等落盘(SQLite synchronous=FULL,PostgreSQL synchronous_commit=on)。
     外面送进来的东西(webhook / 邮件 / cron 的事件)、发出去的回复、审核记录都这样写:回了 202 的事件断电也在。
@@ -164,18 +165,19 @@ def connect(path: Path | str | None = None, *, durable: bool = True):
         # WAL 模式(init 写进库文件):读写不互相挡
         conn.execute(f"PRAGMA synchronous = {'FULL' if durable else 'NORMAL'}")
         conn.identity = store_sqlite.file_identity(key[0])
+        conn.key = key
         kept[key] = conn
     return conn
 
 
 @contextmanager
 def opened(path: Path | str | None = None, *, durable: bool = True):
-    """with opened() as conn:用完就关的连接(PostgreSQL 时还回连接池)。durable 见 connect()。"""
+    """with opened() as conn:用完就 release() 的连接。durable 见 connect()。"""
     conn = connect(path, durable=durable)
     try:
         yield conn
     finally:
-        conn.close()
+        conn.release()
 
 
 @contextmanager

@@ -139,7 +139,7 @@ def found_read_only(error: BaseException | None) -> bool:
 def _pooled_connection_class():
     """连接池里的连接用的类:psycopg 的 Connection,多一件事 —— 用 with pool.connection() 借出去的(LangGraph 的
     PostgresSaver 就这样借、这样还),在里面碰上 found_read_only() 的错误,还回去之前关掉。
-    事件表的连接不走 with,由 PgConnection.close() 做同一件事。"""
+    事件表的连接不走 with,由 PgConnection.release() 做同一件事。"""
     import psycopg
 
     class PooledConnection(psycopg.Connection):
@@ -276,12 +276,12 @@ def _pg_rows(cursor):
 
 
 class PgConnection:
-    """sqlite3.Connection 用到的那一小部分:execute(? 占位符)、executescript、close。
-    从连接池借一个连接;或者包一个已经借好的 raw(搬家时和 checkpoint 同一个连接、同一个事务),close() 不还它。"""
+    """sqlite3.Connection 用到的那一小部分:execute(? 占位符)、executescript、executemany,用完 release()。
+    从连接池借一个连接;或者包一个已经借好的 raw(搬家时和 checkpoint 同一个连接、同一个事务),release() 不还它。"""
 
     def __init__(self, pool, raw=None):
         self.pool, self.raw = (None, raw) if raw is not None else (pool, pool.getconn())
-        self.read_only = False  # 这个连接连到了只能读的服务器上,见 close()
+        self.read_only = False  # 这个连接连到了只能读的服务器上,见 release()
 
     def execute(self, query: str, args=()):
         with self.noting_read_only():
@@ -308,11 +308,14 @@ class PgConnection:
         """? 换成 psycopg 的 %s;SQL 里本来的 %(比如 LIKE 'M%')写成 %%,不然 psycopg 当它是占位符、报错。"""
         return query.replace("%", "%%").replace("?", "%s")
 
-    def close(self) -> None:
+    def release(self) -> None:
+        """还回连接池(包着别人借好的 raw 时什么都不做)。"""
         if self.pool is not None:
             if self.read_only:  # 见 found_read_only():关掉再还,连接池另连一个
                 self.raw.close()
             self.pool.putconn(self.raw)
+
+    close = release  # 连接池的连接:close() 就是还回池里,和 psycopg_pool 的 putconn 一样
 
 
 def _configure(durable: bool):
