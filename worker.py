@@ -9,8 +9,7 @@
 你会看到每个事件一行:
     evt_T1012_created → waiting_human
     evt_T9999_created 第 1 次失败 → dead: 工单不存在:T9999
-数据库暂时用不了(PostgreSQL 重启、连接被掐断、启动时服务器还没起来)时,常驻模式在标准错误上说一行、隔 POLL_SECONDS 秒再试,不退出;
---once 说一行、退出码 1,手上的事件交回队列。
+数据库暂时用不了时,常驻模式说一行、隔 POLL_SECONDS 秒再试;--once 说一行、退出码 1,手上的事件交回队列。
 """
 import contextlib
 import json
@@ -22,13 +21,12 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-import config  # 只用标准库,导入很快:要在装信号处理之前导入(它记下 SIGINT 原来是不是被忽略)
+import config  # 只用标准库,导入很快:在装信号处理之前导入(它记下启动时 SIGINT 是不是被忽略)
 
 
 def stop_while_importing(_signum, _frame) -> None:
-    """下面导入 openai、LangGraph 要几秒(慢的机器上五六秒):这期间的 Ctrl-C / SIGTERM 也说一行、退出码 0。
-    原来 SIGTERM 是退出码 143、一句话没有,Ctrl-C 是从 openai 的导入里冒出来的一段 traceback。什么都还没碰。
-    uv run 转发来的第二个信号不理:不然这一行可能说两遍。"""
+    """下面导入 openai、LangGraph 要几秒:这期间的 Ctrl-C / SIGTERM 说一行、退出码 0,什么都还没碰。
+    uv run 转发来的第二个信号不理,这一行只说一遍。"""
     config.ignore_stop_signals()
     print("收到停止信号:还没开始领事件,退出", file=sys.stderr, flush=True)
     os._exit(0)
@@ -54,7 +52,7 @@ from llm import describe, mask_pii  # noqa: E402
 MAX_ATTEMPTS = 3            # 次(1–20);暂时性失败最多试几次,之后进死信
 STALE_MINUTES = 10          # 分钟(0–525600);processing 超过这么久、处理它的进程也不在了,就放回队列(可以是 0 或小数)
 POLL_SECONDS = 2            # 秒(0.01–3600);常驻模式下没事件时隔多久再看;一直有事件时,也隔这么久查一次卡住的事件
-CLAIM_TRIES = 5  # 次;每撞一次,说明别人刚领了同一张工单的事件;再挑时看得见它。连撞几次就等下一轮
+CLAIM_TRIES = 5             # 次;撞上别人刚领了同一张工单的事件时再挑几次,之后等下一轮
 
 
 def max_attempts() -> int:
@@ -111,9 +109,8 @@ def claim_args(owner: str, stamp_: str) -> tuple:
 
 def claim(owner: str | None = None) -> dict | None:
     """原子地领一个到点的 pending 事件:挑选和标记在同一条语句里,两个 worker 不会领到同一个。
-    同一张工单已经有事件在处理时先不领它,免得两个 worker 同时往一个 thread 里写(见 ONE_PROCESSING_PER_TICKET);
-    有事件失败了、还在退避时也不领它的别的事件:一张工单一个 thread,别的事件领走了也是接着那个失败的节点再跑一遍,
-    等于绕过退避(上游每通知一次就多调一次模型)。"""
+    同一张工单已经有事件在处理、或者有事件还在退避时,不领它的别的事件:一张工单一个 thread,
+    两个 worker 不同时往里写,退避也绕不过去(见 store.ONE_PROCESSING_PER_TICKET)。"""
     for _ in range(CLAIM_TRIES):
         with store.opened(durable=False) as conn:
             query = CLAIM_SQL_POSTGRES if store.dialect() == "postgres" else CLAIM_SQL
@@ -136,8 +133,8 @@ def requeue_stale(minutes: float) -> int:
         stale = [r for r in rows
                  if (state := worker_owner._owner_state(r["claimed_by"], conn)) == "dead"
                  or (state == "unknown" and store.parse_time(r["updated_at"]) <= store.parse_time(cutoff))]
-        # 只放回刚才看过的那一次领取(同一个领的人、同一个时间):PostgreSQL 上 SELECT 不锁行,两个 worker 同时来放回时,
-        # 一个放回、第三个马上领走,另一个原来接着把这次新的、活着的领取也放回了,同一张工单两个 worker 同时起草
+        # 只放回刚才看过的那一次领取(同一个领的人、同一个时间):PostgreSQL 上 SELECT 不锁行,另一个 worker
+        # 可能刚放回、第三个又领走了,这次新的领取不能再被放回
         return sum(worker_owner.hand_to_worker(r["event_id"], r["claimed_by"], conn=conn, updated_at=r["updated_at"])
                    for r in stale)
 
@@ -151,8 +148,8 @@ def handle(graph, ev: dict) -> str:
         # 等人的 thread:已经在收件箱里了。若收件箱里没有它的事件(上次收件箱命令中途崩了),这个事件接手等人
         return interrupted_status(ticket_id, ev["event_id"])
     if (outcome := snap.values.get("outcome")) in FINISHED:
-        # 这张工单已经处理完了:上游换了个 event_id 又通知了一次,或者收件箱命令走完了图、没来得及改事件状态就没了
-        # (交回来的是它)。人选了不回的照样是 ignored:原来一律 done,日报和事件表里这张工单就成了处理过
+        # 这张工单已经处理完了:上游换了个 event_id 又通知了一次,或者收件箱命令走完了图、没来得及改事件状态就没了。
+        # 人选了不回的是 ignored,不是 done
         return finished_status(outcome)
     if ev["attempts"] > max_attempts() and ev.get("last_error") == worker_owner.REQUEUED_STALE:
         # 普通的失败到了 MAX_ATTEMPTS 就进死信,领的次数超过它,只能是上一次处理到一半进程没了。
@@ -188,9 +185,8 @@ def process(graph, ev: dict, owner: str) -> str:
         status = handle(graph, ev)
     except Exception as e:  # noqa: BLE001 —— 任何错误都要落到事件表里,不能让 worker 死掉
         if store_errors.temporary(e):
-            # 数据库暂时用不了(图里写 checkpoint 时库被别人锁着超过 BUSY_TIMEOUT_S、PostgreSQL 的连接被掐断……):不是这个
-            # 事件的错,不算它的一次失败。原来和模型出错一样记一次、退避,三次就进了死信;现在交给 run() / main():
-            # 说一行,这个事件交回队列(attempts 不变),隔一会儿再试
+            # 数据库暂时用不了(库被锁太久、连接被掐断):不是这个事件的错,不算一次失败。
+            # 交给 run() / main():说一行,事件交回队列(attempts 不变),隔一会儿再试
             raise
         failed = e
         status = "dead" if is_permanent(e) or ev["attempts"] >= max_attempts() else "pending"
@@ -199,7 +195,7 @@ def process(graph, ev: dict, owner: str) -> str:
     why = failed and describe(failed, requeue=requeue)
     kept = store.set_status(ev["event_id"], status, why, not_before=not_before, owner=owner,
                             claimed_at=ev.get("updated_at"))
-    # 慢到被放回队列、又被别人领走了:不覆盖,说一声(成功、失败都一样;原来失败时照样说「→ dead」,表里却没改)
+    # 慢到被放回队列、又被别人领走了:不覆盖,说一声
     moved = "" if kept else "(这期间事件被放回了队列,状态留给接手的 worker 改)"
     if failed is None:
         worker_pool.say(f"{ev['event_id']} → {status}{moved}")
@@ -225,9 +221,8 @@ class Worker(worker_pool.WorkerBase):
         self.graph, self.conn = open_graph()
 
     def requeue(self, *, unless_recent: bool = False) -> None:
-        """放回卡住的事件。unless_recent:上次查过还不到 POLL_SECONDS 就不查(处理线程每领一个事件前都来问一次;
-        几个线程同时来时只有一个去查)。只在一轮开始时查的话,一直有新事件进来,这一轮就一直不结束,
-        同一台机器上死掉的 worker 手里的事件(按说马上放回)会一直卡在 processing。"""
+        """放回卡住的事件。处理线程每领一个事件前都来问一次(unless_recent):上次查过还不到 POLL_SECONDS 就不查,
+        几个线程同时来时只有一个去查。一直有新事件进来、这一轮一直不结束时,死掉的 worker 的事件也能放回。"""
         if not self._requeue_lock.acquire(blocking=not unless_recent):
             return
         try:
@@ -247,8 +242,8 @@ class Worker(worker_pool.WorkerBase):
                 return
             self.in_hand.add(ev["event_id"])
             if self.stopping:
-                # 领的途中收到了停止信号:这个事件不算「手上的」,不做,交回。先记进 in_hand 再看:在这之前到的
-                # 第二次 Ctrl-C 看 in_hand 是空的,不抢着退出(说好了马上就退),那就得在这里交回,不能再去等模型
+                # 领的途中收到了停止信号:不做,交回。先记进 in_hand 再看:在这之前到的第二次 Ctrl-C
+                # 看 in_hand 是空的、不抢着退出,那就由这里交回
                 self.give_back(ev["event_id"])
                 self.in_hand.discard(ev["event_id"])
                 return
@@ -269,8 +264,7 @@ class Worker(worker_pool.WorkerBase):
                 interrupted = True
                 raise
             finally:
-                # 和 with 一样等线程都停下(数据库出错时,交回事件之前不能还有线程在处理它),只有第二次 Ctrl-C 不等:
-                # 用 with 的话,「立即退出」要等到每个模型调用都回来;main() 随后交回手上的事件、立即退出
+                # 等线程都停下(交回事件之前不能还有线程在处理它);第二次 Ctrl-C 不等,main() 交回手上的事件、立即退出
                 pool.shutdown(wait=not interrupted, cancel_futures=interrupted)
         return done
 
@@ -290,8 +284,7 @@ class Worker(worker_pool.WorkerBase):
                 with contextlib.suppress(queue.Empty):  # 等 POLL_SECONDS 秒,收到停止信号就马上醒
                     self._wake.get(timeout=poll_seconds())
         if troubled:
-            # 数据库出错之后、下一轮交回之前收到了停止信号:原来直接退出,事件留在 processing,要等别人按卡住的放回、
-            # 还算一次失败。数据库还是用不了就算了:那样的事件照旧按卡住的放回
+            # 数据库出错之后、下一轮交回之前收到了停止信号:现在交回。数据库还是用不了,就留给 requeue_stale
             with contextlib.suppress(*store_errors.unavailable_errors()):
                 self.hand_back()
 
@@ -320,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--once", action="store_true", help="把现在能领的事件处理完就退出")
     parser.add_argument("--concurrency", type=int, default=None,
                         help=f"同时处理几个事件(不给时用 WORKER_CONCURRENCY,默认 {worker_pool.CONCURRENCY})")
-    # extend:--requeue-dead 写了两次时 id 合在一起(原来只留最后一次的:前面的 id 不查也不放,最后一个不带 id 的还成了「全部」)
+    # extend:--requeue-dead 写了两次时 id 合在一起
     parser.add_argument("--requeue-dead", nargs="*", action="extend", metavar="EVENT_ID",
                         help="把死信放回队列,不给 id 就是全部")
     args = parser.parse_args(argv)
@@ -331,11 +324,9 @@ def main(argv: list[str] | None = None) -> int:
     if any(not e.strip() for e in args.requeue_dead or ()):  # --requeue-dead "$ID",变量是空的
         parser.error("--requeue-dead 后面的事件号不能是空的(不给事件号才是全部)")
     if args.requeue_dead is not None and (args.once or args.concurrency is not None):
-        # 原来 --once 被悄悄忽略:以为放回去之后会接着处理,其实只放回了队列
         parser.error("--requeue-dead 只把死信放回队列,不处理事件,不能和 --once、--concurrency 一起用;放回之后再运行 worker")
     worker = None
-    # 导入时装的 stop_while_importing 换掉:从这里起 Ctrl-C、SIGTERM 都是 KeyboardInterrupt(见下面 except),
-    # 只抛一次:uv run 转发来的第二个信号原来落在 except 里(「Exception ignored … KeyboardInterrupt」)或者退出途中(退出码 143)
+    # 从这里起 Ctrl-C、SIGTERM 都是 KeyboardInterrupt(见下面 except),只抛一次:uv run 会再转发一个
     config.handle_stop_signals(config.interrupt_once, config.interrupt_once)
     try:
         if args.requeue_dead is not None:
@@ -357,8 +348,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             worker.hand_back()
         except store_errors.unavailable_errors() as e:
-            # 第二次 Ctrl-C 时数据库正好用不了(被别人锁着超过 BUSY_TIMEOUT_S、PostgreSQL 在重启):交不回去。
-            # 原来是一整段 traceback;事件留在 processing,下次启动的 worker 看这个进程没了就放回队列(算一次尝试)
+            # 第二次 Ctrl-C 时数据库正好用不了:交不回去。事件留在 processing,下次启动的 worker 看这个进程没了就放回
             print(f"{store_errors.unavailable(e)}:手上的事件没能交回队列,留在处理中;下次启动 worker 时会放回队列",
                   file=sys.stderr, flush=True)
             sys.stdout.flush()
@@ -367,8 +357,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.flush(), sys.stderr.flush()
         os._exit(0)
     finally:
-        # 要退出了:再来的停止信号(uv run 转发的那一次)不理。原来空闲的 worker 收到发给整个进程组的 SIGTERM,
-        # 第二个信号常落在解释器退出的途中,Python 这时已把处理函数换回默认:退出码 143,而不是说好的 0
+        # 要退出了:再来的停止信号(uv run 转发的那一次)不理,不然它落在解释器退出途中,退出码成了 143
         config.ignore_stop_signals()
         if worker:
             worker.close()
@@ -376,8 +365,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def start(args) -> Worker:
-    """建好 Worker。常驻模式下数据库一开始就用不了(开机时 worker 比 PostgreSQL 先起来、服务器在重启):
-    和运行中断了一样说一行、隔 POLL_SECONDS 再试,不退出。--once 交给 main() 说一行、退出码 1。设置不对照样马上退出。"""
+    """建好 Worker。常驻模式下数据库一开始就用不了(开机时 worker 比 PostgreSQL 先起来):说一行、隔 POLL_SECONDS
+    再试。--once 交给 main() 说一行、退出码 1。设置不对马上退出。"""
     while True:
         try:
             return Worker(args.concurrency)
@@ -416,7 +405,7 @@ def payload_ticket(ev: dict) -> str:
 
 
 # ---- 练习 3:退避 ----
-BACKOFF_BASE_MINUTES = 1    # 分钟(0–1440);第 n 次失败后等 BASE × 2^n 分钟再试(练习 3);测试里调小
+BACKOFF_BASE_MINUTES = 1    # 分钟(0–1440);第 n 次失败后等 BASE × 2^n 分钟再试;测试里调小
 
 
 def backoff_minutes(attempts: int) -> float:
