@@ -56,7 +56,7 @@ def hand_back(event_id: str, owner: str) -> bool:
 def hand_back_all(owner: str) -> list[str]:
     """owner 名下所有 processing 的事件都交回(同 hand_back),返回交回了哪些。只在 owner 手上确实没有在做的事件时用:
     除了记着的,还有领取已经提交、回答却在路上丢了(连接恰好这时断了)的那一个 —— 它不在 worker 记着的「手上」里,
-    本机的 worker 还活着,requeue_stale 也不会放回它,原来要等 worker 重启才动得了。"""
+    本机的 worker 还活着,requeue_stale 也不会放回它。"""
     with store.opened(durable=False) as conn:
         return [r[0] for r in conn.execute(
             "UPDATE events SET status = 'pending', attempts = attempts - 1, claimed_by = NULL, updated_at = ? "
@@ -109,7 +109,7 @@ def _has_pg_sessions(owner: str, conn=None) -> bool:
 REQUEUED_STALE = "上次领它的进程中途没了(被杀、崩溃,或者卡住超过 STALE_MINUTES),放回了队列"
 # 收件箱命令拿走待办时 claimed_by 是 INBOX_OWNER_PREFIX + worker_id。它中途没了(被杀、Ctrl-C、出错)、人的决定已经写下时,
 # 事件交回 worker 从那里接着做:这不是 worker 的崩溃,last_error 记 REQUEUED_FROM_INBOX,attempts 从 0 重新算
-# (起草用掉的次数不该算到人做了决定以后;原来起草用满了 MAX_ATTEMPTS 的事件,在这里会被当成崩溃循环送进死信,人批准的回复发不出去)
+# (起草用掉的次数不算到人做了决定以后:不然起草用满了 MAX_ATTEMPTS 的事件会被当成崩溃循环,人批准的回复发不出去)
 INBOX_OWNER_PREFIX = "inbox:"
 REQUEUED_FROM_INBOX = "上次拿走它的收件箱命令中途没了(被杀、Ctrl-C 或出错),交回 worker 接着做"
 

@@ -50,8 +50,7 @@ class WorkerBase:
 
     def __init__(self):
         # 停止信号只改这几样,不碰任何锁:信号处理函数在主线程上、任意两条字节码之间运行,主线程这时可能正拿着某把锁
-        # (threading.Event 的锁:Event.wait 里,或者上一个信号的 Event.set() 里),处理函数再去拿它就是自己等自己。
-        # 原来用 Event,发给整个进程组的 SIGTERM(worker 收到两次)偶尔让常驻 worker 永远停不下来
+        # (比如 threading.Event 的锁),处理函数再去拿它就是自己等自己,常驻 worker 就永远停不下来
         self.stopping = False
         self._stop_signals = itertools.count()  # next() 是一次 C 调用,中间插不进别的信号:谁拿到 0 谁是第一个
         self._wake = queue.SimpleQueue()        # 空闲时在它上面等;put() 可重入,信号处理函数里可以用
@@ -62,8 +61,7 @@ class WorkerBase:
         self.conn.close()
 
     def drain_or_end_round(self, done: list) -> None:
-        """几个处理线程之一:drain(),出错时让别的线程也停下。原来一个线程碰上数据库出错(「这一轮停下」),
-        别的线程照样把队列领完、起草完,说停下的这一轮其实一直做到了底(常驻模式也要等到这时才隔一会儿再试)。"""
+        """几个处理线程之一:drain(),出错时让别的线程做完手上的也停下:说「这一轮停下」,这一轮就真的停下。"""
         try:
             self.drain(done)
         except BaseException:
@@ -77,8 +75,8 @@ class WorkerBase:
         try:
             handed = worker_owner.hand_back_all(self.owner)
         except store_errors.unavailable_errors():
-            # 连接被掐断时池里别的连接多半也断了,交回又借到一个死的(原来事件就这么留在 processing,要等按卡住的放回、
-            # 还算一次失败):扔掉断了的连接,再试一次。SQLite 不再试:库被锁着的话,再等一个 BUSY_TIMEOUT_S 也多半一样
+            # 连接被掐断时池里别的连接多半也断了,交回又借到一个死的:扔掉断了的连接,再试一次。
+            # SQLite 不再试:库被锁着的话,再等一个 BUSY_TIMEOUT_S 也多半一样
             if not store_pg.drop_broken_connections():
                 raise
             handed = worker_owner.hand_back_all(self.owner)
@@ -92,14 +90,12 @@ class WorkerBase:
 
     def stop(self, signum: int | None = None, _frame=None) -> None:
         if next(self._stop_signals):
-            # 再来的 SIGTERM 不改主意:发给整个进程组的 SIGTERM(systemd 停服务、kill -- -PGID),uv run 还会再转发一次,
-            # worker 收到两次,原来第二次就被当成「立即退出」。手上没有事件时也不用抢:马上就退出了(原来正在收尾时
-            # 收到第二个信号会带着 traceback 退出)
+            # 再来的 SIGTERM 不改主意:发给整个进程组的 SIGTERM(systemd 停服务、kill -- -PGID)uv run 还会再转发一次。
+            # 手上没有事件时也不用抢:马上就退出了
             if signum == signal.SIGTERM or not self.in_hand:
                 return
             raise KeyboardInterrupt  # 第二次 Ctrl-C:不等了
-        # 先记下「在停了」再说出来:第二个信号可能在 print 途中就到(Python 在这个函数的字节码之间就会再调它)。
-        # 原来先 print 后 set,看到这一行马上再按一次 Ctrl-C,第二次被当成第一次,这一行说了两遍,worker 不退出
+        # 先记下「在停了」再说出来:第二个信号可能在 print 途中就到,那时它要被当成第二次
         self.stopping = True
         self._wake.put(signum)
         # 从脚本里放到后台跑、本来就不理 Ctrl-C 的 worker(config.SIGINT_IGNORED_AT_START):「再按一次 Ctrl-C」对它没用,不说
