@@ -151,19 +151,7 @@ def handle(graph, ev: dict) -> str:
         # 这张工单已经处理完了:上游换了个 event_id 又通知了一次,或者收件箱命令走完了图、没来得及改事件状态就没了。
         # 人选了不回的是 ignored,不是 done
         return finished_status(outcome)
-    if ev["attempts"] > max_attempts() and ev.get("last_error") == worker_owner.REQUEUED_STALE:
-        # 普通的失败到了 MAX_ATTEMPTS 就进死信,领的次数超过它,只能是上一次处理到一半进程没了。
-        # 每次都让 worker 崩溃的事件(太大、触发了 bug)不能无限循环、每圈都调一次模型
-        command = store_events.requeue_dead_command([ev["event_id"]])
-        raise PermanentError(f"领了 {ev['attempts']} 次都没做完,超过 MAX_ATTEMPTS={max_attempts()}:最后一次处理到一半"
-                             f"进程没了(被杀、崩溃或卡住),多半是这个事件让 worker 崩溃;查清原因后运行 {command}", command)
-    if any(t.name == "draft" for t in snap.tasks) and (dead := store_events.dead_events_of(ticket_id, ev["event_id"])):
-        # 同一张工单的事件在起草时进了死信:续跑就是接着那里再来一遍(新事件不带新输入),只会再失败、再调模型。
-        # MAX_ATTEMPTS 按事件算,上游每换一个 event_id 再通知一次,就又多 MAX_ATTEMPTS 次模型调用;这里按工单挡住。
-        # 停在 load 的(工单当时还不存在)照常续跑:不调模型,工单现在可能已经有了
-        command = store_events.requeue_dead_command([*dead, ev["event_id"]])
-        raise PermanentError(f"同一张工单的 {' '.join(dead)} 在死信里,这个事件不再接着跑;查清原因后运行 {command}",
-                             command, *dead)
+    worker_owner.refuse_crash_loops(ev, ticket_id, snap.tasks, max_attempts())
     if snap.tasks:
         # 崩溃的 thread:checkpoint 停在失败的节点前面。不给新输入,从那里接着跑。
         # 看 tasks 不看 next:节点的结果写下了、下一个 checkpoint 还没写就被杀时,next 是空的(那个任务已经有结果),

@@ -144,6 +144,24 @@ def hand_to_worker(event_id: str, owner: str | None, error: str | None = None, *
     return conn.execute(query, args).rowcount == 1
 
 
+def refuse_crash_loops(ev: dict, ticket_id: str, tasks, limit: int) -> None:
+    """worker.handle() 跑图之前的两道闸,碰上了抛 PermanentError(直接进死信,不再调模型)。limit 是 MAX_ATTEMPTS。"""
+    from agent import PermanentError  # agent 要导入 LangGraph:只有 worker 用到这里,不让 webhook 也去导入它
+    if ev["attempts"] > limit and ev.get("last_error") == REQUEUED_STALE:
+        # 普通的失败到了 MAX_ATTEMPTS 就进死信,领的次数超过它,只能是上一次处理到一半进程没了。
+        # 每次都让 worker 崩溃的事件(太大、触发了 bug)不能无限循环、每圈都调一次模型
+        command = store_events.requeue_dead_command([ev["event_id"]])
+        raise PermanentError(f"领了 {ev['attempts']} 次都没做完,超过 MAX_ATTEMPTS={limit}:最后一次处理到一半"
+                             f"进程没了(被杀、崩溃或卡住),多半是这个事件让 worker 崩溃;查清原因后运行 {command}", command)
+    if any(t.name == "draft" for t in tasks) and (dead := store_events.dead_events_of(ticket_id, ev["event_id"])):
+        # 同一张工单的事件在起草时进了死信:续跑就是接着那里再来一遍(新事件不带新输入),只会再失败、再调模型。
+        # MAX_ATTEMPTS 按事件算,上游每换一个 event_id 再通知一次,就又多 MAX_ATTEMPTS 次模型调用;这里按工单挡住。
+        # 停在 load 的(工单当时还不存在)照常续跑:不调模型,工单现在可能已经有了
+        command = store_events.requeue_dead_command([*dead, ev["event_id"]])
+        raise PermanentError(f"同一张工单的 {' '.join(dead)} 在死信里,这个事件不再接着跑;查清原因后运行 {command}",
+                             command, *dead)
+
+
 def orphans() -> list[dict]:
     """processing 状态、但处理它的本机进程已经不在了的事件(比如收件箱命令做到一半被杀)。"""
     return [e for e in store_events.events_by_status("processing") if _owner_state(e["claimed_by"]) == "dead"]
