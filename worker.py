@@ -22,19 +22,11 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import config  # 只用标准库,导入很快:在装信号处理之前导入(它记下启动时 SIGINT 是不是被忽略)
-
-
-def stop_while_importing(_signum, _frame) -> None:
-    """下面导入 openai、LangGraph 要几秒:这期间的 Ctrl-C / SIGTERM 说一行、退出码 0,什么都还没碰。
-    uv run 转发来的第二个信号不理,这一行只说一遍。"""
-    config.ignore_stop_signals()
-    print("收到停止信号:还没开始领事件,退出", file=sys.stderr, flush=True)
-    os._exit(0)
-
+import worker_pool  # 也只用标准库和这里的模块:导入 LangGraph 之前装好停止信号的处理
 
 if __name__ == "__main__":
     # 从脚本里用 & 放到后台跑的 worker 本来就不理 SIGINT:照旧不理,只听 SIGTERM(见 config.handle_stop_signals)
-    config.handle_stop_signals(stop_while_importing, stop_while_importing)
+    config.handle_stop_signals(worker_pool.stop_while_importing, worker_pool.stop_while_importing)
 
 import store  # noqa: E402 —— 上面先装好信号处理,再做慢的导入
 import store_biz  # noqa: E402
@@ -42,7 +34,6 @@ import store_errors  # noqa: E402
 import store_events  # noqa: E402
 import store_pg  # noqa: E402
 import worker_owner  # noqa: E402
-import worker_pool  # noqa: E402
 from agent import (FINISHED, PermanentError, finished_status, interrupted_status, is_permanent,  # noqa: E402
                    known_new, open_graph, thread_of)
 from agent import check_settings as graph_settings  # noqa: E402
@@ -153,9 +144,8 @@ def handle(graph, ev: dict) -> str:
         return finished_status(outcome)
     worker_owner.refuse_crash_loops(ev, ticket_id, snap.tasks, max_attempts())
     if snap.tasks:
-        # 崩溃的 thread:checkpoint 停在失败的节点前面。不给新输入,从那里接着跑。
-        # 看 tasks 不看 next:节点的结果写下了、下一个 checkpoint 还没写就被杀时,next 是空的(那个任务已经有结果),
-        # tasks 里还有它;续跑时 LangGraph 直接用写下的结果,不重跑这个节点
+        # 崩溃的 thread:不给新输入,从失败的节点接着跑。看 tasks 不看 next:节点的结果写下了、下一个 checkpoint
+        # 还没写就被杀时 next 是空的,tasks 里还有它;续跑时 LangGraph 直接用写下的结果
         result = graph.invoke(None, cfg, durability=worker_pool.durability())
     else:
         empty = snap.created_at is None  # 没有任何 checkpoint:新工单(最常见的情况)
@@ -198,7 +188,7 @@ class Worker(worker_pool.WorkerBase):
     """run() 一直循环;run_once() 把现在能领的都处理完,返回 [(event_id, 新状态)]。"""
 
     def __init__(self, concurrency: int | None = None):
-        check_settings()
+        check_settings()  # 配置错了启动时就退出,还没领任何事件
         self.concurrency = concurrency or worker_pool.default_concurrency()
         self.owner = worker_owner.worker_id()
         super().__init__()
@@ -284,13 +274,12 @@ def say_retrying(error: Exception) -> None:
 
 def read_settings() -> None:
     """worker 要用的设置都读一遍,哪一项不对就以 SystemExit("配置错误:…") 退出。"""
-    for read in (worker_pool.durability, max_attempts, lambda: backoff_minutes(0), stale_minutes, poll_seconds, worker_pool.default_concurrency,
-                 graph_settings):
+    for read in (worker_pool.durability, max_attempts, lambda: backoff_minutes(0), stale_minutes, poll_seconds,
+                 worker_pool.default_concurrency, graph_settings):
         read()
 
 
 def check_settings() -> None:
-    """配置错了启动时就退出(还没领任何事件),别等领到事件、用掉一次尝试才发现。"""
     read_settings()
     if problem := store_biz.biz_db_problem():  # 业务库还没建(课文假设它已经在了)
         raise SystemExit(problem)

@@ -1,5 +1,6 @@
 """worker.py 的并发、停止信号和交回事件:一个 worker 开几个处理线程同时等模型(WORKER_CONCURRENCY),Ctrl-C / SIGTERM 做完手上的再退、第二次 Ctrl-C 立即退出并把手上的事件交回队列(不算一次失败),数据库出错时这一轮停下、交回没来得及改状态的事件,以及 checkpoint 什么时候写(CHECKPOINT_DURABILITY)。课文的 worker 是一个线程的死循环,被杀掉的事件只能等 requeue_stale 按时间放回;这里常驻的 worker 要在 systemd、容器和终端里都能干净地停下。"""
 import itertools
+import os
 import queue
 import signal
 import sys
@@ -43,6 +44,14 @@ def say(line: str) -> None:
     """几个线程同时打印时一行一行地出来:print 的几段和换行是分开写的,不加锁会拼在一起。"""
     with _say_lock:
         print(line, flush=True)
+
+
+def stop_while_importing(_signum, _frame) -> None:
+    """下面导入 openai、LangGraph 要几秒:这期间的 Ctrl-C / SIGTERM 说一行、退出码 0,什么都还没碰。
+    uv run 转发来的第二个信号不理,这一行只说一遍。"""
+    config.ignore_stop_signals()
+    print("收到停止信号:还没开始领事件,退出", file=sys.stderr, flush=True)
+    os._exit(0)
 
 
 class WorkerBase:
