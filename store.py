@@ -1,30 +1,12 @@
-"""事件表、发件箱和业务库:表结构和所有 SQL 都在这个文件里。
+"""事件表和发件箱:三种触发源(webhook、邮件、定时任务)只往 events 里写一行,worker 领事件、跑图;
+发给客户的回复写进 outbox(今天不真的发邮件,写进这张表就算发出去了)。
 
-运行:uv run python store.py
-你会看到:缺的库被建好(事件库;业务库从 cloudledger_seed.json 建,这时多一行「已新建业务库 …」;
-checkpoint 库等 worker 第一次跑时由 LangGraph 自己建),然后每个库的路径和各表行数,例如
+运行:uv run python store.py                建好缺的库,打印各表行数(可以反复运行,见 store_cli.py)
+     uv run python store.py --from-sqlite  设了 DATABASE_URL 时,把 SQLite 里的一切搬进 PostgreSQL(见 store_move.py)
+你会看到:
     已新建业务库 /…/cloudledger.db
     事件库 /…/ambient.db:events 0 行,outbox 0 行,review_log 0 行,llm_usage 0 行
     业务库 /…/cloudledger.db:customers 30 行,tickets 41 行
-已经建好的不会重建,可以反复运行。退出码:0 好了;1 数据库暂时用不了或打不开、业务库拷不进 PostgreSQL、
-SQLite 事件库已经搬进了 PostgreSQL 却没设 DATABASE_URL(说明原因);
-2 BIZ_DB 指着的库不是 store.py 建的、PostgreSQL 里只有半套业务表(都没有动它),或者参数不对(只收 --from-sqlite)。
-设了 DATABASE_URL 时三样都在那个 PostgreSQL 库里(checkpoint 的表这时也建好),EVENTS_DB、CHECKPOINTS_DB 不用;
-表都建好以后,只有读写权限(SELECT、INSERT、UPDATE、DELETE)的用户也能运行每个程序;业务表第一次建时多一行
-「已在 … 新建业务表 customers、tickets(从 …/cloudledger.db 拷过来)」:BIZ_DB 指的 SQLite 业务库在就拷它,不在就是「(种子数据)」。
-
-一直用 SQLite、现在换到 PostgreSQL:设好 DATABASE_URL,停掉用 SQLite 的 worker、webhook、邮件轮询和收件箱,运行
-    uv run python store.py --from-sqlite
-把 EVENTS_DB、CHECKPOINTS_DB 里的全部事件、发件箱、审核记录、用量和 LangGraph 的 checkpoint 搬进去(一个事务),
-各表行数之前多两行:「已从 … 搬进 …:events 5 行,…;checkpoint 4 个 thread(17 个 checkpoint)」和「…/ambient.db 里记下了
-已搬进 PostgreSQL:…」;收件箱里的待办在 PostgreSQL 上照样 accept,做了一半的图接着跑。SQLite 事件库从此不再收写入:
-不设 DATABASE_URL 运行的程序一开始就说明原因、退出码不是 0(webhook 不启动),还开着的 SQLite worker 领事件时也这样停下。
-搬不了(有事件正在处理、已经搬过、PostgreSQL 里已经有同样的事件或工单、事件库是课文建的旧版)时说「没有搬:…」,
-退出码 1 或 2,什么都没搬。
-不带 --from-sqlite 运行时,EVENTS_DB 里还有 PostgreSQL 里没有的未完事件,最后多一行提醒。
-
-三种触发源(webhook、邮件、定时任务)只往 events 里写一行;worker 领事件、跑图;
-发给客户的回复写进 outbox(今天不真的发邮件,写进这张表就算发出去了)。
 """
 import json
 import sqlite3
@@ -131,8 +113,8 @@ def minutes_from_now(minutes: float) -> str:
 
 
 def parse_time(value) -> datetime:
-    """库里的时间。不带时区的(照课文的 now() 写的:本地时间)按这台机器的时区换成 UTC,和 upgrade_lesson_db 一样;
-    原来和带时区的一比就是 TypeError(日报在照课文建的库上崩掉)。"""
+    """库里的时间。不带时区的(照课文的 now() 写的:本地时间)按这台机器的时区换成 UTC,和 upgrade_lesson_db 一样,
+    才能和带时区的比较。"""
     moment = value if isinstance(value, datetime) else datetime.fromisoformat(value)
     return moment if moment.tzinfo else moment.astimezone(timezone.utc)
 
@@ -264,13 +246,10 @@ def add_event(event_id: str, source: str, kind: str, payload: str) -> bool:
 
 def set_status(event_id: str, status: str, error: str | None = None, *, not_before: str | None = None,
                owner: str | None = None, claimed_at=None, expect: str | None = None) -> bool:
-    """改状态。给了 owner 时只改「还在这个进程手里」的事件:卡住被放回队列、又被别人领走的,不去覆盖;
-    再给了 claimed_at(领取时 claim() 返回的 updated_at)时只改这一次领取的:放回队列后又被同一个进程的另一个
-    处理线程领走的,慢的那个线程也不去覆盖(owner 是进程,两次领取的 owner 一样;原来慢的那个把事件改成了
-    waiting_human,正在跑的那个线程的结果反倒被挡住);
-    给了 expect 时只在当前状态是它的时候才改。进收件箱(waiting_human)时记下 waiting_since,已经记过的不改:
-    respond 重写、收件箱命令失败交回 worker 续跑、之后再回到收件箱,客户一直在等,日报的「等得最久」不从零算。
-    返回改没改成。"""
+    """改状态,返回改没改成。给了 owner 时只改「还在这个进程手里」的事件:卡住被放回队列、又被别人领走的,不去覆盖;
+    再给了 claimed_at(领取时 claim() 返回的 updated_at)时只改这一次领取的:同一个进程的另一个处理线程
+    又领走了它时(owner 一样),慢的那个线程不去覆盖;给了 expect 时只在当前状态是它的时候才改。进收件箱(waiting_human)时记下 waiting_since,已经记过的不改:
+    respond 重写、收件箱命令失败交回 worker 续跑、之后再回到收件箱,客户一直在等,日报的「等得最久」不从零算。"""
     assert status in STATUSES, status
     moment = now()
     query = "UPDATE events SET status = ?, last_error = ?, not_before = ?, updated_at = ?"
