@@ -97,8 +97,8 @@ def sqlite_biz_rows(path: Path) -> tuple[list, list]:
 
 def build_biz_db(path: Path, today: date | None = None) -> bool:
     """从 cloudledger_seed.json 造业务库的 SQLite 文件(没设 DATABASE_URL 时)。返回 False:别的进程同时建好了,用的是它那份。"""
-    # 建好再换上,建到一半崩了不会留下半个库。临时文件名带进程号:两个 store.py 同时第一次运行时,原来共用一个
-    # 「.building」,一个删掉另一个正写着的文件,两个都报「disk I/O error」「库文件只能读」,业务库谁也没建成
+    # 建好再换上,建到一半崩了不会留下半个库。临时文件名带进程号:两个 store.py 同时第一次运行时,
+    # 不会一个删掉另一个正写着的文件
     tmp = path.with_name(f"{path.name}.building-{os.getpid()}")
     tmp.unlink(missing_ok=True)
     try:
@@ -158,8 +158,7 @@ POINT_BACK = "。没有动它:让 BIZ_DB 指到业务库(不设就是脚本旁�
 
 def biz_advice(problem: str) -> str:
     """store.py 在 biz_db_problem() 后面接的建议。BIZ_DB 多半是指错了(别的程序的库、笔记、目录、这个实验的事件库):
-    先说指回去;只有「是 SQLite 库、只是没有业务表」时才提删掉重建,而且要先确定那个文件没用了。
-    原来一律说「删掉它」,照做就删掉了别人的库或笔记。"""
+    先说指回去;只有「是 SQLite 库、只是没有业务表」时才提删掉重建,而且要先确定那个文件没用了。"""
     if NOT_BIZ_DB in problem:  # 它自己说了怎么办
         return ""
     if problem.startswith("业务库打不开"):  # 目录、不是数据库的文件:删掉它不是办法
@@ -168,9 +167,8 @@ def biz_advice(problem: str) -> str:
 
 
 def other_lab_db(path: Path, tables: set[str]) -> str | None:
-    """BIZ_DB 指到了这个实验的另一个库(事件库、checkpoint 库)时,说是哪一个。原来只说「里没有表」,store.py 还叫人
-    删掉它 —— 删掉的是全部事件和收件箱里的待办。路径一样也算:checkpoint 库还没建出来时(worker 还没跑过),
-    原来 store.py 在 CHECKPOINTS_DB 的位置建起业务库,之后 LangGraph 的表也写进了同一个文件。"""
+    """BIZ_DB 指到了这个实验的另一个库(事件库、checkpoint 库)时,说是哪一个:删掉它就删掉了全部事件和待办。
+    路径一样也算:checkpoint 库还没建出来时(worker 还没跑过),业务库不能建在 CHECKPOINTS_DB 的位置上。"""
     here = store_sqlite.file_identity(path)
     for role, other, table in (("事件库", store.events_db(), "events"), ("checkpoint 库", store.checkpoints_db(), "checkpoints")):
         if table in tables or path == other or (here is not None and here == store_sqlite.file_identity(other)):

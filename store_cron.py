@@ -8,9 +8,8 @@ import store
 
 def open_tickets_created_by(last_day: str) -> tuple[list[str], list[tuple[str, str]]]:
     """业务库里 created_at 不晚于 last_day(YYYY-MM-DD)、还开着的工单,最老的在前;另外返回 created_at 不是
-    YYYY-MM-DD 开头的开着的工单 (工单号, 原样的 created_at),它们没法比,不算进去。
-    原来直接在 SQL 里按字符串比:BIZ_DB 指着别的系统的库时,''、'15/11/2026'、1893456000 这样的都「早于」截止日,
-    悄悄当成久未回复入队;格式不对的工单一句提示都没有(课文「坑」那一节:两种时间格式按字符串比)。"""
+    YYYY-MM-DD 开头的开着的工单 (工单号, 原样的 created_at),它们没法比,不算进去。在 Python 里逐个认日期,
+    不在 SQL 里按字符串比:''、'15/11/2026'、1893456000 按字符串都「早于」截止日(课文「坑」那一节)。"""
     with store.opened(store.biz_target()) as conn:
         rows = conn.execute("SELECT id, created_at FROM tickets WHERE status = 'open' ORDER BY created_at, id").fetchall()
     old, odd = [], []
@@ -26,15 +25,15 @@ def open_tickets_created_by(last_day: str) -> tuple[list[str], list[tuple[str, s
 def ticket_day(value) -> str | None:
     """工单 created_at 的日期(YYYY-MM-DD);认不出是哪天时是 None。PostgreSQL 里别人的表可能是 date / timestamp 类型。"""
     if isinstance(value, str) and re.match(r"\d{4}-\d{2}-\d{2}.", value):
-        # 文字里带着时区的(「2026-11-15T07:30:00+08:00」,别的系统导出的):和 timestamptz 一样按 UTC 的日子,
-        # 原来取前 10 个字,它是 11-15,同一时刻写成 UTC 的却是 11-14
+        # 文字里带着时区的(「2026-11-15T07:30:00+08:00」,别的系统导出的):和 timestamptz 一样按 UTC 的日子
+        # (前 10 个字是 11-15,同一时刻写成 UTC 却是 11-14)
         try:
             value = datetime.fromisoformat(value.replace("Z", "+00:00"))
         except ValueError:
             pass  # 别的写法(「2026-11-15 上午」):下面照旧取前 10 个字
     if isinstance(value, datetime) and value.tzinfo is not None:
-        # timestamptz:psycopg 按会话的时区给出(国内的服务器多半默认 Asia/Shanghai),日期一律按 UTC 算,先换过去。
-        # 原来 UTC 晚上 8 点建的工单,在 +08:00 的会话里就成了第二天,同一张工单扫不扫得到要看服务器的设置
+        # timestamptz:psycopg 按会话的时区给出(国内的服务器多半默认 Asia/Shanghai),日期一律按 UTC 算,先换过去,
+        # 扫不扫得到一张工单不随服务器的设置变
         value = value.astimezone(timezone.utc)
     if isinstance(value, (date, datetime)):
         return value.isoformat()[:10]

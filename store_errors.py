@@ -16,7 +16,7 @@ def cannot_open(what: str, setting: str, path: Path, error: Exception) -> str:
     """SQLite 打不开一个库时给人看的一行:sqlite3 只会说 unable to open database file。
     看不出设置有什么不对、错误又是 TEMPORARY_SQLITE_ERRORS 里的(比如磁盘满了)时不返回,抛一个带上是哪个库的
     OperationalError:各个程序照「数据库暂时用不了」处理(常驻的 worker 等着再试,邮件轮询退出码 1、cron 3),
-    不是「设置不对」(原来磁盘满了时邮件轮询以退出码 2 说「事件库打不开」,叫人去查 EVENTS_DB)。"""
+    不让人去查一项没有错的设置。"""
     try:
         if not path.parent.is_dir():
             reason = f"目录 {path.parent} 不存在"
@@ -32,7 +32,7 @@ def cannot_open(what: str, setting: str, path: Path, error: Exception) -> str:
             raise temporary from error
         else:
             reason = str(error)
-    except OSError as e:  # 名字太长之类:连「在不在」都问不了(原来在这里又抛一次,成了 traceback)
+    except OSError as e:  # 名字太长之类:连「在不在」都问不了
         reason = e.strerror or str(e)
     return f"{what}打不开:{setting}={path}({reason})"
 
@@ -44,8 +44,8 @@ def unavailable_errors() -> tuple[type[Exception], ...]:
         import psycopg
     except ImportError:
         return (sqlite3.OperationalError,)
-    # 主备切换后连到了还只能读的那台(或者有人打开了 default_transaction_read_only):也是等一会儿再试。它的类是
-    # InternalError,原来常驻的 worker 带着 traceback 退出了;SQLite 的库只能读时本来就这样等
+    # 主备切换后连到了还只能读的那台(或者有人打开了 default_transaction_read_only):也是等一会儿再试,
+    # 和 SQLite 的库只能读时一样。它的类是 InternalError,所以单独列出
     return sqlite3.OperationalError, psycopg.OperationalError, psycopg.errors.ReadOnlySqlTransaction
 
 
@@ -64,7 +64,7 @@ def temporary(error: BaseException) -> bool:
 def unavailable(error: Exception) -> str:
     """遇上 unavailable_errors() 时给人看的那一行的开头:「数据库暂时用不了(类型名: 原文第一行)」。
     psycopg 的错误常带好几行 DETAIL / HINT,日志和终端里只留第一行。各个程序在后面接上自己接下来怎么办。
-    SQLite 的库文件只能读时(READONLY)补一句查什么:等多久都不会好,要人去改(原来只有英文的 readonly database)。"""
+    SQLite 的库文件只能读时(READONLY)补一句查什么:等多久都不会好,要人去改。"""
     if (getattr(error, "sqlite_errorcode", None) or 0) & 0xFF == sqlite3.SQLITE_READONLY:
         return f"数据库暂时用不了({first_line(error)}:{READ_ONLY_HINT})"
     return f"数据库暂时用不了({first_line(error)})"

@@ -128,8 +128,8 @@ def move_from_sqlite() -> tuple[str, str | None]:
             waiting = source.execute("SELECT DISTINCT ticket_id FROM events WHERE status = 'waiting_human' "
                                      "ORDER BY ticket_id").fetchall()
             if lost := [r[0] for r in waiting if thread_id(r[0]) not in threads]:
-                # 反过来也不行:收件箱里的待办靠 checkpoint 才能 accept。CHECKPOINTS_DB 写错了(文件不在就是一个 checkpoint
-                # 都没有)时原来照样「搬好了」、SQLite 记成已搬走,那边这些待办只能 restart、再调一次模型重新起草
+                # 反过来也不行:收件箱里的待办靠 checkpoint 才能 accept。CHECKPOINTS_DB 写错了(文件不在就是一个
+                # checkpoint 都没有)时搬过去的待办只能 restart、再调一次模型重新起草
                 raise MoveRefused(2, f"{path} 的收件箱里有 {len(lost)} 条待办({'、'.join(lost[:5])}),"
                                      f"{store.checkpoints_db()} 里却没有它们的 checkpoint:CHECKPOINTS_DB 指错了(文件不在,"
                                      "或者是另一套);把它改成 worker 起草时用的那个再搬。什么都没搬")
@@ -223,7 +223,7 @@ def already_moved(target, events: list, checkpoints: list) -> bool:
 def copy_missing_tickets(target, ticket_ids: set[str]) -> int:
     """搬过去的事件要用的工单,PostgreSQL 的业务表里却没有的,从 BIZ_DB 拷过去(连同它们的客户,已有的不动);返回拷了几张。
     第一次设着 DATABASE_URL 运行 store.py 时业务表就建好了(拷的是那时的 BIZ_DB),之后到搬家之前用 SQLite 的邮件轮询
-    收进来的信,工单只在 BIZ_DB 里:原来这些事件搬过去以后,worker 说「工单不存在」直接进死信,邮件早已标了已读。
+    收进来的信,工单只在 BIZ_DB 里:不拷的话这些事件搬过去以后,worker 说「工单不存在」直接进死信。
     BIZ_DB 里也没有的(比如 T9999)不管,和在 SQLite 上一样由 worker 判死信。"""
     there = {r["id"] for r in target.execute("SELECT id FROM tickets WHERE id = ANY(?)", (sorted(ticket_ids),))}
     path = store.biz_db()
@@ -246,9 +246,9 @@ def copy_missing_tickets(target, ticket_ids: set[str]) -> int:
 def sqlite_note() -> str:
     """设了 DATABASE_URL 时,store.py 最后关于 EVENTS_DB 那个 SQLite 库的一句提醒;没什么可说的是空串。
     - 它里面还有没做完(排队、处理中、等人审)、PostgreSQL 里又没有的事件:说有几个、怎么搬。
-    - 它已经搬进了另一个 PostgreSQL 库(--from-sqlite 记下的地址和现在的 DATABASE_URL 不一样):说搬去了哪里。
-      原来什么都不说:DATABASE_URL 换了个库,store.py 在新库里建出空表,看着像搬过去的事件和待办都没了。
-    SQLite 库不在、打不开、搬进的就是这个库(之后清空了 PostgreSQL 的话,原来这里照样提醒去搬,搬的时候却被拒绝):空串。"""
+    - 它已经搬进了另一个 PostgreSQL 库(--from-sqlite 记下的地址和现在的 DATABASE_URL 不一样):说搬去了哪里,
+      不然新库里的空表看着像搬过去的事件和待办都没了。
+    SQLite 库不在、打不开、搬进的就是这个库(之后清空了 PostgreSQL 也一样,那时再搬会被拒绝):空串。"""
     path = store.events_db()
     if not path.exists() or path.stat().st_size == 0:
         return ""

@@ -46,8 +46,8 @@ PG_DDL_REFUSALS = {
 
 @contextmanager
 def pg_refusing_ddl():
-    """建表时 PostgreSQL 不让建(PG_DDL_REFUSALS):每个程序都先 init(),在这里一行说清楚、什么都还没做
-    (原来是 psycopg 的 traceback)。PostgreSQL 15 起普通用户不能在 public 里建表,新手最常碰上的就是第一种。"""
+    """建表时 PostgreSQL 不让建(PG_DDL_REFUSALS):每个程序都先 init(),在这里一行说清楚、什么都还没做。
+    PostgreSQL 15 起普通用户不能在 public 里建表,新手最常碰上的就是第一种。"""
     try:
         yield
     except Exception as e:  # 不在这里 import psycopg:没装时由 require_psycopg() 说怎么装(连库时才用到它)
@@ -130,7 +130,7 @@ def open_pg_pool(url: str, durable: bool, **kwargs):
 def found_read_only(error: BaseException | None) -> bool:
     """这个错误是不是说连接连到了只能读的服务器上(主备切换时连到了还只能读的那台、用户或库上设了
     default_transaction_read_only)。这样连上的连接整个会话都只能读:还回连接池之前关掉,连接池另连一个,能写了
-    (或者 URL 里写了 target_session_attrs=read-write、换到了新的主库)就好了。原来留在池里,服务器早就能写了,
+    (或者 URL 里写了 target_session_attrs=read-write、换到了新的主库)就好了。留在池里的话,服务器早就能写了,
     程序还一直说「只能读」。"""
     return type(error).__name__ == "ReadOnlySqlTransaction"
 
@@ -158,8 +158,8 @@ EXAMPLE_URL = "postgresql://用户@主机:5432/库名"
 
 def url_problem(url: str) -> str | None:
     """DATABASE_URL(URL 或 libpq 的 key=value 写法)写得不对时,给人看的那一行「配置错误:…」;看不出毛病时是 None。
-    这些错 libpq 要到连接时才说,psycopg 报的是 OperationalError,和服务器没开分不出来:原来都算「数据库暂时用不了」,
-    常驻的 worker 一直重试、cron 按退出码 3 退出。域名解析不了的合法主机名还算暂时的(DNS 也会出故障)。"""
+    这些错 libpq 要到连接时才说,psycopg 报的是 OperationalError,和服务器没开分不出来,会被当成「数据库暂时
+    用不了」一直重试。域名解析不了的合法主机名还算暂时的(DNS 也会出故障)。"""
     import psycopg
     from psycopg.conninfo import conninfo_to_dict
 
@@ -212,7 +212,7 @@ PG_BUSY_FATALS = ("the database system is starting up", "the database system is 
 
 
 # libpq 自己(不是服务器)因为 DATABASE_URL 里的参数拒绝连接:sslmode=bogus 之类的值写错了,要 SSL 而服务器不支持,
-# 要 channel binding 而服务器没用。等多久都不会好;原来算「数据库暂时用不了」,常驻的 worker 一直重试
+# 要 channel binding 而服务器没用。等多久都不会好,不算「数据库暂时用不了」
 PG_CLIENT_REFUSALS = ("connection is bad: invalid ", "but SSL was required", "channel binding required")
 
 
@@ -321,8 +321,7 @@ class PgConnection:
 def _configure(durable: bool):
     """连接池每连上一个新连接时做的设置。
     lock_timeout = BUSY_TIMEOUT_S:等别人的锁最多这么久,和 SQLite 的 busy_timeout 一样,等不到就是「数据库暂时用不了」
-    (webhook 回 503、常驻 worker 说一行再试)。原来 PostgreSQL 上一直等:有人在 psql 里开着事务占着一行,webhook 的
-    那一批、连同排在后面的请求都一直挂着,没有回答。
+    (webhook 回 503、常驻 worker 说一行再试),不会因为有人在 psql 里开着事务占着一行就一直挂着。
     synchronous_commit:durable 的连接明确设成 on,回了 202 的事件断电也在,不随服务器或库上的默认值(有人
     ALTER DATABASE … SET synchronous_commit = off);其余的设成 off,提交不等 WAL 落盘,和 SQLite 的
     synchronous=NORMAL 同一个取舍(见 connect()):checkpoint 连接和 worker 记账的连接用它。worker 崩溃(kill -9)

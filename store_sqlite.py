@@ -24,8 +24,8 @@ def file_identity(path: Path | str) -> tuple[int, int] | None:
 
 def unchanged_or_exit(path: Path | str, identity: tuple[int, int] | None) -> None:
     """一直开着的 SQLite 连接,它的库文件还是打开时那一个吗?有人在程序运行时删掉、换掉了它(「想从头再来」删了
-    ambient.db* 又运行 store.py)时,开着的连接还连着那个删掉的文件:原来 webhook 照样回 202,事件却写进了没人看得见的
-    文件,就这么丢了。这时以 SystemExit 停下(webhook 的写库进程停下后,下一批由新开的写库进程写进新文件)。"""
+    ambient.db* 又运行 store.py)时,开着的连接还连着那个删掉的文件,写进去的事件没人看得见。这时以 SystemExit 停下
+    (webhook 的写库进程停下后,下一批由新开的写库进程写进新文件)。"""
     if file_identity(path) != identity:
         raise SystemExit(f"SQLite 库文件 {path} 在这个程序运行时被删掉或换掉了:这个程序不再用它,重新启动后用新的文件"
                          "(想从头再来时,先停掉 webhook、worker,再删库)")
@@ -70,8 +70,7 @@ WAL_RETRY_S = 0.01  # 秒;新库换成 WAL 撞上别人也在换时,隔多久再
 
 def use_wal(conn: sqlite3.Connection) -> None:
     """PRAGMA journal_mode = WAL。两个连接同时第一次打开同一个新库文件时(两个 worker、webhook 和 worker 一起起来),
-    换日志模式那一下 SQLite 不等 busy_timeout,当场说 database is locked:原来后到的那个程序就以「库打不开」退出了
-    (tests/test_worker.py 两个 worker 进程一起起来,CI 上碰到过)。这里隔一会儿再试,最多等 BUSY_TIMEOUT_S 秒。"""
+    换日志模式那一下 SQLite 不等 busy_timeout,当场说 database is locked。这里隔一会儿再试,最多等 BUSY_TIMEOUT_S 秒。"""
     deadline = time.monotonic() + busy_timeout_s()
     while True:
         try:

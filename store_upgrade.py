@@ -45,8 +45,8 @@ BACKFILL_WAITING_SINCE = "UPDATE events SET waiting_since = updated_at WHERE sta
 
 
 def not_events_db(conn) -> str | None:
-    """EVENTS_DB 指到了这个实验的业务库或 checkpoint 库(没有事件表,却有它们的表)时给人看的一行。原来 init() 悄悄在
-    业务库里建起事件表、把它改成 WAL,退出码 0;反方向(BIZ_DB 指到事件库)早就会说(other_lab_db)。"""
+    """EVENTS_DB 指到了这个实验的业务库或 checkpoint 库(没有事件表,却有它们的表)时给人看的一行:init() 不在别的库里
+    建事件表、不把它改成 WAL。反方向(BIZ_DB 指到事件库)见 store_biz.other_lab_db。"""
     tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
     if "events" in tables:
         return None
@@ -111,9 +111,8 @@ def foreign_table(conn) -> str | None:
     (课文只说记哪几样,列名各人起)。不说的话,CREATE TABLE IF NOT EXISTS 不动它,到了写审核记录、出日报时才是
     「no such column」,还被当成「数据库暂时用不了,稍后再试」,等多久都不会好。
     SQLite 的事件表不算:缺的列 init() 会补(照课文建的库也是这样升级的)。PostgreSQL 上除了 waiting_since
-    没有要补的:做练习 6 时照课文自己建的 events(没有 ticket_id、claimed_by……)原来是 UndefinedColumn 的 traceback;
-    业务表也在这个库里,别的程序的 tickets 原来让 store.py 叫人把它 DROP 掉。
-    PostgreSQL 上列都在、存时间的列却是 TEXT(照课文的 SQLite 建表语句搬过去的)也算:原来领取时是 DatatypeMismatch 的 traceback。"""
+    没有要补的:做练习 6 时照课文自己建的 events(没有 ticket_id、claimed_by……)和别的程序的业务表都算。
+    PostgreSQL 上列都在、存时间的列却是 TEXT(照课文的 SQLite 建表语句搬过去的)也算:领取时和 now() 比不了。"""
     if store.dialect() == "postgres":
         tables = {**TABLE_COLUMNS, "events": TABLE_COLUMNS["events"] - {"waiting_since"},
                   **{t: frozenset(columns) for t, columns in store_biz.BIZ_COLUMNS.items()}}
@@ -166,12 +165,10 @@ def upgrade_events_table(conn) -> None:
 
 
 # 课文的 ambient.db 里有时间的列;它们存的是本地时间、精确到秒、不带时区
-# (not_before 是课文练习 3 让加的列,照课文的 now() 写的也是本地时间:原来不换,东八区的机器上失败重试的事件要多等 8 小时,
-# 同一张工单的别的事件也一起等)
+# (not_before 是课文练习 3 让加的列,照课文的 now() 写的也是本地时间:不换的话,东八区的机器上失败重试的事件要多等 8 小时)
 LESSON_TIME_COLUMNS = {"events": ("received_at", "updated_at", "not_before"), "outbox": ("sent_at",)}
 # 课文的库没有「同一张工单最多一个 processing」的约束,两个 worker(课文说 cron 里的 --once 可以重叠)被杀掉后,
-# 同一张工单可能留下两个 processing 的事件:原来建唯一索引时 IntegrityError 的 traceback,每个程序都先 init(),
-# 一个都起不来。升级时每张工单只留最早领的那个,别的放回队列(和卡住的事件一样)
+# 同一张工单可能留下两个 processing 的事件,唯一索引就建不起来。升级时每张工单只留最早领的那个,别的放回队列
 LESSON_EXTRA_PROCESSING = """
 UPDATE events SET status = 'pending' WHERE status = 'processing' AND ticket_id IS NOT NULL AND EXISTS (
   SELECT 1 FROM events AS first WHERE first.ticket_id = events.ticket_id AND first.status = 'processing'
