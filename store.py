@@ -188,31 +188,8 @@ def transaction(path: Path | str | None = None, *, wait_s: float | None = None):
 
 def init() -> None:
     """建事件库的表(已存在就不动),并把旧版库缺的列补上。几个进程同时 init 也没关系。"""
-    if dialect() == "postgres":
-        # 都建好了(平常都是):一条 DDL 也不执行。CREATE … IF NOT EXISTS 什么都不做时也要建表的权限(schema 的 CREATE、
-        # 表的所有者),所以库的所有者建好表之后,只有读写权限的用户(生产上常这样配)也能运行每个程序;
-        # 也不用每次启动都为 CREATE INDEX 拿一下 events 的 SHARE 锁,和正在领事件的 worker 互相等
-        with opened() as conn:
-            if problem := store_upgrade.foreign_table(conn):
-                raise SystemExit(problem)
-            if store_upgrade.pg_nothing_to_build(conn):
-                store_upgrade.pg_rights_or_exit(conn)
-                return
-        with store_pg.pg_refusing_ddl():
-            with transaction() as conn:
-                conn.execute("SELECT pg_advisory_xact_lock(?)", (store_pg.SCHEMA_LOCK,))  # 几个 worker 同时第一次启动
-                # 等锁的时候,拿着锁的那个(所有者的 store.py、另一台机器上的 worker)可能刚好建完:再看一次,
-                # 不然只有读写权限的用户在这里照样执行 DDL、被拒绝,虽然表已经都在了
-                built_meanwhile = store_upgrade.pg_nothing_to_build(conn)
-                if not built_meanwhile:
-                    conn.executescript(SCHEMA.format(**DIALECTS["postgres"]))
-                    if not conn.execute(store_upgrade.PG_HAS_WAITING_SINCE).fetchone():
-                        conn.execute(f"ALTER TABLE events ADD COLUMN waiting_since {DIALECTS['postgres']['time']}")
-                        conn.execute(store_upgrade.BACKFILL_WAITING_SINCE)
-                    conn.execute(ONE_PROCESSING_PER_TICKET)
-        if built_meanwhile:
-            with opened() as conn:
-                store_upgrade.pg_rights_or_exit(conn)
+    if dialect() == "postgres":  # 练习 6
+        store_pg.init_postgres()
         return
     try:
         with opened() as conn:
