@@ -18,13 +18,11 @@ import worker_owner
 
 PG_POOL_SIZE = 10  # 个(至少 1);每个连接池最多开几个连接(比 worker 的并发数小时,线程排队等连接);一个进程最多三个池:等落盘的、不等落盘的、checkpoint
 PG_CONNECT_TIMEOUT_S = 10  # 秒;第一次连 PostgreSQL 最多等多久,连不上就说明原因退出(不会一直挂着)
-# 秒;从连接池借一个连接最多等多久(psycopg_pool 默认 30 秒)。连接都借出去了(worker 的并发数比 PG_POOL_SIZE 大)时排队等;
-# 服务器连不上时池里一个都没有,也是等到这么久才报「数据库暂时用不了」。webhook 的写库进程一次只借一个,借不到只可能是
-# 连不上:它把这个数改小(event_writer.py),503 几秒内就回,不是让上游等半分钟
+# 秒;从连接池借一个连接最多等多久(连接都借出去了时排队等;服务器连不上时也等到这么久才报「数据库暂时用不了」)。
+# webhook 的写库进程一次只借一个,借不到只可能是连不上:它把这个数改小(event_writer.py),503 几秒内就回
 PG_POOL_WAIT_S = 30.0
-# 秒(0–86400);连接上次借出去已经是这么久以前(闲着),这次借出去之前先空跑一条语句,确认它还连着。服务器重启、主备切换、防火墙或
-# PgBouncer 掐掉闲连接之后,池里剩下的都是死连接,不查的话下一个事件就撞上去、白白失败一次。忙的时候连接一直在用,
-# 闲不到这么久,不多一次往返(每次多一次往返约 0.05 ms,一个事件要借十几次连接)。
+# 秒(0–86400);连接闲了这么久,借出去之前先空跑一条语句,确认它还连着:服务器重启、防火墙或 PgBouncer 掐掉闲连接之后,
+# 下一个事件不会撞上死连接白白失败一次。忙的时候连接闲不到这么久,不多一次往返(一个事件要借十几次连接)。
 PG_IDLE_CHECK_S = 5
 
 
@@ -121,8 +119,7 @@ def open_pg_pool(url: str, durable: bool, **kwargs):
     if problem := url_problem(url):
         raise SystemExit(problem)
     max_size, idle_limit = pool_size(), idle_check_s()  # 设置写错了先说它,用不着去连服务器
-    # psycopg 和连接池在数据库断开后会用英文 WARNING 说它扔掉了哪个连接、重连失败了几次(没配日志时直接打到 stderr,
-    # 服务器不在时每秒好几行)。这些程序自己会说一行「数据库暂时用不了(…)」,所以只留 ERROR 及以上
+    # psycopg 和连接池在数据库断开后每秒好几行英文 WARNING;这些程序自己会说一行「数据库暂时用不了(…)」,只留 ERROR 及以上
     logging.getLogger("psycopg").setLevel(logging.ERROR)
 
     def check(conn) -> None:
@@ -350,11 +347,9 @@ def _configure(durable: bool):
     """连接池每连上一个新连接时做的设置。
     lock_timeout = BUSY_TIMEOUT_S:等别人的锁最多这么久,和 SQLite 的 busy_timeout 一样,等不到就是「数据库暂时用不了」
     (webhook 回 503、常驻 worker 说一行再试),不会因为有人在 psql 里开着事务占着一行就一直挂着。
-    synchronous_commit:durable 的连接明确设成 on,回了 202 的事件断电也在,不随服务器或库上的默认值(有人
-    ALTER DATABASE … SET synchronous_commit = off);其余的设成 off,提交不等 WAL 落盘,和 SQLite 的
-    synchronous=NORMAL 同一个取舍(见 connect()):checkpoint 连接和 worker 记账的连接用它。worker 崩溃(kill -9)
-    一个不丢,只有 PostgreSQL 服务器自己崩溃或断电时可能丢最后几百毫秒的提交,那张工单从更早的节点重跑(节点幂等,
-    outbox 有 UNIQUE)。checkpoint 这样写,实测每个事件省 0.7 ms 左右(bench/worker.py)。"""
+    synchronous_commit:durable 的连接明确设成 on(回了 202 的事件断电也在,不随服务器或库上的默认值);其余的设成 off,
+    和 SQLite 的 synchronous=NORMAL 同一个取舍(见 store.connect()):checkpoint 和 worker 记账的连接用它,
+    checkpoint 这样写每个事件省 0.7 ms 左右(bench/worker.py)。"""
     settings = (f"SET lock_timeout = '{max(1, int(store_sqlite.busy_timeout_s() * 1000))}ms'",  # 0 在 PostgreSQL 是一直等
                 f"SET synchronous_commit = {'on' if durable else 'off'}")
 
