@@ -45,19 +45,7 @@ STALE_MINUTES = 10          # 分钟(0–525600);processing 超过这么久、�
 POLL_SECONDS = 2            # 秒(0.01–3600);常驻模式下没事件时隔多久再看;一直有事件时,也隔这么久查一次卡住的事件
 CLAIM_TRIES = 5             # 次;撞上别人刚领了同一张工单的事件时再挑几次,之后等下一轮
 
-
-def max_attempts() -> int:
-    return config.integer("MAX_ATTEMPTS", MAX_ATTEMPTS, minimum=1, maximum=20)
-
-
-def stale_minutes() -> float:
-    return config.number("STALE_MINUTES", STALE_MINUTES, minimum=0, maximum=525600)
-
-
-def poll_seconds() -> float:
-    return config.number("POLL_SECONDS", POLL_SECONDS, minimum=0.01, maximum=3600)
-
-
+# 领一个事件:挑选和标记在同一条 UPDATE 里(SQLite 一次只有一个写者,这条语句本身就是原子的)
 CLAIM_SQL = """
 UPDATE events SET status = 'processing', attempts = attempts + 1, claimed_by = ?, updated_at = ?
 WHERE event_id = (
@@ -75,7 +63,7 @@ RETURNING event_id, kind, payload, attempts, ticket_id, last_error, updated_at
 
 
 # ---- 练习 6:PostgreSQL 上领事件用 FOR UPDATE SKIP LOCKED ----
-# PostgreSQL(练习 6):同一条语句,挑选时跳过别的 worker 正锁着的行,不排队等它们
+# 同一条语句,挑选时跳过别的 worker 正锁着的行,不排队等它们
 CLAIM_SQL_POSTGRES = """
 UPDATE events SET status = 'processing', attempts = attempts + 1, claimed_by = ?, updated_at = ?
 WHERE event_id = (
@@ -270,6 +258,18 @@ class Worker(worker_pool.WorkerBase):
 def say_retrying(error: Exception) -> None:
     """常驻模式下数据库用不了(启动时、运行中)时标准错误上的那一行;接着隔 POLL_SECONDS 再试。"""
     print(f"{store_errors.unavailable(error)},{poll_seconds():g} 秒后再试", file=sys.stderr, flush=True)
+
+
+def max_attempts() -> int:
+    return config.integer("MAX_ATTEMPTS", MAX_ATTEMPTS, minimum=1, maximum=20)
+
+
+def stale_minutes() -> float:
+    return config.number("STALE_MINUTES", STALE_MINUTES, minimum=0, maximum=525600)
+
+
+def poll_seconds() -> float:
+    return config.number("POLL_SECONDS", POLL_SECONDS, minimum=0.01, maximum=3600)
 
 
 def read_settings() -> None:
