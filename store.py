@@ -41,6 +41,7 @@ def checkpoints_db() -> Path:
 
 
 STATUSES = ("pending", "processing", "waiting_human", "done", "ignored", "dead")
+
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS events (
     event_id     TEXT PRIMARY KEY,          -- 上游给的唯一 id,去重全靠它
@@ -131,25 +132,9 @@ def connect(path: Path | str | None = None, *, durable: bool = True):
     最后几百毫秒的这种提交可能没了:事件退回更早的状态(pending / processing),按平常的规则被放回队列、
     从 checkpoint 续跑,发件箱的 UNIQUE 保证回复不会发两次。和 checkpoint 是同一个取舍。
     两种提交写的是同一个 WAL,后面任何一次等落盘的提交都会把前面的一起落盘。每个事件省 3 次等盘(bench/worker.py)。"""
-    if dialect(path) == "postgres":
+    if dialect(path) == "postgres":  # 练习 6
         return store_pg.PgConnection(store_pg._pg_pool(database_url(), durable))
-    key = (str(path or events_db()), durable)
-    kept = store_sqlite._kept.__dict__.setdefault("conns", {})
-    if (conn := kept.get(key)) is not None:
-        store_sqlite.unchanged_or_exit(key[0], conn.identity)
-    else:
-        # 事件库没有就建(init 建表);给了路径的库(业务库)只打开已有的:sqlite3 默认会顺手建一个空文件,
-        # 之后 store.py 以为业务库已经在了,worker 读工单只会得到 no such table
-        target = key[0] if path is None else f"{Path(key[0]).absolute().as_uri()}?mode=rw"
-        conn = sqlite3.connect(target, timeout=store_sqlite.busy_timeout_s(), isolation_level=None, factory=store_sqlite.KeptConnection,
-                               uri=path is not None)
-        conn.row_factory = sqlite3.Row
-        # WAL 模式(init 写进库文件):读写不互相挡
-        conn.execute(f"PRAGMA synchronous = {'FULL' if durable else 'NORMAL'}")
-        conn.identity = store_sqlite.file_identity(key[0])
-        conn.key = key
-        kept[key] = conn
-    return conn
+    return store_sqlite.kept_connection(path, durable)
 
 
 @contextmanager

@@ -6,6 +6,7 @@ import time
 from pathlib import Path
 
 import config
+import store
 
 
 # 秒(0–3600);SQLite 库被别人写着时等锁等多久(webhook、几个 worker、收件箱同时写库是常事,等一等就好)。
@@ -63,6 +64,27 @@ class KeptConnection(FileConnection):
         if conns.get(self.key) is self:
             del conns[self.key]
         super().close()
+
+
+def kept_connection(path: Path | str | None, durable: bool) -> KeptConnection:
+    """store.connect() 在 SQLite 上:这个线程留着的那个连接,没有就打开一个留下。"""
+    key = (str(path or store.events_db()), durable)
+    kept = _kept.__dict__.setdefault("conns", {})
+    if (conn := kept.get(key)) is not None:
+        unchanged_or_exit(key[0], conn.identity)
+    else:
+        # 事件库没有就建(init 建表);给了路径的库(业务库)只打开已有的:sqlite3 默认会顺手建一个空文件,
+        # 之后 store.py 以为业务库已经在了,worker 读工单只会得到 no such table
+        target = key[0] if path is None else f"{Path(key[0]).absolute().as_uri()}?mode=rw"
+        conn = sqlite3.connect(target, timeout=busy_timeout_s(), isolation_level=None, factory=KeptConnection,
+                               uri=path is not None)
+        conn.row_factory = sqlite3.Row
+        # WAL 模式(init 写进库文件):读写不互相挡
+        conn.execute(f"PRAGMA synchronous = {'FULL' if durable else 'NORMAL'}")
+        conn.identity = file_identity(key[0])
+        conn.key = key
+        kept[key] = conn
+    return conn
 
 
 WAL_RETRY_S = 0.01  # 秒;新库换成 WAL 撞上别人也在换时,隔多久再试(最多试到 BUSY_TIMEOUT_S)
