@@ -41,8 +41,7 @@ class MoveRefused(Exception):
 
 
 class AlreadyMoved(Exception):
-    """要搬的东西 PostgreSQL 里已经一样不少(already_moved):什么都不再搬,只在 SQLite 里补上已搬走的记号。
-    消息是给人看的「N 个事件、M 个 checkpoint」。"""
+    """要搬的东西 PostgreSQL 里已经一样不少(already_moved):只在 SQLite 里补上已搬走的记号。消息是「N 个事件、M 个 checkpoint」。"""
 
 
 def thread_id(ticket_id: str) -> str:
@@ -51,8 +50,7 @@ def thread_id(ticket_id: str) -> str:
 
 
 def moved_to(conn) -> tuple[str, str] | None:
-    """这个 SQLite 事件库搬进了哪个 PostgreSQL、什么时候搬的(「2026-12-02 01:23:45 UTC」,store.py --from-sqlite
-    记下的);没搬过是 None。"""
+    """这个 SQLite 事件库搬进了哪个 PostgreSQL、什么时候搬的(「2026-12-02 01:23:45 UTC」);没搬过是 None。"""
     if not conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'moved_to_postgres'").fetchone():
         return None
     url, moved_at = conn.execute("SELECT url, moved_at FROM moved_to_postgres").fetchone()
@@ -84,8 +82,7 @@ def sqlite_rows_to_move(conn, path: Path) -> dict[str, list]:
 
 
 def sqlite_checkpoints() -> list:
-    """CHECKPOINTS_DB 里所有 thread 的全部 checkpoint(CheckpointTuple,带着没跑完的节点写下的 pending writes),
-    同一个 thread 里旧的在前。文件不在(worker 从没跑过)就是空的。"""
+    """CHECKPOINTS_DB 里所有 thread 的全部 checkpoint(带着 pending writes),同一个 thread 里旧的在前。"""
     path = store.checkpoints_db()
     if not path.exists() or path.stat().st_size == 0:
         return []
@@ -99,14 +96,12 @@ def sqlite_checkpoints() -> list:
 
 
 def move_from_sqlite() -> tuple[str, str | None]:
-    """把 EVENTS_DB、CHECKPOINTS_DB 里的东西搬进 DATABASE_URL 指的 PostgreSQL:全部事件(等人审的、排队的、做完的、死信)、
-    发件箱、审核记录、看过的草稿、用量,和每个 thread 的全部 checkpoint —— 等人审的待办在 PostgreSQL 上照样 accept,
-    做了一半的图从停下的节点接着跑,定时任务也认得哪些工单已经回过。一个事务:要么全搬过去,要么什么都没搬。
-    从读到写完一直拿着 SQLite 事件库的写锁(SQLite 的 worker 这期间领不了事件、收件箱拿不走待办,搬过去的就是读到的),
-    PostgreSQL 提交之后在同一个 SQLite 事务里记下已搬走(RETIRE_SQL)。搬不了时抛 MoveRefused;
-    SQLite 被别人锁着太久时抛 sqlite3.OperationalError(数据库暂时用不了)。
-    要搬的 PostgreSQL 里已经一样不少(上一次在两个提交之间被杀掉了,见 already_moved):什么都不再搬,只补上 SQLite 的记号。
-    返回 (给人看的一行:搬了多少或者早已搬过,None);PostgreSQL 已经提交、SQLite 却没能记下时,第二项是 SQLite 的错误。"""
+    """把 EVENTS_DB、CHECKPOINTS_DB 里的全部事件、发件箱、审核记录、看过的草稿、用量和每个 thread 的全部 checkpoint
+    搬进 DATABASE_URL 指的 PostgreSQL,一个事务:要么全搬过去,要么什么都没搬。从读到写完一直拿着 SQLite 事件库的写锁
+    (搬过去的就是读到的),PostgreSQL 提交之后在同一个 SQLite 事务里记下已搬走(RETIRE_SQL)。
+    搬不了时抛 MoveRefused;SQLite 被锁太久时抛 sqlite3.OperationalError。PostgreSQL 里已经一样不少(上一次在两个提交
+    之间被杀掉了,见 already_moved)时只补上 SQLite 的记号。返回 (给人看的一行, None);PostgreSQL 已经提交、
+    SQLite 却没能记下时,第二项是 SQLite 的错误。"""
     path = store.events_db()
     if not path.exists() or path.stat().st_size == 0:
         raise MoveRefused(2, f"没有可搬的:EVENTS_DB 指的 {path} 不存在")
@@ -205,8 +200,7 @@ def copy_to_postgres(moved: dict[str, list], checkpoints: list) -> str:
 
 def already_moved(target, events: list, checkpoints: list) -> bool:
     """SQLite 里的每个事件(同一个 id、同一个收到时间,精确到微秒)和每个 checkpoint(id 是 uuid)PostgreSQL 里都有:
-    那边就是从这个库搬过去的那一套 —— 上一次搬家在 PostgreSQL 提交之后、SQLite 记下已搬走之前被杀掉了(或者磁盘满了
-    没记下),或者这是搬之前拷的一份。只是事件 id 撞上了的另一套(比如两边都用 send_webhook.py 发过同样的事件)不算。"""
+    那边就是从这个库搬过去的那一套。只是事件 id 撞上了的另一套(两边都用 send_webhook.py 发过同样的事件)不算。"""
     at = MOVED_COLUMNS["events"].index("received_at")
     mine = {(r[0], store.parse_time(r[at])) for r in events}
     theirs = {(r["event_id"], store.parse_time(r["received_at"])) for r in target.execute(
@@ -221,10 +215,8 @@ def already_moved(target, events: list, checkpoints: list) -> bool:
 
 
 def copy_missing_tickets(target, ticket_ids: set[str]) -> int:
-    """搬过去的事件要用的工单,PostgreSQL 的业务表里却没有的,从 BIZ_DB 拷过去(连同它们的客户,已有的不动);返回拷了几张。
-    第一次设着 DATABASE_URL 运行 store.py 时业务表就建好了(拷的是那时的 BIZ_DB),之后到搬家之前用 SQLite 的邮件轮询
-    收进来的信,工单只在 BIZ_DB 里:不拷的话这些事件搬过去以后,worker 说「工单不存在」直接进死信。
-    BIZ_DB 里也没有的(比如 T9999)不管,和在 SQLite 上一样由 worker 判死信。"""
+    """搬过去的事件要用的工单,PostgreSQL 的业务表里却没有的(业务表建好以后 SQLite 的邮件轮询才收进来的),
+    从 BIZ_DB 拷过去,连同它们的客户;返回拷了几张。BIZ_DB 里也没有的(比如 T9999)照旧由 worker 判死信。"""
     there = {r["id"] for r in target.execute("SELECT id FROM tickets WHERE id = ANY(?)", (sorted(ticket_ids),))}
     path = store.biz_db()
     if not (missing := ticket_ids - there) or not path.exists() or path.stat().st_size == 0:
@@ -244,11 +236,8 @@ def copy_missing_tickets(target, ticket_ids: set[str]) -> int:
 
 
 def sqlite_note() -> str:
-    """设了 DATABASE_URL 时,store.py 最后关于 EVENTS_DB 那个 SQLite 库的一句提醒;没什么可说的是空串。
-    - 它里面还有没做完(排队、处理中、等人审)、PostgreSQL 里又没有的事件:说有几个、怎么搬。
-    - 它已经搬进了另一个 PostgreSQL 库(--from-sqlite 记下的地址和现在的 DATABASE_URL 不一样):说搬去了哪里,
-      不然新库里的空表看着像搬过去的事件和待办都没了。
-    SQLite 库不在、打不开、搬进的就是这个库(之后清空了 PostgreSQL 也一样,那时再搬会被拒绝):空串。"""
+    """设了 DATABASE_URL 时,store.py 最后关于 EVENTS_DB 那个 SQLite 库的一句提醒:里面还有 PostgreSQL 里没有的
+    未完事件时说怎么搬;它搬进的是另一个 PostgreSQL 库时说搬去了哪里。没什么可说的(包括搬进的就是这个库)是空串。"""
     path = store.events_db()
     if not path.exists() or path.stat().st_size == 0:
         return ""
@@ -275,8 +264,7 @@ def sqlite_note() -> str:
 
 
 def same_database(a: str, b: str) -> bool:
-    """两个连接串是不是同一个库:服务器、库名和其余参数(options 里的 search_path)都一样,用户和密码不算。
-    所有者搬的家,之后用只有读写权限的用户连同一个库,不该被说成「不是现在 DATABASE_URL 的这个库」。"""
+    """两个连接串是不是同一个库:服务器、库名和其余参数都一样,用户和密码不算(所有者搬的家,读写用户连的是同一个库)。"""
     import psycopg
     from psycopg.conninfo import conninfo_to_dict
 

@@ -10,9 +10,8 @@ import store_events
 
 # 旧版 ambient.db(照课文建的)缺这些列:init() 会补上,已有数据不动
 ADDED_COLUMNS = {"not_before": "TEXT", "ticket_id": "TEXT", "claimed_by": "TEXT", "waiting_since": "TEXT"}
-# PostgreSQL 上只有 waiting_since 是后加的(有 PostgreSQL 的版本之前没有它):init() 查到缺了才补,
-# 不缺时不执行 ALTER TABLE(它要拿整张表的排它锁,每个程序启动都拿一次会和正在领事件的 worker 互相等)
-# 查 pg_attribute,不查 information_schema.columns:后者只列出这个用户有权限的列,还没被 GRANT 的用户会以为缺了这一列
+# PostgreSQL 上只有 waiting_since 是后加的:查到缺了才 ALTER TABLE(它拿整张表的排它锁,会和正在领事件的 worker 互相等)。
+# 查 pg_attribute,不查 information_schema.columns:后者只列出这个用户有权限的列
 PG_HAS_WAITING_SINCE = """
 SELECT 1 FROM pg_attribute WHERE attname = 'waiting_since' AND NOT attisdropped AND attrelid =
     (SELECT oid FROM pg_class WHERE relname = 'events'
@@ -39,8 +38,8 @@ TIME_COLUMNS = {"events": frozenset({"received_at", "updated_at", "not_before", 
                 "outbox": frozenset({"sent_at"}), "review_log": frozenset({"created_at"}),
                 "inbox_seen": frozenset({"seen_at"}), "llm_usage": frozenset({"created_at"})}
 PG_TIME_TYPE = "timestamp with time zone"  # format_type() 对 TIMESTAMPTZ 的叫法
-# 补上 waiting_since 时,已经在收件箱里的待办从 updated_at 算起(上一版的收件箱放回待办时保留的就是它);
-# 不补的话它们是空的,之后有人 respond 一下,set_status 就把「现在」当成进收件箱的时刻,等了 50 小时的显示 0 小时
+# 补上 waiting_since 时,已经在收件箱里的待办从 updated_at 算起:不补的话之后有人 respond 一下,
+# set_status 就把「现在」当成进收件箱的时刻,等了 50 小时的显示 0 小时
 BACKFILL_WAITING_SINCE = "UPDATE events SET waiting_since = updated_at WHERE status = 'waiting_human'"
 
 
