@@ -1,4 +1,6 @@
-"""业务库(云簿的客户和工单),给 store.py、agent.py 和邮件轮询用:课文直接用 Day 23 造好的 cloudledger.db,这里没有它时从 cloudledger_seed.json 建一份(设了 DATABASE_URL 时建在 PostgreSQL 里),认出 BIZ_DB 指错了的库、不去动它,还有邮件轮询用的查询:按发件地址找客户、邮件建工单(重跑得到同一个工单号)。"""
+"""业务库(云簿的客户和工单),给 store.py、agent.py 和邮件轮询用:课文直接用 Day 23 造好的 cloudledger.db,
+这里没有它时从 cloudledger_seed.json 建一份(设了 DATABASE_URL 时建在 PostgreSQL 里),认出 BIZ_DB 指错了的库、
+不去动它,还有邮件轮询用的查询:按发件地址找客户、邮件建工单(重跑得到同一个工单号)。"""
 import json
 import os
 import sqlite3

@@ -1,4 +1,8 @@
-"""uv run python store.py 做的事:建好缺的库(事件库、业务库,设了 DATABASE_URL 时还有 checkpoint 的表,之后只有读写权限的用户也能运行每个程序),--from-sqlite 时再搬家,最后打印各表行数;已经建好的不会重建,可以反复运行。退出码:0 好了;1 数据库暂时用不了或打不开、业务库拷不进 PostgreSQL、SQLite 事件库已经搬走却没设 DATABASE_URL;2 BIZ_DB 指着的库不是这里建的、PostgreSQL 里只有半套业务表(都不去动它)、搬不了,或者参数不对。课文的 store.py 只被别的程序 import;这里让人单独运行它来建库、看库。"""
+"""uv run python store.py 做的事:建好缺的库(事件库、业务库,设了 DATABASE_URL 时还有 checkpoint 的表,
+之后只有读写权限的用户也能运行每个程序),--from-sqlite 时再搬家,最后打印各表行数;已经建好的不会重建,可以反复运行。
+退出码:0 好了;1 数据库暂时用不了或打不开、业务库拷不进 PostgreSQL、SQLite 事件库已经搬走却没设 DATABASE_URL;
+2 BIZ_DB 指着的库不是这里建的、PostgreSQL 里只有半套业务表(都不去动它)、搬不了,或者参数不对。
+课文的 store.py 只被别的程序 import;这里让人单独运行它来建库、看库。"""
 import sys
 from pathlib import Path
 

@@ -1,4 +1,9 @@
-"""练习 6 的 PostgreSQL:设了 DATABASE_URL 时,store.py 的 connect() 从这里的连接池借连接,PgConnection 让它用起来和 sqlite3 的连接一样(? 占位符、按列名取值)。这里还有:连接池的设置(借出去之前查一下闲了很久的连接还连着没有,连到只能读的服务器的连接不放回池里)、DATABASE_URL 写错时在连接之前就说清楚、分清服务器拒绝连接是设置不对还是暂时的、建表被拒绝时一行说明,以及 LangGraph 的 checkpointer(SQLite 文件或 PostgreSQL)。课文练习 6 只说换成 Postgres;几台机器、几个进程共用一个库时,这些都会碰上。"""
+"""练习 6 的 PostgreSQL:设了 DATABASE_URL 时,store.py 的 connect() 从这里的连接池借连接,
+PgConnection 让它用起来和 sqlite3 的连接一样(? 占位符、按列名取值)。这里还有:
+连接池的设置(借出去之前查一下闲了很久的连接还连着没有,连到只能读的服务器的连接不放回池里)、
+DATABASE_URL 写错时在连接之前就说清楚、分清服务器拒绝连接是设置不对还是暂时的、建表被拒绝时一行说明,
+以及 LangGraph 的 checkpointer(SQLite 文件或 PostgreSQL)。课文练习 6 只说换成 Postgres;几台机器、
+几个进程共用一个库时,这些都会碰上。"""
 import functools
 import logging
 import os

@@ -1,4 +1,7 @@
-"""SQLite 连接的细节,给 store.py 的 connect() / transaction() 用:每个线程、每个库文件留一个连接一直用(重开一次比语句本身还贵),发现库文件在程序运行时被删掉或换掉就停下,两个程序同时第一次打开新库时换 WAL 模式会撞锁、隔一会儿再试,等别人的写锁最多等 BUSY_TIMEOUT_S 秒。课文每次都新开一个连接,一个进程一个线程时够用;这里 webhook、几个 worker 和收件箱同时写同一个库文件。"""
+"""SQLite 连接的细节,给 store.py 的 connect() / transaction() 用:每个线程、
+每个库文件留一个连接一直用(重开一次比语句本身还贵),发现库文件在程序运行时被删掉或换掉就停下,
+两个程序同时第一次打开新库时换 WAL 模式会撞锁、隔一会儿再试,等别人的写锁最多等 BUSY_TIMEOUT_S 秒。
+课文每次都新开一个连接,一个进程一个线程时够用;这里 webhook、几个 worker 和收件箱同时写同一个库文件。"""
 import os
 import sqlite3
 import threading

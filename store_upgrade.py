@@ -1,4 +1,8 @@
-"""给 store.py 的 init() 用:打开一个已经有的库时,先看它是不是这里的库、结构对不对。照课文建的旧事件库补上后加的列、把本地时间换成 UTC;EVENTS_DB 指到了业务库或 checkpoint 库、同名的表却是别人建的(做练习时自己建的 review_log、PostgreSQL 上存时间的列是 TEXT)时一行说清楚、什么都不动;PostgreSQL 上表都建好时不执行 DDL,只有读写权限的用户也能运行,缺权限时说缺哪张表的。课文的 init() 只会 CREATE TABLE IF NOT EXISTS,旧库和别人的表它都不管。"""
+"""给 store.py 的 init() 用:打开一个已经有的库时,先看它是不是这里的库、结构对不对。照课文建的旧事件库补上后加的列、
+把本地时间换成 UTC;EVENTS_DB 指到了业务库或 checkpoint 库、同名的表却是别人建的(做练习时自己建的 review_log、
+PostgreSQL 上存时间的列是 TEXT)时一行说清楚、什么都不动;PostgreSQL 上表都建好时不执行 DDL,
+只有读写权限的用户也能运行,缺权限时说缺哪张表的。课文的 init() 只会 CREATE TABLE IF NOT EXISTS,
+旧库和别人的表它都不管。"""
 import shlex
 from datetime import datetime
 

@@ -93,7 +93,8 @@ def claim(owner: str | None = None) -> dict | None:
     for _ in range(CLAIM_TRIES):
         with store.opened(durable=False) as conn:
             query = CLAIM_SQL_POSTGRES if store.dialect() == "postgres" else CLAIM_SQL
-            cur = worker_owner._unless_ticket_taken(conn, query, claim_args(owner or worker_owner.worker_id(), store.now()))
+            args = claim_args(owner or worker_owner.worker_id(), store.now())
+            cur = worker_owner._unless_ticket_taken(conn, query, args)
             if cur is not None:
                 row = cur.fetchone()
                 return dict(row) if row else None

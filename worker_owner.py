@@ -1,4 +1,7 @@
-"""谁手里拿着一个 processing 的事件,给 worker.py 的 claim() / requeue_stale() 和收件箱用:worker 的 id 是「主机名:进程号@启动时刻」,本机的进程死没死看得出来(死了的马上放回,活着的不动),别的机器上的只能按 STALE_MINUTES;worker 被打断时把手上的事件交回队列、不算一次失败;收件箱命令中途没了时,人已经做了决定的事件交给 worker 接着做。课文只按时间放回卡住的事件,重启 worker 时会抢走还活着的 worker 正在做的事件。"""
+"""谁手里拿着一个 processing 的事件,给 worker.py 的 claim() / requeue_stale() 和收件箱用:worker 的 id 是「主机名:
+进程号@启动时刻」,本机的进程死没死看得出来(死了的马上放回,活着的不动),别的机器上的只能按 STALE_MINUTES;
+worker 被打断时把手上的事件交回队列、不算一次失败;收件箱命令中途没了时,人已经做了决定的事件交给 worker 接着做。
+课文只按时间放回卡住的事件,重启 worker 时会抢走还活着的 worker 正在做的事件。"""
 import os
 import socket
 import sqlite3

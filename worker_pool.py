@@ -1,4 +1,8 @@
-"""worker.py 的并发、停止信号和交回事件:一个 worker 开几个处理线程同时等模型(WORKER_CONCURRENCY),Ctrl-C / SIGTERM 做完手上的再退、第二次 Ctrl-C 立即退出并把手上的事件交回队列(不算一次失败),数据库出错时这一轮停下、交回没来得及改状态的事件,以及 checkpoint 什么时候写(CHECKPOINT_DURABILITY)。课文的 worker 是一个线程的死循环,被杀掉的事件只能等 requeue_stale 按时间放回;这里常驻的 worker 要在 systemd、容器和终端里都能干净地停下。"""
+"""worker.py 的并发、停止信号和交回事件:一个 worker 开几个处理线程同时等模型(WORKER_CONCURRENCY),
+Ctrl-C / SIGTERM 做完手上的再退、第二次 Ctrl-C 立即退出并把手上的事件交回队列(不算一次失败),
+数据库出错时这一轮停下、交回没来得及改状态的事件,以及 checkpoint 什么时候写(CHECKPOINT_DURABILITY)。
+课文的 worker 是一个线程的死循环,被杀掉的事件只能等 requeue_stale 按时间放回;这里常驻的 worker 要在 systemd、
+容器和终端里都能干净地停下。"""
 import itertools
 import os
 import queue
