@@ -24,6 +24,10 @@ from typing_extensions import TypedDict
 
 import config as settings
 import store
+import store_biz
+import store_events
+import store_move
+import store_pg
 from llm import (FEEDBACK_HEADER, REQUEST_TOO_LARGE, classify, deadline, deadline_s, get_llm, llm_settings, mask_pii,
                  simplified, status_of, without_control_chars)
 
@@ -49,7 +53,7 @@ def finished_status(outcome: str) -> str:
 def interrupted_status(ticket_id: str, event_id: str) -> str:
     """thread 停在收件箱(interrupt)时,这个事件该是什么状态:这张工单已经有别的事件在收件箱里,它就是 done
     (一张工单一个 thread,收件箱里只占一条待办;它是上游换了个 event_id 又通知的一次);没有就由它接手等人。"""
-    waiting = store.events_by_status("waiting_human")
+    waiting = store_events.events_by_status("waiting_human")
     return "done" if any(e["ticket_id"] == ticket_id and e["event_id"] != event_id for e in waiting) else "waiting_human"
 
 
@@ -123,7 +127,7 @@ class TicketState(TypedDict, total=False):
 
 # ---------------------------------------------------------------- 节点
 def load(state: TicketState) -> dict:
-    t = store.ticket(state["ticket_id"])
+    t = store_biz.ticket(state["ticket_id"])
     if t is None:
         raise PermanentError(f"工单不存在:{state['ticket_id']}")
     return {"ticket_text": mask_pii(without_control_chars(f"{t['subject']}:{t['body']}")), "feedback": []}
@@ -219,7 +223,7 @@ def draft(state: TicketState, config: RunnableConfig) -> dict:
         # 记账在 interrupt 之前也没关系:它在 draft 节点里,每一行对应一次真实发生的模型调用;
         # 模型回答了但格式不对(下面抛错)也照样花了钱,所以放在 finally 里
         for model, u in usage.usage_metadata.items():
-            store.record_usage(config["configurable"].get("event_id"), state["ticket_id"], model,
+            store_events.record_usage(config["configurable"].get("event_id"), state["ticket_id"], model,
                                u.get("input_tokens", 0), u.get("output_tokens", 0))
     if args is None:  # ChatOpenAI 把解析不了的工具参数放进 invalid_tool_calls,解析器看到的就是「没调工具」
         raise ValueError("模型没有按 Draft 格式回答:回答里没有能用的 Draft 工具调用(只回了一段话,或者工具参数不是完整的 JSON)")
@@ -348,8 +352,8 @@ builder.add_edge("ignore", END)
 
 def open_graph(durable: bool = False):
     """返回 (graph, conn)。调用方用完要 conn.close()。checkpoint 存哪(SQLite 文件或 PostgreSQL)由 store 决定;
-    durable 见 store.open_checkpointer:收件箱用 True。"""
-    saver, conn = store.open_checkpointer(durable)
+    durable 见 store_pg.open_checkpointer:收件箱用 True。"""
+    saver, conn = store_pg.open_checkpointer(durable)
     read = saver.get_tuple
 
     def get_tuple(config: RunnableConfig):
@@ -371,7 +375,7 @@ def opened_graph(durable: bool = False):
 
 # worker 跑一张工单之前先 get_state 看它的 thread(等人?做完了?崩在半路?)。看到的是空的,就从头跑:这时在
 # configurable 里带上这个键,LangGraph 开跑时就不再把同一个 thread 读第二遍(PostgreSQL 上一次读要 1 ms 多)。
-# 这中间没有别人会写这个 thread:同一张工单同时只有一个事件在 processing(store.CLAIM_SQL),
+# 这中间没有别人会写这个 thread:同一张工单同时只有一个事件在 processing(worker.CLAIM_SQL),
 # 收件箱只碰停在 interrupt 的 thread。以 "__" 开头的键 LangGraph 不写进 checkpoint 的 metadata。
 KNOWN_NEW = "__known_new_thread"
 
@@ -393,6 +397,6 @@ def thread_of(ticket_id: str, event_id: str | None = None) -> dict:
     """一张工单一个 thread。event_id 只是带给 draft 记账用,不影响 thread。
     metadata 给追踪用(课文「上线以后」:trace 的 session id 用工单号):接了 LangSmith、Langfuse 这类回调时,
     同一张工单的起草、每一轮重写、最后发送都归在一个 session 里;没接时什么都不做。"""
-    return {"configurable": {"thread_id": store.thread_id(ticket_id), "event_id": event_id},
+    return {"configurable": {"thread_id": store_move.thread_id(ticket_id), "event_id": event_id},
             "metadata": {"session_id": ticket_id, "langfuse_session_id": ticket_id},
             "max_concurrency": MAX_CONCURRENCY}

@@ -29,10 +29,14 @@ import httpx
 
 import config
 import store
+import store_biz
+import store_cron
+import store_errors
+import store_events
 
 STALE_DAYS = 20                  # 天(0–36500);开着超过这么多天(课文:「超过 20 天还开着的工单」)就该跟进
 SCAN_LIMIT = 5                   # 个;scan 一次最多入队几个,别一早把收件箱塞满(--limit 可改)
-STALE_EVENT_PREFIX = store.CRON_ID_PREFIX + "stale:"
+STALE_EVENT_PREFIX = store_events.CRON_ID_PREFIX + "stale:"
 SLACK_TIMEOUT_S = 10             # 秒(0.1–3600);Slack 连不上或不回话时最多等这么久,crontab 里的任务不能挂住
 INBOX_ALERT_HOURS = 24           # 小时(至少 0);收件箱里有待办等了超过这么久(约一个工作日),日报里标出来提醒值班的人
 # 元 / 千 token,输入输出合起来算的一个均价。默认按课文「一次起草约 0.0015 元」反推:一次起草大约
@@ -69,8 +73,8 @@ def scan(limit: int = SCAN_LIMIT) -> dict:
     stale_days = stale_days_setting()
     today = store.now()[:10]
     cutoff = (date.fromisoformat(today) - timedelta(days=stale_days)).isoformat()
-    old, odd = store.open_tickets_created_by(cutoff)
-    blockers = store.followup_blockers()
+    old, odd = store_cron.open_tickets_created_by(cutoff)
+    blockers = store_cron.followup_blockers()
     # 已经有事件在排队或等人的工单不再提醒 —— 今天这次扫描自己入队的除外,所以同一天重跑挑出的还是同一批
     todays = {t for t, event_id in blockers["queued"] if event_id == stale_event_id(t, today)}
     queued = {t for t, event_id in blockers["queued"] if event_id != stale_event_id(t, today)}
@@ -107,7 +111,7 @@ def scan(limit: int = SCAN_LIMIT) -> dict:
 def build_report(numbers: dict | None = None, moment: datetime | None = None) -> str:
     """日报全文。numbers 默认现查事件库;moment 默认现在(UTC)。"""
     moment = moment or datetime.now(timezone.utc)
-    n = numbers or store.report_numbers(recent_since=moment - timedelta(days=recent_days()))
+    n = numbers or store_cron.report_numbers(recent_since=moment - timedelta(days=recent_days()))
     by_status = {s: n["by_status"][s] for s in store.STATUSES if s in n["by_status"]}
     lines = [f"云簿后台 Agent 日报({moment.strftime('%Y-%m-%d %H:%M')} UTC)",
              f"事件状态:{by_status}",
@@ -179,7 +183,7 @@ def outcome_lines(outcomes: list[dict]) -> list[str]:
         return ["处理结果:还没有审核记录(review_log 是空的)"]
     lines = ["处理结果(按类别):"]
     for o in outcomes:
-        if o["category"] == store.NOTIFIED:  # 只能看过即可,没有草稿可批:不算批准率
+        if o["category"] == store_cron.NOTIFIED:  # 只能看过即可,没有草稿可批:不算批准率
             lines.append(f"  通知类待办:{o['tickets']} 条看过了(没有草稿,不算批准率)")
             continue
         counts = ",".join(f"{k} {o[k]}" for k in OUTCOME_KINDS)
@@ -289,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         # 先读设置、查业务库,再碰事件库:设置不对、业务库不在时连事件库文件都不该建出来(和 email_poller 一样)
         stale_days_setting() if args.command == "scan" else report_settings()
-        if args.command == "scan" and (problem := store.biz_db_problem()):
+        if args.command == "scan" and (problem := store_biz.biz_db_problem()):
             print(problem, file=sys.stderr)
             return EXIT_USAGE
         store.init()
@@ -301,10 +305,10 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(e.code, file=sys.stderr)
         return EXIT_USAGE
-    except store.unavailable_errors() as e:
+    except store_errors.unavailable_errors() as e:
         # scan 做到一半:已经入队的提交了;没入队的下次补上,事件 id 带日期,同一天重跑不会多出一个
         then = "scan 没有做完,稍后再跑(同一天重跑不会重复入队)" if args.command == "scan" else "没有出日报,稍后再跑"
-        print(f"{store.unavailable(e)},{then}", file=sys.stderr)
+        print(f"{store_errors.unavailable(e)},{then}", file=sys.stderr)
         return EXIT_DB_UNAVAILABLE
     return EXIT_OK
 

@@ -56,6 +56,9 @@ from pathlib import Path
 
 import config
 import store
+import store_biz
+import store_errors
+import store_events
 
 IMAP_SSL_PORT = 993          # IMAPS 的标准端口
 IMAP_PLAIN_PORT = 143        # 明文 IMAP 的标准端口(IMAP_SSL=0 时的默认)
@@ -293,7 +296,7 @@ def cut(text: str, limit: int) -> str:
 
 def derived_message_id(raw: bytes) -> str:
     """没有 Message-ID 的邮件:用邮件字节的 sha1 当 id。先统一换行符,同一封信从 IMAP 收还是从 .eml 读,id 都一样。"""
-    return store.MAIL_ID_PREFIXES[1] + hashlib.sha1(raw.replace(b"\r\n", b"\n")).hexdigest()  # no-message-id:
+    return store_events.MAIL_ID_PREFIXES[1] + hashlib.sha1(raw.replace(b"\r\n", b"\n")).hexdigest()  # no-message-id:
 
 
 def mail_event_id(msg: Message, raw: bytes) -> str:
@@ -311,7 +314,7 @@ def mail_event_id(msg: Message, raw: bytes) -> str:
     if not (text.startswith("<") and text.endswith(">")):
         text = f"<{text}>"
     if "\ufffd" in text or len(text) > MAX_EVENT_ID_CHARS:
-        return store.MAIL_ID_PREFIXES[2] + hashlib.sha1(header_bytes).hexdigest()  # message-id-sha1:
+        return store_events.MAIL_ID_PREFIXES[2] + hashlib.sha1(header_bytes).hexdigest()  # message-id-sha1:
     return text
 
 
@@ -441,12 +444,12 @@ def to_event(mail: dict) -> str:
     先写工单再写事件;两步之间崩了,重跑时工单 INSERT OR IGNORE 得到同一个工单号,事件这次补上。
     事件已经有了就不建工单:同一个 Message-ID、内容却不一样的信,原来会多出一张没有事件的工单,定时扫描过些天把它当成
     「久未回复」入队。"""
-    customer_id = store.customer_by_email(mail["from"])
+    customer_id = store_biz.customer_by_email(mail["from"])
     if customer_id is None:
         return "skip: 不是已知客户"
-    if store.event_exists(mail["message_id"]):
+    if store_events.event_exists(mail["message_id"]):
         return "duplicate"
-    ticket_id = store.add_mail_ticket(ticket_candidates(mail["message_id"]), customer_id,
+    ticket_id = store_biz.add_mail_ticket(ticket_candidates(mail["message_id"]), customer_id,
                                       mail["subject"], mail["body"], store.now()[:10])
     payload = json.dumps({"id": mail["message_id"], "type": "ticket.created", "data": {"ticket_id": ticket_id}})
     return ticket_id if store.add_event(mail["message_id"], "email", "ticket.created", payload) else "duplicate"
@@ -467,8 +470,8 @@ def handle(raw: bytes, source: str, retry: str = "邮件保持未读,下次再�
     else:
         try:
             result = to_event(mail)
-        except store.unavailable_errors() as e:  # PostgreSQL 重启、连接被掐断、SQLite 被锁太久
-            outcome = Outcome(source, "failed", f"存储失败,{retry}:{store.unavailable(e)}", database_down=True)
+        except store_errors.unavailable_errors() as e:  # PostgreSQL 重启、连接被掐断、SQLite 被锁太久
+            outcome = Outcome(source, "failed", f"存储失败,{retry}:{store_errors.unavailable(e)}", database_down=True)
         except Exception as e:  # noqa: BLE001 —— 存不进去(磁盘满、表不对):邮件留着下次再收
             outcome = Outcome(source, "failed", f"存储失败,{retry}:{type(e).__name__}: {e}")
         else:
@@ -826,7 +829,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         files = eml_files(args.eml) if args.eml else None
         settings = None if files else imap_settings()
-        if problem := store.biz_db_problem():
+        if problem := store_biz.biz_db_problem():
             raise SetupError(problem)
         store.init()
         outcomes = store_files(files) if files else poll_mailbox(settings)
@@ -841,8 +844,8 @@ def main(argv: list[str] | None = None) -> int:
     except MailboxError as e:
         print(e, file=sys.stderr)
         return EXIT_MAILBOX
-    except store.unavailable_errors() as e:  # 还没开始收信(建表时)就用不了;收信途中的在 handle() 里
-        print(f"{store.unavailable(e)},这一轮一封都没有处理,稍后再跑", file=sys.stderr)
+    except store_errors.unavailable_errors() as e:  # 还没开始收信(建表时)就用不了;收信途中的在 handle() 里
+        print(f"{store_errors.unavailable(e)},这一轮一封都没有处理,稍后再跑", file=sys.stderr)
         return EXIT_SOME_FAILED
     print(summary(outcomes), flush=True)
     return EXIT_SOME_FAILED if any(o.problem for o in outcomes) else EXIT_OK

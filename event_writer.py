@@ -19,8 +19,12 @@ import threading
 import time
 
 import store
+import store_errors
+import store_events
+import store_pg
+import store_sqlite
 
-# 秒;PostgreSQL 上借连接最多等多久(见 store.PG_POOL_WAIT_S)。这个进程一次只借一个,借不到就是连不上:
+# 秒;PostgreSQL 上借连接最多等多久(见 store_pg.PG_POOL_WAIT_S)。这个进程一次只借一个,借不到就是连不上:
 # 原来等连接池默认的 30 秒,排在后面的一批再等 30 秒,请求 30–60 秒后才拿到 503,上游的发送方早就超时了
 POOL_WAIT_S = 3.0
 BATCH_MARGIN_S = 5    # 秒;一批最多写 BUSY_TIMEOUT_S(等锁)再加这么久,见 batch_time_limit_s
@@ -30,7 +34,7 @@ ORPHAN_CHECK_S = 1.0  # 秒;多久看一次 webhook 还在不在
 def batch_time_limit_s() -> float:
     """写一批最多花多久:等别人的锁最多 BUSY_TIMEOUT_S,再加 BATCH_MARGIN_S。webhook 等回话等这么久(过了就杀掉这个进程、
     这一批回 503);webhook 没了以后,手上那一批也再给这么久(exit_when_orphaned)。"""
-    return store.busy_timeout_s() + BATCH_MARGIN_S
+    return store_sqlite.busy_timeout_s() + BATCH_MARGIN_S
 
 
 def serve(lines, out, ready: bool = True) -> None:
@@ -40,9 +44,9 @@ def serve(lines, out, ready: bool = True) -> None:
             if not ready:
                 store.init()
                 ready = True
-            reply = {"new": store.add_events([tuple(event) for event in json.loads(line)])}
+            reply = {"new": store_events.add_events([tuple(event) for event in json.loads(line)])}
         except Exception as e:  # noqa: BLE001 —— 写不进去(磁盘满、库被锁太久、这一行不是一批事件):告诉 webhook,接着干
-            reply = {"error": store.first_line(e)}  # psycopg 的错误常带 LINE 1: … 好几行,503 的 detail 里只要第一行
+            reply = {"error": store_errors.first_line(e)}  # psycopg 的错误常带 LINE 1: … 好几行,503 的 detail 里只要第一行
         out.write(json.dumps(reply).encode() + b"\n")
         out.flush()
 
@@ -64,13 +68,13 @@ def main() -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     threading.Thread(target=exit_when_orphaned, args=(os.getppid(),), daemon=True, name="orphan-check").start()
-    store.PG_POOL_WAIT_S = POOL_WAIT_S
+    store_pg.PG_POOL_WAIT_S = POOL_WAIT_S
     out = os.fdopen(os.dup(1), "wb")  # 回复走原来的标准输出
     os.dup2(2, 1)                     # 别处打印的东西改进标准错误,不会混进回复里
     try:
         store.init()
         ready = True
-    except store.unavailable_errors():  # 数据库暂时连不上(写库进程被杀后重新拉起时正好碰上):不退出,每一批回
+    except store_errors.unavailable_errors():  # 数据库暂时连不上(写库进程被杀后重新拉起时正好碰上):不退出,每一批回
         ready = False                   # 「写不进去」和原因,webhook 回 503;原来每一批一段 traceback,503 里只有退出码
     try:
         serve(sys.stdin.buffer, out, ready)

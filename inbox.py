@@ -43,6 +43,10 @@ if __name__ == "__main__":
 from langgraph.types import Command  # noqa: E402
 
 import store  # noqa: E402
+import store_errors  # noqa: E402
+import store_events  # noqa: E402
+import store_inbox  # noqa: E402
+import worker_owner  # noqa: E402
 from agent import (FINISHED, allowed, check_settings, finished_status, interrupted_status, is_permanent,  # noqa: E402
                    max_text_chars, opened_graph, thread_of)
 from llm import describe, mask_pii  # noqa: E402
@@ -106,8 +110,8 @@ def remember(drafts: dict[str, str]) -> None:
     """记下这个人刚看到的草稿({工单号: 草稿全文})。记不下(库被别人锁着、连不上)就算了:accept 时按上一次记下的
     那一版核对,对不上就请人再 list —— 只会多问一次,不会发出这个人没看过的版本。"""
     try:
-        store.mark_seen(viewer(), {t: fingerprint(d) for t, d in drafts.items()}, SEEN_WAIT_S)
-    except store.unavailable_errors():
+        store_inbox.mark_seen(viewer(), {t: fingerprint(d) for t, d in drafts.items()}, SEEN_WAIT_S)
+    except store_errors.unavailable_errors():
         pass
 
 
@@ -133,7 +137,7 @@ def reconcile(graph, ev: dict) -> str | None:
     if ev["status"] == "processing" and status == "pending":
         # 交回 worker 续跑,和 worker 放回卡住的事件一样:死掉的是 worker 时记上崩溃的标记(原来清空了 last_error,
         # 每次都让 worker 崩溃的事件,每 list 一次就多跑一圈、多调一次模型),是收件箱命令时 worker 的尝试次数从头算
-        return status if store.hand_to_worker(ev["event_id"], ev["claimed_by"]) else None
+        return status if worker_owner.hand_to_worker(ev["event_id"], ev["claimed_by"]) else None
     guard = {"owner": ev["claimed_by"]} if ev["status"] == "processing" else {"expect": ev["status"]}
     return status if store.set_status(ev["event_id"], status, **guard) else None
 
@@ -141,9 +145,9 @@ def reconcile(graph, ev: dict) -> str | None:
 def tidy(graph, say_missing: bool = True) -> set[str]:
     """list 和各个动作之前先做:把上次崩掉留下的不一致改正过来,并告诉人。
     返回在 checkpoint 库里根本找不到的待办(工单号):它们不动、不列出、不能处理(见 missing_checkpoints)。"""
-    waiting = store.events_by_status("waiting_human")
+    waiting = store_events.events_by_status("waiting_human")
     missing = missing_checkpoints(graph, waiting, say_missing)
-    broken = [{**e, "status": "processing"} for e in store.orphans()]
+    broken = [{**e, "status": "processing"} for e in worker_owner.orphans()]
     broken += [{**e, "status": "waiting_human"} for e in waiting if e["ticket_id"] not in missing]
     for ev in broken:
         if (status := reconcile(graph, ev)) is not None:
@@ -157,7 +161,7 @@ def missing_checkpoints(graph, waiting: list[dict], say: bool = True) -> set[str
     全改成 pending,worker 在错的库里把每一条重新起草一遍;现在一条都不动,说一行。"""
     missing = {e["ticket_id"] for e in waiting if graph.get_state(thread_of(e["ticket_id"])).created_at is None}
     if missing and say:  # restart 不说:人正是看了这一行才来 restart 的
-        where = store._safe_url(store.database_url()) if store.dialect() == "postgres" else \
+        where = store_errors._safe_url(store.database_url()) if store.dialect() == "postgres" else \
             f"CHECKPOINTS_DB={store.checkpoints_db()}"
         print(f"(收件箱里的 {'、'.join(sorted(missing))} 在 checkpoint 库里找不到({where}):多半指错了库,"
               "worker 起草时用的是另一个;把设置改回来,这几条没有动。库确实丢了(删掉了)的话,运行 "
@@ -169,7 +173,7 @@ def restart(tickets: list[str], missing: set[str]) -> None:
     """checkpoint 库丢了的待办交回 worker:事件改回 pending、尝试次数从 0 算,worker 领到时 thread 是空的,
     就像新工单一样从 load 跑起(再调一次模型)。checkpoint 还在的、不在收件箱里的都不给做:一张不对,一张都不动。
     原来这样的待办只能一直留在事件表里,list 每次都说一遍,哪个命令都处理不了。"""
-    waiting = store.events_by_status("waiting_human")
+    waiting = store_events.events_by_status("waiting_human")
     for ticket_id in tickets:
         if ticket_id in missing:
             continue
@@ -177,7 +181,7 @@ def restart(tickets: list[str], missing: set[str]) -> None:
             raise Refused(f"{ticket_id} 的 checkpoint 还在,不用 restart:直接 accept / edit / respond / ignore;"
                           "这次什么都没有动")
         raise not_in_inbox(ticket_id, waiting)
-    moved = set(store.restart_waiting([e["event_id"] for e in waiting if e["ticket_id"] in tickets]))
+    moved = set(store_events.restart_waiting([e["event_id"] for e in waiting if e["ticket_id"] in tickets]))
     gone = []
     for ticket_id in tickets:
         if any(e["event_id"] in moved for e in waiting if e["ticket_id"] == ticket_id):
@@ -194,7 +198,7 @@ def indented(label: str, text: str) -> str:
 
 
 def show_list(graph, missing: set[str]) -> None:
-    waiting = [e for e in store.events_by_status("waiting_human") if e["ticket_id"] not in missing]
+    waiting = [e for e in store_events.events_by_status("waiting_human") if e["ticket_id"] not in missing]
     # 上面查完收件箱之后,另一个收件箱命令可能刚把其中一条处理完:checkpoint 里已经没有 interrupt,不列它
     # (原来是 IndexError 的 traceback)
     snaps = [(ev, snap) for ev in waiting if (snap := graph.get_state(thread_of(ev["ticket_id"]))).interrupts]
@@ -242,13 +246,13 @@ def taken_meanwhile(ticket_id: str) -> Refused:
 
 def not_in_inbox(ticket_id: str, waiting: list[dict]) -> Refused:
     """这张工单没有等人处理的事件:说清楚它在哪(正在处理、死信),或者工单号是不是写错了大小写。"""
-    if any(e["ticket_id"] == ticket_id for e in store.events_by_status("processing")):
+    if any(e["ticket_id"] == ticket_id for e in store_events.events_by_status("processing")):
         return busy(ticket_id)
-    if dead := [e for e in store.events_by_status("dead") if e["ticket_id"] == ticket_id]:
+    if dead := [e for e in store_events.events_by_status("dead") if e["ticket_id"] == ticket_id]:
         ids = [e["event_id"] for e in dead]
         why = (dead[-1]["last_error"] or "没有记下原因").splitlines()[0]
         return Refused(f"{ticket_id} 的事件 {' '.join(ids)} 在死信队列里({why}),没有进收件箱;"
-                       f"查清原因后运行 {store.requeue_dead_command(ids)} 放回队列")
+                       f"查清原因后运行 {store_events.requeue_dead_command(ids)} 放回队列")
     hint = next((f";是不是 {e['ticket_id']}?" for e in waiting if loose(e["ticket_id"]) == loose(ticket_id)), "")
     return Refused(f"{ticket_id} 不在收件箱里(已经处理过,或者还没轮到 worker){hint}")
 
@@ -283,7 +287,7 @@ def refusal(command: str, ticket_id: str, snap) -> Refused | None:
 
 
 def act(graph, command: str, ticket_id: str, text: str) -> None:
-    waiting = store.events_by_status("waiting_human")
+    waiting = store_events.events_by_status("waiting_human")
     ev = next((e for e in waiting if e["ticket_id"] == ticket_id), None)
     if ev is None:
         raise not_in_inbox(ticket_id, waiting)
@@ -293,8 +297,8 @@ def act(graph, command: str, ticket_id: str, text: str) -> None:
         raise taken_meanwhile(ticket_id)
     if refused := refusal(command, ticket_id, snap):
         raise refused
-    if not store.take_for_review(ev["event_id"]):
-        if any(e["event_id"] == ev["event_id"] for e in store.events_by_status("waiting_human")):
+    if not store_inbox.take_for_review(ev["event_id"]):
+        if any(e["event_id"] == ev["event_id"] for e in store_events.events_by_status("waiting_human")):
             raise busy(ticket_id)  # 待办还在,是同一张工单的另一个事件在 worker 手里
         raise taken_meanwhile(ticket_id)
     # 拿到手之后再核对一遍:上面查过之后、拿到之前,别人可能刚 respond 过 —— 草稿换了,重写次数也可能刚好到了上限。
@@ -304,22 +308,22 @@ def act(graph, command: str, ticket_id: str, text: str) -> None:
         refused = refusal(command, ticket_id, snap)
         # 没 list 过(seen 是 None)就照课文发;通知类待办没有草稿
         draft = snap.interrupts[0].value["action_request"]["args"].get("reply") if command == "accept" else None
-        seen = None if draft is None else store.seen_draft(ticket_id, viewer())
+        seen = None if draft is None else store_inbox.seen_draft(ticket_id, viewer())
     except KeyboardInterrupt:  # 拿走了、还没开始处理:原样放回收件箱(原来是 traceback,事件留在 processing)
-        store.set_status(ev["event_id"], "waiting_human", owner=store.inbox_owner())
+        store.set_status(ev["event_id"], "waiting_human", owner=worker_owner.inbox_owner())
         raise Refused(f"{ticket_id} 这次被中断(Ctrl-C),仍在收件箱里") from None
     if refused is None and seen is not None and seen != fingerprint(draft):
         refused = Refused(f"{ticket_id} 的草稿在你上次看过之后被改写了(有人 respond 过),这次没有发;"
                           "先 uv run python inbox.py list 看看新草稿,再决定")
     if refused:
-        store.set_status(ev["event_id"], "waiting_human", owner=store.inbox_owner())
+        store.set_status(ev["event_id"], "waiting_human", owner=worker_owner.inbox_owner())
         raise refused
     try:
         # sync:每个节点的结果写下了才跑下一个节点。默认的 async 在后台写、同时就往下跑:review 的结果(人的决定)
         # 还没写下,send 可能已经写了发件箱;这时被杀,checkpoint 里 review 还停在 interrupt,下一次 list 会把已经
         # 发出的工单再放回收件箱问人(tests/test_inbox.py 碰到过)。收件箱是人在敲命令,多等几毫秒无所谓。
         result = graph.invoke(Command(resume=answer_for(command, ticket_id, text)), cfg, durability="sync")
-    except store.unavailable_errors():
+    except store_errors.unavailable_errors():
         raise  # 数据库用不了:这时也改不了事件状态,交给 main() 说一行;下次运行 tidy() 按 checkpoint 更正
     except (Exception, KeyboardInterrupt) as e:
         # 出错,或者人等不及按了 Ctrl-C(respond 正在等模型重写):按 checkpoint 把事件放到该在的地方再退出。
@@ -330,12 +334,12 @@ def act(graph, command: str, ticket_id: str, text: str) -> None:
         # 重写时模型说请求不对(400/413……):交回 worker 也只是原样再错一次就进死信,还让人等它「自动再试」。直接进死信,
         # 说清修好后怎么放回来;意见已经记在 checkpoint 里,--requeue-dead 之后从 draft 带着意见接着跑
         dead = not interrupted and status == "pending" and is_permanent(e)
-        requeue = store.requeue_dead_command([ev["event_id"]]) if dead else None
-        owner, what = store.inbox_owner(), "被中断(Ctrl-C)" if interrupted else describe(e, requeue=requeue)
+        requeue = store_events.requeue_dead_command([ev["event_id"]]) if dead else None
+        owner, what = worker_owner.inbox_owner(), "被中断(Ctrl-C)" if interrupted else describe(e, requeue=requeue)
         if dead:
             store.set_status(ev["event_id"], "dead", what, owner=owner)
         elif status == "pending":
-            store.hand_to_worker(ev["event_id"], owner, what)
+            worker_owner.hand_to_worker(ev["event_id"], owner, what)
         elif status == "waiting_human":
             store.set_status(ev["event_id"], status, what, owner=owner)
         else:
@@ -347,7 +351,7 @@ def act(graph, command: str, ticket_id: str, text: str) -> None:
         where = "仍在收件箱里" if status == "waiting_human" else "进了死信" if dead else "已交回 worker 续跑"
         raise Refused(f"{ticket_id} {f'这次{what}' if interrupted else f'处理失败({what})'},{where}") from e
     if "__interrupt__" in result:
-        store.set_status(ev["event_id"], "waiting_human", owner=store.inbox_owner())
+        store.set_status(ev["event_id"], "waiting_human", owner=worker_owner.inbox_owner())
         item = result["__interrupt__"][0].value
         rounds = len(snap.values.get("feedback", []))
         if command != "respond" or len(graph.get_state(cfg).values.get("feedback", [])) == rounds:
@@ -359,7 +363,7 @@ def act(graph, command: str, ticket_id: str, text: str) -> None:
         sys.stdout.flush()  # 真的写出去了才算看过(见 show_list)
         remember({ticket_id: item["action_request"]["args"]["reply"]})
         return
-    store.set_status(ev["event_id"], finished_status(result["outcome"]), owner=store.inbox_owner())
+    store.set_status(ev["event_id"], finished_status(result["outcome"]), owner=worker_owner.inbox_owner())
     print(ticket_id, "→", result["outcome"])
 
 
@@ -445,8 +449,8 @@ def main(argv: list[str] | None = None) -> int:
     except Refused as e:
         print(visible(str(e)), file=sys.stderr)
         return 1
-    except store.unavailable_errors() as e:  # 数据库重启、连接被掐断、库被锁太久
-        print(f"{store.unavailable(e)},这次没有做完;稍后再试,做到一半的下次运行 inbox.py 时会按 checkpoint 更正",
+    except store_errors.unavailable_errors() as e:  # 数据库重启、连接被掐断、库被锁太久
+        print(f"{store_errors.unavailable(e)},这次没有做完;稍后再试,做到一半的下次运行 inbox.py 时会按 checkpoint 更正",
               file=sys.stderr)
         return 1
     return 0

@@ -90,7 +90,7 @@ def status_of(error: Exception) -> int | None:
 
 def describe(error: Exception, *, requeue: str | None = None) -> str:
     """写进 last_error、打印给人看的错误:类型名 + 原文(+ 怎么修),打过码。worker 和收件箱共用。
-    requeue:事件进了死信时,把它放回队列的命令(store.requeue_dead_command,带着这个事件号:不带事件号的
+    requeue:事件进了死信时,把它放回队列的命令(store_events.requeue_dead_command,带着这个事件号:不带事件号的
     --requeue-dead 会把别的死信也都放回去,比如工单不存在的那些,再死一遍、有的还再调一次模型);
     None:还在队列里(401 退避中、收件箱交回 worker),说它会自动再试 —— 那个命令只放回死信,对它什么都不做。"""
     text = f"{type(error).__name__}: {error}"

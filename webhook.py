@@ -44,6 +44,8 @@ from starlette.requests import ClientDisconnect
 import config
 import event_writer
 import store
+import store_errors
+import store_events
 
 DEFAULT_SECRET = "dev-secret-change-me"
 DEFAULT_SECRET_WARNING = (f"没有设置 WEBHOOK_SECRET,用的是课文里公开的默认密钥 {DEFAULT_SECRET}:"
@@ -221,8 +223,8 @@ async def lifespan(_: FastAPI):
     body_timeout_s()
     try:
         store.init()  # 设置不对(DATABASE_URL、PG_POOL_SIZE、EVENTS_DB……)时以 SystemExit("配置错误:…") 之类退出
-    except store.unavailable_errors() as e:  # PostgreSQL 还没起来、在重启:也只说一行;收不下事件,不如不启动(上游会重试)
-        raise SystemExit(f"{store.unavailable(e)},webhook 没有启动:数据库能连上以后再启动") from None
+    except store_errors.unavailable_errors() as e:  # PostgreSQL 还没起来、在重启:也只说一行;收不下事件,不如不启动(上游会重试)
+        raise SystemExit(f"{store_errors.unavailable(e)},webhook 没有启动:数据库能连上以后再启动") from None
     await committer.start()
     # 课文和这份 README 里公开的默认密钥:照着走一遍没问题,上线就是谁都能伪造签名
     if (secret := config.get("WEBHOOK_SECRET")) in ("", DEFAULT_SECRET):
@@ -410,10 +412,10 @@ def parse_event(raw: bytes) -> dict:
     if event["id"] != event["id"].strip():
         # 空格这类看得见的空白(isprintable 为真):只有空格的 id 在日志里是空的,前后带空格的和不带的成了两个事件
         raise fail(400, "id must not start or end with whitespace")
-    if event["id"].startswith(store.OTHER_SOURCE_ID_PREFIXES):
+    if event["id"].startswith(store_events.OTHER_SOURCE_ID_PREFIXES):
         # 三个来源共用一个 event_id 唯一键:原来一个签名对的请求用一封信的 Message-ID 或 cron:stale:… 当 id,
         # 就让那封信成了 duplicate(标了已读、不建工单)、那天的提醒不再入队
-        raise fail(400, "id must not start with " + ", ".join(store.OTHER_SOURCE_ID_PREFIXES)
+        raise fail(400, "id must not start with " + ", ".join(store_events.OTHER_SOURCE_ID_PREFIXES)
                    + " (those are the ids of mail and cron events)")
     if not isinstance(event.get("type"), str):
         raise fail(400, "type must be a string")

@@ -43,6 +43,10 @@ import common
 from common import mark, median, table
 
 import store
+import store_biz
+import store_errors
+import store_events
+import store_pg
 
 MODEL_DELAY_S = 0.5        # 秒;issue 6:本机模型服务每次回答前等这么久
 OVERHEAD_EVENTS = 100      # 个;(a) 每轮处理多少个事件(离线模型一个 20 ms 上下,一轮两三秒)
@@ -128,9 +132,9 @@ def child(args) -> int:
     import worker
 
     timers = Timers()
-    for owner, attr, name in ((store, "claim", "claim"), (store, "set_status", "set_status"),
-                              (worker, "process", "process"), (store, "ticket", "ticket"),
-                              (store, "record_usage", "usage"), (llm.OfflineChatModel, "_generate", "model")):
+    for owner, attr, name in ((worker, "claim", "claim"), (store, "set_status", "set_status"),
+                              (worker, "process", "process"), (store_biz, "ticket", "ticket"),
+                              (store_events, "record_usage", "usage"), (llm.OfflineChatModel, "_generate", "model")):
         timers.patch(owner, attr, name)
     timers.patch(worker, "handle", "handle", marks=True)
     if os.environ.get("LLM_API_KEY"):
@@ -168,7 +172,7 @@ def child(args) -> int:
         # 两轮之间把数据库连接都还掉:闲着的子进程每个在 PostgreSQL 上占着十几个连接,
         # 加上正在跑的 3 个进程会超过 max_connections(默认 100)。下一轮开始前重新接好
         w.close()
-        store.close_pools()
+        store_pg.close_pools()
         w.graph, w.conn = agent.open_graph()
         lock = attach(w, agent, timers, args.checkpointer)
     w.close()
@@ -343,9 +347,9 @@ class Lab:
         common.use_env(self.env)
         try:
             store.init()  # checkpoint 的表由子进程里的 Worker 建(几个同时第一次启动,正是 worker 平时的样子)
-            store.build_biz_db(store.biz_db())  # 课文写法(lesson_style)读的业务库:课文里它是 SQLite 文件
+            store_biz.build_biz_db(store.biz_db())  # 课文写法(lesson_style)读的业务库:课文里它是 SQLite 文件
             if pg_base:
-                store.build_biz_tables()  # 我们的 worker 设了 DATABASE_URL 时读 PostgreSQL 里的业务表
+                store_biz.build_biz_tables()  # 我们的 worker 设了 DATABASE_URL 时读 PostgreSQL 里的业务表
         except BaseException:
             self.close()  # 建了一半:schema 也删掉,不留垃圾
             raise
@@ -367,7 +371,7 @@ class Lab:
     def enqueue(self, n: int) -> list[str]:
         """n 张新工单,每张一个 ticket.created 事件(和 webhook 存的一样)。返回工单号。"""
         tickets = self.new_tickets(n)
-        store.add_events([(f"evt_{t}_created", "webhook", "ticket.created",
+        store_events.add_events([(f"evt_{t}_created", "webhook", "ticket.created",
                            json.dumps({"id": f"evt_{t}_created", "type": "ticket.created", "data": {"ticket_id": t}}))
                           for t in tickets])
         self.expected += n
@@ -383,7 +387,7 @@ class Lab:
         return by_status == {"waiting_human": self.expected}
 
     def close(self) -> None:
-        store.close_pools()
+        store_pg.close_pools()
         if self.schema:
             import psycopg
 
@@ -534,11 +538,11 @@ def _graph_rest(t: dict) -> float:
 
 
 STEPS = [  # (名字, 怎么从 timers(ms/事件)算这一步)
-    ("领取事件 store.claim", lambda t: t.get("claim", 0)),
+    ("领取事件 worker.claim", lambda t: t.get("claim", 0)),
     ("图:读写 checkpoint(处理线程里)", lambda t: t.get("checkpoint", 0)),
-    ("图:读工单(业务库)store.ticket", lambda t: t.get("ticket", 0)),
+    ("图:读工单(业务库)store_biz.ticket", lambda t: t.get("ticket", 0)),
     ("图:模型调用 _generate", lambda t: t.get("model", 0)),
-    ("图:记用量 store.record_usage", lambda t: t.get("usage", 0)),
+    ("图:记用量 store_events.record_usage", lambda t: t.get("usage", 0)),
     ("图:LangGraph / LangChain 自身(含等后台 checkpoint 写完)", _graph_rest),
     ("改状态 store.set_status", lambda t: t.get("set_status", 0)),
     ("worker 其余(打印等)", lambda t: t.get("process", 0) - t.get("handle", 0) - t.get("set_status", 0)),
@@ -695,9 +699,9 @@ def main(argv: list[str] | None = None) -> int:
     scale = QUICK_BACKLOG_SCALE if args.quick else 1.0
     common.print_header("worker:每个事件的固定开销和并发吞吐", common.command_line("bench/worker.py"))
     print(f"设置:(a) {overhead_rounds} 轮 × {events} 个事件;(b) {rounds} 轮,模型每次 {MODEL_DELAY_S * 1000:.0f} ms;"
-          f"数据库:{'、'.join(dbs)}" + (f"(PostgreSQL:{store._safe_url(pg_base)},每次运行一个新 schema)" if pg_base and
+          f"数据库:{'、'.join(dbs)}" + (f"(PostgreSQL:{store_errors._safe_url(pg_base)},每次运行一个新 schema)" if pg_base and
                                       "postgres" in dbs else "(没有设置 TEST_DATABASE_URL / DATABASE_URL,不测 PostgreSQL)")
-          + f";PG_POOL_SIZE 用默认值 {store.PG_POOL_SIZE}。\n", flush=True)
+          + f";PG_POOL_SIZE 用默认值 {store_pg.PG_POOL_SIZE}。\n", flush=True)
     if "postgres" in dbs and not pg_base:
         print("✗ 要测 PostgreSQL,但没有设置 TEST_DATABASE_URL 或 DATABASE_URL;只测 SQLite。\n")
         dbs = ["sqlite"]

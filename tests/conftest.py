@@ -20,6 +20,10 @@ for _name in ("LLM_API_KEY", "LLM_FALLBACK_MODEL", "DATABASE_URL", "SLACK_WEBHOO
     os.environ.pop(_name, None)
 
 import store  # noqa: E402
+import store_biz  # noqa: E402
+import store_pg  # noqa: E402
+import store_sqlite  # noqa: E402
+import worker_owner  # noqa: E402
 
 # 测试里起的程序都当是在终端前台跑的:Ctrl-C(SIGINT)到得了它们。pytest 本身被放到后台跑(脚本里 `… &`)时继承了
 # 「不理 SIGINT」,子进程又继承下去,worker、收件箱就照旧不理(它们该这样),按 Ctrl-C 的测试就测不到东西。
@@ -46,7 +50,7 @@ def lab(tmp_path, monkeypatch):
     child = {k: v for k, v in os.environ.items() if k not in ("LLM_API_KEY", "DATABASE_URL")}
     yield {**child, **env}
     # 每个测试一套新库:留着的连接不关,几百个测试下来打开的文件描述符会超过 1024,select() 就用不了了
-    store.close_connections()
+    store_sqlite.close_connections()
 
 
 def new_lab(folder: Path, setenv) -> dict:
@@ -60,7 +64,7 @@ def new_lab(folder: Path, setenv) -> dict:
     for k, v in env.items():
         setenv(k, v)
     store.init()
-    store.build_biz_db(Path(env["BIZ_DB"]))
+    store_biz.build_biz_db(Path(env["BIZ_DB"]))
     return env
 
 
@@ -118,10 +122,10 @@ kind, _, where = spec.partition(":")
 def strike():
     if action != "cut":
         os._exit(9)
-    import psycopg, store  # 用一个新连接去断:这个进程自己池里的连接都在名单上
+    import psycopg, worker_owner  # 用一个新连接去断:这个进程自己池里的连接都在名单上
     with psycopg.connect(os.environ["DATABASE_URL"], autocommit=True) as admin:
         admin.execute("SELECT pg_terminate_backend(pid, 10000) FROM pg_stat_activity WHERE application_name = %s",
-                      (store.pg_application_name(),))  # 10000:等那些连接真的断了(毫秒)再往下跑
+                      (worker_owner.pg_application_name(),))  # 10000:等那些连接真的断了(毫秒)再往下跑
 real_put, real_put_writes = saver_class.put, saver_class.put_writes
 def put(self, config, checkpoint, metadata, new_versions):
     if kind == "put" and metadata.get("step") == int(where):
@@ -165,7 +169,7 @@ def cut_connections(pid: int, *, quiet_for_s: float | None = None) -> int:
     否则等一会儿再看。worker 每 POLL_SECONDS 查一次队列,这样断开正好落在两次查询之间,不会赶上一条正在跑的语句。"""
     import psycopg
 
-    name = store.pg_application_name(store.worker_id(pid))
+    name = worker_owner.pg_application_name(worker_owner.worker_id(pid))
     quiet = "" if quiet_for_s is None else (
         " AND (SELECT bool_and(state = 'idle') AND clock_timestamp() - max(state_change) < make_interval(secs => %s)"
         " FROM pg_stat_activity WHERE application_name = %s)")
@@ -325,7 +329,7 @@ def pg_schema():
     try:
         yield f"{PG_URL}{sep}options=-csearch_path%3D{schema}"
     finally:
-        store.close_pools()
+        store_pg.close_pools()
         with psycopg.connect(PG_URL, autocommit=True) as conn:
             conn.execute("SET lock_timeout = '60s'")  # 还有进程占着锁时报错,不要一直等
             conn.execute(f"DROP SCHEMA {schema} CASCADE")
@@ -354,7 +358,7 @@ def read_write_role(owner_url: str, usage: bool = True):
     try:
         yield make_conninfo(owner_url, user=role), grant_read_write
     finally:
-        store.close_pools()
+        store_pg.close_pools()
         with psycopg.connect(owner_url, autocommit=True) as conn:
             conn.execute(f"DROP OWNED BY {role}")
             conn.execute(f"DROP ROLE {role}")
@@ -373,7 +377,7 @@ def pg_lab(lab, monkeypatch, pg_url):
     with pg_schema() as url:
         monkeypatch.setenv("DATABASE_URL", url)
         store.init()
-        store.build_biz_tables()  # 业务表也建在这个 schema 里(拷 lab 建的 SQLite 业务库,和 store.py 第一次运行一样)
+        store_biz.build_biz_tables()  # 业务表也建在这个 schema 里(拷 lab 建的 SQLite 业务库,和 store.py 第一次运行一样)
         yield {**lab, "DATABASE_URL": url}
 
 

@@ -11,6 +11,7 @@ from openai_stub import OpenAIStub
 
 import llm
 import store
+import store_biz
 from agent import Draft, build_prompt, opened_graph, thread_of
 
 
@@ -51,7 +52,7 @@ def test_offline_model_answers_structured_output_with_a_tool_call(lab):
 
 
 def test_offline_drafts_for_every_seed_ticket_follow_the_draft_rules(lab):
-    for t in json.loads(store.SEED_FILE.read_text(encoding="utf-8"))["tickets"]:
+    for t in json.loads(store_biz.SEED_FILE.read_text(encoding="utf-8"))["tickets"]:
         state = {"ticket_id": t["id"], "ticket_text": llm.mask_pii(f"{t['subject']}:{t['body']}")}
         d = llm.offline_draft(build_prompt(state))
         assert len(d["reply"]) <= 150, (t["id"], d["reply"])
@@ -200,7 +201,7 @@ def test_pii_is_masked_in_the_prompt_but_not_in_the_business_db(lab, monkeypatch
         assert secret not in prompts
     for masked in ("138****5678", "139****1111", "110101********1234", "**** **** **** 0123", "c***@example.com"):
         assert masked in prompts
-    assert "13812345678" in store.ticket("T1008")["body"]
+    assert "13812345678" in store_biz.ticket("T1008")["body"]
     assert b"13812345678" not in checkpoint_bytes()  # checkpoint 和每个节点的 writes 里存的也是脱敏后的文本
 
 
@@ -212,17 +213,17 @@ def test_control_characters_in_a_ticket_are_dropped_before_the_graph_and_kept_in
     assert queue_and_run("T1012") == [("evt_T1012_created", "waiting_human")]
     with opened_graph() as graph:
         text = graph.get_state(thread_of("T1012")).values["ticket_text"]
-    assert text == store.ticket("T1012")["subject"] + ":被扣了两次款,\n请退一笔。\t谢谢"  # 换行和制表符留着
-    assert store.ticket("T1012")["body"] == body
+    assert text == store_biz.ticket("T1012")["subject"] + ":被扣了两次款,\n请退一笔。\t谢谢"  # 换行和制表符留着
+    assert store_biz.ticket("T1012")["body"] == body
 
 
 def test_a_long_ticket_is_cut_for_the_model_after_masking_and_still_drafted(lab, monkeypatch):
     """业务库里直接建的工单可能很长(网页表单里贴了一整段日志):原来整段进提示词,几十万字时模型说 400、事件进死信。
     现在只给模型前 MAX_TICKET_CHARS 个字,并说截了多少;先脱敏再截,截断处的手机号不会露出前几位。"""
     monkeypatch.setenv("MAX_TICKET_CHARS", "300")
-    head = store.ticket("T1012")["subject"] + ":导出报表失败,日志如下:"
+    head = store_biz.ticket("T1012")["subject"] + ":导出报表失败,日志如下:"
     lead = head + "x" * (295 - len(head))  # 手机号从第 295 个字开始,跨过第 300 个字
-    set_body("T1012", lead[len(store.ticket("T1012")["subject"]) + 1:] + "13812345678" + "。重试" * 100_000)
+    set_body("T1012", lead[len(store_biz.ticket("T1012")["subject"]) + 1:] + "13812345678" + "。重试" * 100_000)
     with OpenAIStub() as stub:
         real_model(monkeypatch, stub)
         assert queue_and_run("T1012") == [("evt_T1012_created", "waiting_human")]
@@ -231,7 +232,7 @@ def test_a_long_ticket_is_cut_for_the_model_after_masking_and_still_drafted(lab,
     prompt = ("你是云簿 CloudLedger 的客服。请给下面的工单分类,并起草一封给客户的回复。\n\n"
               f"工单 T1012:{lead}138**……(工单太长,后面 {rest} 字没有给你)\n")
     assert [m["content"] for m in request["body"]["messages"]] == [prompt]
-    assert store.ticket("T1012")["body"].endswith("13812345678" + "。重试" * 100_000)  # 业务库里的原文不动
+    assert store_biz.ticket("T1012")["body"].endswith("13812345678" + "。重试" * 100_000)  # 业务库里的原文不动
 
 
 def test_a_lawyer_mentioned_after_the_cut_still_goes_to_the_supervisor_without_a_model_call(lab, monkeypatch):

@@ -15,6 +15,10 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 import config
 import store
+import store_errors
+import store_pg
+import store_sqlite
+import store_upgrade
 
 
 def test_every_setting_the_code_reads_is_documented_in_env_example():
@@ -395,14 +399,14 @@ def test_a_malformed_database_url_stops_the_resident_worker_and_the_webhook_at_o
     "postgresql://app@127.0.0.1/?service=lab",  # 库名在 pg_service.conf 里
 ])
 def test_a_well_formed_database_url_is_not_taken_for_a_setting_error(url):
-    assert store.url_problem(url) is None
+    assert store_pg.url_problem(url) is None
 
 
 def test_a_database_url_without_a_name_is_fine_when_pgdatabase_names_it(monkeypatch):
     monkeypatch.setenv("PGDATABASE", "walk2")
-    assert store.url_problem("postgresql://postgres@127.0.0.1:5432/") is None
+    assert store_pg.url_problem("postgresql://postgres@127.0.0.1:5432/") is None
     monkeypatch.delenv("PGDATABASE")
-    assert store.url_problem("postgresql://postgres@127.0.0.1:5432/") == NO_DATABASE_NAME
+    assert store_pg.url_problem("postgresql://postgres@127.0.0.1:5432/") == NO_DATABASE_NAME
 
 
 def test_a_database_the_server_refuses_to_open_is_a_setting_error_with_the_servers_reason(lab, pg_url):
@@ -441,7 +445,7 @@ def pg_rows(url: str, sql: str) -> list[tuple]:
 
 def relations(url: str) -> list[str]:
     """url 的 schema 里的表和索引。"""
-    return sorted(r[0] for r in pg_rows(url, store.PG_OBJECTS))
+    return sorted(r[0] for r in pg_rows(url, store_upgrade.PG_OBJECTS))
 
 
 def test_a_read_write_user_is_told_to_have_the_owner_run_store_py_then_runs_every_program(lab, pg_url):
@@ -452,7 +456,7 @@ def test_a_read_write_user_is_told_to_have_the_owner_run_store_py_then_runs_ever
     with pg_schema() as owner_url, read_write_role(owner_url) as (url, grant_read_write):
         schema = schema_of(owner_url)
         no_create = NO_CREATE.format(reason=f"permission denied for schema {schema}")
-        biz = f"业务库还没建:{store._safe_url(url)} 里没有表 customers、tickets(先运行 uv run python store.py 建库)"
+        biz = f"业务库还没建:{store_errors._safe_url(url)} 里没有表 customers、tickets(先运行 uv run python store.py 建库)"
         for command, (code, message) in zip(PROGRAMS, [(1, biz), (1, no_create), (2, no_create), (1, no_create),
                                                        (2, biz)], strict=True):
             r = run(command, {**lab, "DATABASE_URL": url})
@@ -540,8 +544,8 @@ def test_checkpoint_tables_built_after_the_rights_check_are_checked_again_before
         grant_read_write()
         schema, user = schema_of(owner_url), conninfo_to_dict(url)["user"]
         with psycopg.connect(owner_url, autocommit=True) as conn:
-            conn.execute(f"REVOKE ALL ON {', '.join(store.CHECKPOINT_TABLES)} FROM {user}")
-        r = run(["-c", "import store; store.open_checkpointer()"], {**pg_lab, "DATABASE_URL": url})
+            conn.execute(f"REVOKE ALL ON {', '.join(store_upgrade.CHECKPOINT_TABLES)} FROM {user}")
+        r = run(["-c", "import store_pg; store_pg.open_checkpointer()"], {**pg_lab, "DATABASE_URL": url})
         assert (r.returncode, r.stdout, r.stderr) == (1, "", (
             f"DATABASE_URL 的用户 {user} 对表 checkpoint_blobs、checkpoint_migrations、checkpoint_writes、checkpoints "
             "没有读写权限(程序要 SELECT、INSERT、UPDATE、DELETE):请库的所有者执行 GRANT SELECT, INSERT, UPDATE, DELETE "
@@ -554,7 +558,7 @@ def test_a_user_without_usage_on_the_schema_is_told_to_have_it_granted(pg_lab):
     owner_url = pg_lab["DATABASE_URL"]
     with read_write_role(owner_url, usage=False) as (url, grant_read_write):
         grant_read_write()
-        biz = f"业务库还没建:{store._safe_url(url)} 里没有表 customers、tickets(先运行 uv run python store.py 建库)"
+        biz = f"业务库还没建:{store_errors._safe_url(url)} 里没有表 customers、tickets(先运行 uv run python store.py 建库)"
         refused_everywhere(pg_lab, url, [(1, biz), (1, NO_SCHEMA), (2, NO_SCHEMA), (1, NO_SCHEMA), (2, biz)])
 
 
@@ -585,15 +589,15 @@ def test_a_read_write_user_waiting_while_the_owner_builds_the_tables_uses_them_i
     with pg_schema() as owner_url, read_write_role(owner_url) as (url, grant_read_write):
         monkeypatch.setenv("DATABASE_URL", owner_url)
         user = conninfo_to_dict(url)["user"]
-        script = "import store; store.init(); store.open_checkpointer()[1].close(); print('好了')"
+        script = "import store, store_pg; store.init(); store_pg.open_checkpointer()[1].close(); print('好了')"
         with psycopg.connect(owner_url, autocommit=True) as holder:
-            holder.execute("SELECT pg_advisory_lock(%s)", (store.CHECKPOINT_LOCK,))
+            holder.execute("SELECT pg_advisory_lock(%s)", (store_pg.CHECKPOINT_LOCK,))
             with store.transaction() as conn:
-                conn.execute("SELECT pg_advisory_xact_lock(?)", (store.SCHEMA_LOCK,))
+                conn.execute("SELECT pg_advisory_xact_lock(?)", (store_pg.SCHEMA_LOCK,))
                 proc = subprocess.Popen([sys.executable, "-c", script], cwd=LAB, env={**lab, "DATABASE_URL": url},
                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
                 waiting_for(owner_url, user, "pg_advisory_xact_lock")
-                conn.executescript(store.sql("SCHEMA"))
+                conn.executescript(store.SCHEMA.format(**store.DIALECTS["postgres"]))
                 conn.execute(store.ONE_PROCESSING_PER_TICKET)
                 # 在同一个事务里给权限(一起提交):放开锁之前就给好,不然等着的程序先看到没权限的表,说缺什么权限
                 conn.execute(f"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA {schema_of(owner_url)} TO {user}")
@@ -601,7 +605,7 @@ def test_a_read_write_user_waiting_while_the_owner_builds_the_tables_uses_them_i
             with psycopg.connect(owner_url, autocommit=True) as setup:
                 PostgresSaver(setup).setup()
             grant_read_write()
-            holder.execute("SELECT pg_advisory_unlock(%s)", (store.CHECKPOINT_LOCK,))
+            holder.execute("SELECT pg_advisory_unlock(%s)", (store_pg.CHECKPOINT_LOCK,))
         out, err = proc.communicate(timeout=60)
         assert (proc.returncode, out, err) == (0, "好了\n", "")
 
@@ -623,7 +627,7 @@ def test_a_search_path_naming_no_existing_schema_is_explained_by_store_py(lab, p
     要业务表的程序照旧说「先运行 store.py」,store.py 再说清楚是 search_path 的事。"""
     params = conninfo_to_dict(pg_url)
     url = make_conninfo("", **{**params, "options": "-csearch_path=t_no_such_schema"})
-    biz = f"业务库还没建:{store._safe_url(url)} 里没有表 customers、tickets(先运行 uv run python store.py 建库)"
+    biz = f"业务库还没建:{store_errors._safe_url(url)} 里没有表 customers、tickets(先运行 uv run python store.py 建库)"
     refused_everywhere(lab, url, [(1, biz), (1, NO_SCHEMA), (2, NO_SCHEMA), (1, NO_SCHEMA), (2, biz)])
 
 
@@ -671,7 +675,7 @@ def test_a_full_disk_under_the_events_database_is_temporary_not_a_setting_error_
     store.add_event("evt_T1012_created", "webhook", "ticket.created",
                     '{"id": "evt_T1012_created", "type": "ticket.created", "data": {"ticket_id": "T1012"}}')
     tickets = rows("SELECT COUNT(*) FROM tickets", path=lab["BIZ_DB"])
-    store.close_connections()  # 别的进程开着这个库时 -shm 已经在了,打开它用不着写;这里要的是一打开就得写
+    store_sqlite.close_connections()  # 别的进程开着这个库时 -shm 已经在了,打开它用不着写;这里要的是一打开就得写
     full = full_disk_under("事件库", lab["EVENTS_DB"])
     for command, (code, message) in zip(PROGRAMS, unavailable_everywhere(full), strict=True):
         r = run([*FULL_DISK, *command], lab)
@@ -710,7 +714,7 @@ def test_a_read_only_events_database_says_what_to_check_and_loses_nothing(lab):
     用 chattr +i(不可改)造一个连 root 都写不了的文件。事件和邮件都原样留着。"""
     store.add_event("evt_T1012_created", "webhook", "ticket.created",
                     '{"id": "evt_T1012_created", "type": "ticket.created", "data": {"ticket_id": "T1012"}}')
-    store.close_connections()
+    store_sqlite.close_connections()
     said = ("数据库暂时用不了(OperationalError: attempt to write a readonly database:库文件只能读:查一下它的写权限、"
             "是不是在只读的文件系统上、有没有被 chattr +i 锁住)")
     subprocess.run(["chattr", "+i", lab["EVENTS_DB"]], check=True)

@@ -16,6 +16,8 @@ import pytest
 
 import cron_jobs
 import store
+import store_events
+import store_pg
 from conftest import LAB, cut_connections, drain, rows, run, write_locked
 
 SEED = json.loads((LAB / "cloudledger_seed.json").read_text(encoding="utf-8"))
@@ -116,7 +118,7 @@ def test_cut_database_connections_stop_the_job_in_one_line_with_exit_3_and_the_n
     """PostgreSQL 重启、连接在服务器那头被掐断之后,cron 任务用上了死连接:一行说明、退出码 3,没有 traceback,
     什么都没写;下一次(crontab 明天、或者手动再跑)照常。"""
     monkeypatch.setenv("PG_IDLE_CHECK_S", "86400")  # 借连接前不查,死连接一定会被用上
-    store.close_pools()
+    store_pg.close_pools()
     assert rows(EVENTS) == []  # 开好连接池
     assert cut_connections(os.getpid()) >= 1
     assert cron_jobs.main([command]) == 3
@@ -221,7 +223,7 @@ def test_scan_leaves_out_replied_ignored_and_already_queued_tickets(any_lab):
     new = [e[0] for e in rows(EVENTS) if e[0].endswith(today())]
     assert new == [stale_event(t)[0] for t in ("T1002", "T1031", "T1011", "T1038")]
     # 死信放回队列之后,它就是「已在队列里」;今天入队的 4 个算今天这次扫描自己的,重跑照旧挑出它们,不重复入队
-    assert store.requeue_dead() == 1
+    assert store_events.requeue_dead() == 1
     again = run(["cron_jobs.py", "scan"], any_lab)
     assert (again.returncode, again.stderr) == (0, "")
     assert again.stdout.splitlines() == ["超过 20 天还开着的工单 9 张,其中没回复过的 8 张,本次入队 0 个",
@@ -366,9 +368,9 @@ def fill_watch_list_data() -> None:
                                                ("T1023", "refund", "accept", ["先道歉"])):
         execute("INSERT INTO review_log (ticket_id, category, draft, final, action, feedback, created_at) "
                 "VALUES (?, ?, '草稿', '终稿', ?, ?, ?)", (ticket, category, action, json.dumps(feedback), store.now()))
-    store.record_usage("evt_T1041_created", "T1041", "deepseek-flash", 300, 100)
-    store.record_usage("evt_T1041_created", "T1041", "deepseek-flash", 320, 120)
-    store.record_usage("evt_T1003_created", "T1003", "deepseek-flash", 280, 90)
+    store_events.record_usage("evt_T1041_created", "T1041", "deepseek-flash", 300, 100)
+    store_events.record_usage("evt_T1041_created", "T1041", "deepseek-flash", 320, 120)
+    store_events.record_usage("evt_T1003_created", "T1003", "deepseek-flash", 280, 90)
 
 
 WATCH_LIST = [

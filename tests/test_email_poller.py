@@ -21,6 +21,9 @@ from hypothesis import strategies as st
 
 import email_poller
 import store
+import store_biz
+import store_events
+import store_pg
 from conftest import LAB, cut_connections, rows, run, write_locked
 
 SAMPLES = LAB / "samples"
@@ -264,7 +267,7 @@ def test_mails_whose_message_ids_differ_only_in_chinese_characters_are_two_ticke
     assert imap_server.flags() == {101: {"\\Seen"}, 102: {"\\Seen"}}
     assert biz_rows(MAIL_TICKETS) == sorted([(ta, "C001", "第三封", "发票开错了。", "open"),
                                              (tb, "C002", "第四封", "我要退款。", "open")])
-    assert sorted((e[0], store.ticket_of(e[3])) for e in rows(EVENTS)) == sorted([(a, ta), (b, tb)])
+    assert sorted((e[0], store_events.ticket_of(e[3])) for e in rows(EVENTS)) == sorted([(a, ta), (b, tb)])
 
     imap_server.append(mail(b, "li.na@example.com", "第四封", "我要退款。"))  # 上游重投:这才是重复
     again = run(["email_poller.py"], imap_env)
@@ -374,7 +377,7 @@ def test_cut_database_connections_before_the_first_mail_stop_the_run_in_one_line
     下一次照常。"""
     (tmp_path / "a.eml").write_bytes(ZHANG)
     monkeypatch.setenv("PG_IDLE_CHECK_S", "86400")  # 借连接前不查,死连接一定会被用上
-    store.close_pools()
+    store_pg.close_pools()
     assert rows(EVENTS) == []  # 开好连接池
     assert cut_connections(os.getpid()) >= 1
     assert email_poller.main(["--eml", str(tmp_path)]) == 1
@@ -401,7 +404,7 @@ def test_offline_storage_failure_says_to_rerun_and_the_rerun_heals(lab, tmp_path
     assert (again.stderr, again.stdout.splitlines()[1]) == ("", "本次收取 1 封:新工单 1,重复 0,跳过 0,无法解析 0,存储失败 0")
     assert len(rows(EVENTS)) == 1 and len(biz_rows(MAIL_TICKETS)) == 1
     assert [t[0] for t in biz_rows(MAIL_TICKETS)] == [t1]  # 工单号不变,补上的事件指向它
-    assert store.ticket_of(rows(EVENTS)[0][3]) == t1
+    assert store_events.ticket_of(rows(EVENTS)[0][3]) == t1
 
 
 def test_an_eml_file_that_cannot_be_read_is_one_line_and_the_other_files_are_still_stored(lab, tmp_path):
@@ -1039,7 +1042,7 @@ def test_two_mails_whose_ticket_ids_collide_get_separate_tickets(lab, tmp_path):
                                                      "本次收取 2 封:新工单 2,重复 0,跳过 0,无法解析 0,存储失败 0\n", "")
     assert biz_rows(MAIL_TICKETS) == sorted([(ta, "C001", "第一封", "张伟的问题", "open"),
                                              (tb, "C002", "第二封", "李娜的问题", "open")])
-    assert sorted(store.ticket_of(e[3]) for e in rows(EVENTS)) == sorted([ta, tb])
+    assert sorted(store_events.ticket_of(e[3]) for e in rows(EVENTS)) == sorted([ta, tb])
     again = run(["email_poller.py", "--eml", str(tmp_path)], lab)  # 重跑:工单号不变,都是 duplicate
     assert (again.returncode, again.stdout, again.stderr) == (
         0, f"duplicate  {tmp_path}/a.eml\nduplicate  {tmp_path}/b.eml\n"
@@ -1062,7 +1065,7 @@ def test_a_message_id_over_200_characters_is_stored_under_its_sha1_and_the_mails
     assert (r.returncode, r.stdout, r.stderr) == (
         0, f"{ta}  {tmp_path}/a.eml\n{tb}  {tmp_path}/b.eml\n"
            "本次收取 2 封:新工单 2,重复 0,跳过 0,无法解析 0,存储失败 0\n", "")
-    assert sorted((e[0], store.ticket_of(e[3]), e[4]) for e in rows(EVENTS)) == sorted(
+    assert sorted((e[0], store_events.ticket_of(e[3]), e[4]) for e in rows(EVENTS)) == sorted(
         [(event_id, ta, "pending"), ("<t3@example.com>", tb, "pending")])
     assert biz_rows(MAIL_TICKETS) == sorted([(ta, "C001", "长 id", "发票开错了。", "open"),
                                              (tb, "C002", "扣款", "又被扣了一次款。", "open")])
@@ -1466,10 +1469,10 @@ def test_complaint_mail_becomes_a_notification_that_only_allows_ignore(lab):
 
 def test_when_every_candidate_ticket_id_belongs_to_other_mails_nothing_is_stored_and_the_reason_is_given(lab):
     for ticket_id, subject in (("MAAAAAA", "别人的信一"), ("MAAAAAAAA", "别人的信二")):
-        assert store.add_mail_ticket([ticket_id], "C002", subject, "别人的正文", "2026-11-30") == ticket_id
+        assert store_biz.add_mail_ticket([ticket_id], "C002", subject, "别人的正文", "2026-11-30") == ticket_id
     before = biz_rows(MAIL_TICKETS)
     with pytest.raises(ValueError, match="^工单号全都被别的邮件占了:MAAAAAA, MAAAAAAAA$"):
-        store.add_mail_ticket(["MAAAAAA", "MAAAAAAAA"], "C001", "张伟的信", "张伟的正文", "2026-11-30")
+        store_biz.add_mail_ticket(["MAAAAAA", "MAAAAAAAA"], "C001", "张伟的信", "张伟的正文", "2026-11-30")
     assert biz_rows(MAIL_TICKETS) == before
 
 

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import email_poller
-import store
+import store_sqlite
 
 SAMPLES = sorted((LAB / "samples").glob("*.eml"))
 
@@ -71,7 +71,7 @@ def test_mutated_and_truncated_mail_never_crashes_the_poller_and_good_mail_is_st
             assert rows("SELECT status, source FROM events WHERE event_id = ?", (f"<{good_id}>",)) == [
                 ("pending", "email")]
         finally:
-            store.close_connections()
+            store_sqlite.close_connections()
     lines, problems = out.getvalue().splitlines(), err.getvalue().splitlines()
     counts = SUMMARY.fullmatch(lines[-1])
     assert counts, lines[-1]

@@ -16,6 +16,12 @@ from openai_stub import OpenAIStub
 
 import inbox as inbox_mod
 import store
+import store_biz
+import store_errors
+import store_events
+import store_inbox
+import store_sqlite
+import worker_owner
 from agent import opened_graph, send, thread_of
 
 T1041_FEEDBACK = "这张已确认是重复扣款,直接告诉客户退款申请已提交、原路退回,别写金额"
@@ -36,7 +42,7 @@ def test_a_notice_about_a_long_ticket_shows_the_word_that_triggered_it_and_says_
     conn.execute("UPDATE tickets SET body = ? WHERE id = 'T1012'", (body,))
     conn.close()
     queue("T1012")
-    text = f"{store.ticket('T1012')['subject']}:{body}"  # 工单原文:标题:正文
+    text = f"{store_biz.ticket('T1012')['subject']}:{body}"  # 工单原文:标题:正文
     at = text.index("律师")
     r = inbox(lab, "list")
     assert (r.returncode, r.stderr) == (0, "")
@@ -543,7 +549,7 @@ def test_ctrl_c_after_accept_took_the_item_puts_it_back_in_the_inbox(lab, monkey
         raise KeyboardInterrupt
 
     with monkeypatch.context() as m:
-        m.setattr(store, "seen_draft", pressed)
+        m.setattr(store_inbox, "seen_draft", pressed)
         assert inbox_mod.main(["accept", "T1012"]) == 1
     assert capsys.readouterr() == ("", "T1012 这次被中断(Ctrl-C),仍在收件箱里\n")
     assert everything("T1012")[1:] == before[1:]
@@ -586,13 +592,13 @@ def lose_checkpoints(env: dict, *tickets: str) -> None:
         finally:
             conn.close()
     else:
-        store.close_connections()
+        store_sqlite.close_connections()
         for suffix in ("", "-wal", "-shm"):
             Path(env["CHECKPOINTS_DB"] + suffix).unlink(missing_ok=True)
 
 
 def where_checkpoints_are(env: dict) -> str:
-    return store._safe_url(env["DATABASE_URL"]) if "DATABASE_URL" in env else f"CHECKPOINTS_DB={env['CHECKPOINTS_DB']}"
+    return store_errors._safe_url(env["DATABASE_URL"]) if "DATABASE_URL" in env else f"CHECKPOINTS_DB={env['CHECKPOINTS_DB']}"
 
 
 RESTARTED = "{} 已交回 worker 从头起草(checkpoint 库里找不到它,worker 会再调一次模型)\n"
@@ -649,13 +655,13 @@ def test_restart_of_an_item_another_restart_just_handed_back_says_so_and_queues_
     worker 只起草一次。两个进程真的同时跑时谁先谁后不确定,这里在本进程里把「别人先放回去」放在确定的时刻。"""
     queue("T1012")
     lose_checkpoints(lab)
-    real_restart = store.restart_waiting
+    real_restart = store_events.restart_waiting
 
     def someone_else_first(event_ids):
         assert real_restart(event_ids) == ["evt_T1012_created"]  # 另一个收件箱命令先放回去了
         return real_restart(event_ids)
 
-    monkeypatch.setattr(store, "restart_waiting", someone_else_first)
+    monkeypatch.setattr(store_events, "restart_waiting", someone_else_first)
     capsys.readouterr()
     assert inbox_mod.main(["restart", "T1012"]) == 1
     assert capsys.readouterr() == ("", "T1012 刚被另一个收件箱命令交回 worker 了,这次没有再动\n")
@@ -1026,7 +1032,7 @@ def test_a_decision_left_by_a_killed_inbox_is_sent_by_the_worker_even_when_the_d
     conn.close()
     die_before_checkpoint(any_lab, 3, "inbox.py", "accept", "T1012")  # 第 2 步停在 review,第 3 步是 review 之后
     [(status, attempts, owner)] = rows("SELECT status, attempts, claimed_by FROM events")
-    assert (status, attempts, owner.startswith(store.INBOX_OWNER_PREFIX)) == ("processing", 3, True)
+    assert (status, attempts, owner.startswith(worker_owner.INBOX_OWNER_PREFIX)) == ("processing", 3, True)
     capsys.readouterr()
     assert drain() == [("evt_T1012_created", "done")]
     assert capsys.readouterr().out == "放回队列 1 个卡住的事件\nevt_T1012_created → done\n"
@@ -1049,7 +1055,7 @@ def test_list_hands_a_dead_workers_event_back_with_the_crash_mark_so_a_crash_loo
     listing = inbox(env, "list")
     assert (listing.returncode, listing.stdout, listing.stderr) == (
         0, "收件箱是空的\n", "(更正:T1012 上次处理中途中断,事件 evt_T1012_created 改为 pending)\n")
-    assert rows("SELECT status, attempts, last_error FROM events") == [("pending", 1, store.REQUEUED_STALE)]
+    assert rows("SELECT status, attempts, last_error FROM events") == [("pending", 1, worker_owner.REQUEUED_STALE)]
     r = run(["worker.py", "--once"], env)
     reason = ("领了 2 次都没做完,超过 MAX_ATTEMPTS=1:最后一次处理到一半进程没了(被杀、崩溃或卡住),"
               "多半是这个事件让 worker 崩溃;查清原因后运行 uv run python worker.py --requeue-dead evt_T1012_created")
@@ -1319,14 +1325,14 @@ def test_a_redraft_that_lands_just_before_your_accept_takes_the_item_is_not_sent
     queue("T1041")
     monkeypatch.setenv("INBOX_USER", "甲")
     assert inbox_mod.main(["list"]) == 0
-    real_take = store.take_for_review
+    real_take = store_inbox.take_for_review
 
     def yi_responds_first(event_id, owner=None):
         r = inbox({**lab, "INBOX_USER": "乙"}, "respond", "T1041", "语气再软一点,先道歉")
         assert (r.returncode, r.stdout) == (0, f"已按意见重写,新草稿: {T1041_FIRST_REDRAFT}\n")
         return real_take(event_id, owner)
 
-    monkeypatch.setattr(store, "take_for_review", yi_responds_first)
+    monkeypatch.setattr(store_inbox, "take_for_review", yi_responds_first)
     capsys.readouterr()
     assert inbox_mod.main(["accept", "T1041"]) == 1
     assert capsys.readouterr() == ("", NOT_THE_DRAFT_YOU_SAW)
@@ -1342,21 +1348,21 @@ def test_a_respond_that_loses_the_last_rewrite_to_another_is_refused_and_its_fee
     现在拿到手之后再核对:说到上限了,退出码 1,待办原样放回收件箱,里面是乙的那一版。"""
     monkeypatch.setenv("MAX_REDRAFTS", "1")
     queue("T1041")
-    real_take = store.take_for_review
+    real_take = store_inbox.take_for_review
 
     def yi_responds_first(event_id, owner=None):
         r = inbox({**lab, "MAX_REDRAFTS": "1", "INBOX_USER": "乙"}, "respond", "T1041", "语气再软一点,先道歉")
         assert (r.returncode, r.stdout) == (0, f"已按意见重写,新草稿: {T1041_FIRST_REDRAFT}\n")
         return real_take(event_id, owner)
 
-    monkeypatch.setattr(store, "take_for_review", yi_responds_first)
+    monkeypatch.setattr(store_inbox, "take_for_review", yi_responds_first)
     capsys.readouterr()
     assert inbox_mod.main(["respond", "T1041", "提一下发票号"]) == 1
     assert capsys.readouterr() == ("", "T1041 已经按意见重写了 1 次,到上限了,不能再 respond;现在可以:accept / edit / ignore\n")
     assert rows("SELECT event_id, status, claimed_by FROM events") == [("evt_T1041_created", "waiting_human", None)]
     after = state("T1041")
     assert (after["feedback"], after.get("refused")) == (["语气再软一点,先道歉"], None)
-    monkeypatch.setattr(store, "take_for_review", real_take)
+    monkeypatch.setattr(store_inbox, "take_for_review", real_take)
     listing = inbox({**lab, "MAX_REDRAFTS": "1"}, "list").stdout.splitlines()
     assert listing[0].startswith("T1041  [refund] ") and "上一个回答不能用" not in listing[0]
     assert listing[1] == f"        草稿:{T1041_FIRST_REDRAFT}"
@@ -1414,7 +1420,7 @@ def test_an_item_is_not_taken_while_another_event_of_its_ticket_is_being_process
     conn.execute("UPDATE events SET status = 'processing', claimed_by = 'worker-elsewhere:1' WHERE event_id = ?",
                  (second,))
     conn.close()
-    assert store.take_for_review("evt_T1012_created") is False  # 数据库的唯一索引挡住,不只是收件箱先查了一遍
+    assert store_inbox.take_for_review("evt_T1012_created") is False  # 数据库的唯一索引挡住,不只是收件箱先查了一遍
     r = inbox(any_lab, "accept", "T1012")
     assert (r.returncode, r.stdout) == (1, "")
     assert r.stderr == "T1012 正在被处理(另一个收件箱命令或 worker),稍后再 list 看看\n"
@@ -1516,13 +1522,13 @@ def test_an_item_taken_by_another_inbox_command_in_between_is_refused_and_not_to
     两个进程真的同时跑时谁先谁后不确定(见 test_two_inbox_commands_on_one_ticket_at_once_send_one_reply),
     这里在本进程里把「别人先拿走」放在确定的时刻。"""
     queue("T1012")
-    real_take = store.take_for_review
+    real_take = store_inbox.take_for_review
 
     def someone_else_first(event_id, owner=None):
         assert real_take(event_id, owner="其他收件箱:1")  # 另一个收件箱命令先拿走了
         return real_take(event_id, owner)
 
-    monkeypatch.setattr(store, "take_for_review", someone_else_first)
+    monkeypatch.setattr(store_inbox, "take_for_review", someone_else_first)
     capsys.readouterr()
     assert inbox_mod.main(["accept", "T1012"]) == 1
     assert capsys.readouterr() == ("", "T1012 刚被另一个收件箱命令拿走处理了,稍后再 list 看看\n")

@@ -13,6 +13,12 @@ from conftest import (LAB, cut_connections, drain, pg_schema, read_write_role, r
 from openai_stub import OpenAIStub
 
 import store
+import store_biz
+import store_cli
+import store_errors
+import store_move
+import store_pg
+import worker
 
 TABLES = ("events", "outbox", "review_log", "inbox_seen", "llm_usage")  # 事件库里的全部表,都要搬
 
@@ -295,7 +301,7 @@ def test_without_database_url_it_says_what_to_set_and_does_nothing(sqlite_lab_in
 def test_an_event_still_being_processed_in_sqlite_stops_the_move_and_nothing_is_moved(
         sqlite_lab_in_use, pg_url, monkeypatch):
     lab, _ = sqlite_lab_in_use
-    assert store.claim("somebody")["event_id"] == "evt_T1021_created"  # 还有一个用 SQLite 的 worker 在做 T1021
+    assert worker.claim("somebody")["event_id"] == "evt_T1021_created"  # 还有一个用 SQLite 的 worker 在做 T1021
     before = snapshot()
     with pg_schema() as url:
         r = from_sqlite({**lab, "DATABASE_URL": url})
@@ -315,7 +321,7 @@ def test_checkpoints_without_their_events_stop_the_move_and_nothing_is_moved(sql
     assert run(["store.py"], {**lab, "EVENTS_DB": str(other)}).returncode == 0  # 一个新建的、空的事件库
     with pg_schema() as url:
         r = from_sqlite({**lab, "EVENTS_DB": str(other), "DATABASE_URL": url})
-        built = f"已在 {store._safe_url(url)} 新建业务表 customers、tickets(从 {lab['BIZ_DB']} 拷过来)\n"  # 搬之前的一步
+        built = f"已在 {store_errors._safe_url(url)} 新建业务表 customers、tickets(从 {lab['BIZ_DB']} 拷过来)\n"  # 搬之前的一步
         assert (r.returncode, r.stdout, r.stderr) == (
             2, built, f"没有搬:{lab['CHECKPOINTS_DB']} 里有 4 个 thread 在 {other} 里没有对应的事件"
                    "(ticket-T1003、ticket-T1012、ticket-T1020、ticket-T1041):两个文件不是同一套 —— EVENTS_DB、"
@@ -333,7 +339,7 @@ def test_inbox_items_whose_checkpoints_are_not_in_checkpoints_db_stop_the_move_a
     typo = tmp_path / "checkpoint.db"
     with pg_schema() as url:
         r = from_sqlite({**lab, "CHECKPOINTS_DB": str(typo), "DATABASE_URL": url})
-        built = f"已在 {store._safe_url(url)} 新建业务表 customers、tickets(从 {lab['BIZ_DB']} 拷过来)\n"  # 搬之前的一步
+        built = f"已在 {store_errors._safe_url(url)} 新建业务表 customers、tickets(从 {lab['BIZ_DB']} 拷过来)\n"  # 搬之前的一步
         assert (r.returncode, r.stdout, r.stderr) == (
             2, built, f"没有搬:{lab['EVENTS_DB']} 的收件箱里有 2 条待办(T1003、T1041),{typo} 里却没有它们的 checkpoint:"
                       "CHECKPOINTS_DB 指错了(文件不在,或者是另一套);把它改成 worker 起草时用的那个再搬。什么都没搬\n")
@@ -369,7 +375,7 @@ def test_a_ticket_postgres_already_worked_on_stops_the_move_and_nothing_is_moved
     with pg_schema() as url:
         with on_postgres(monkeypatch, url):
             store.init()
-            store.build_biz_tables()
+            store_biz.build_biz_tables()
             add("T1041", "evt_T1041_again")
             assert drain() == [("evt_T1041_again", "waiting_human")]
         r = from_sqlite({**lab, "DATABASE_URL": url})
@@ -503,16 +509,16 @@ def test_connections_cut_in_the_middle_of_the_move_leave_nothing_moved_and_the_r
     with pg_schema() as url:
         with on_postgres(monkeypatch, url), monkeypatch.context() as m:
             m.setattr(PostgresSaver, "put", put)
-            assert store.main(["--from-sqlite"]) == 1
+            assert store_cli.main(["--from-sqlite"]) == 1
         out, err = capsys.readouterr()
         assert (len(puts), out, err) == (
             5, f"已在 {url} 新建业务表 customers、tickets(从 {lab['BIZ_DB']} 拷过来)\n",
             "数据库暂时用不了(OperationalError: consuming input failed: server closed the connection unexpectedly),"
             "稍后再运行 uv run python store.py --from-sqlite(已经建好的不会重建;这一次什么都没搬)\n")
-        store.close_pools()  # 池里的连接都被断了
+        store_pg.close_pools()  # 池里的连接都被断了
         nothing_moved(url, monkeypatch, before)
         with on_postgres(monkeypatch, url):
-            assert store.main(["--from-sqlite"]) == 0
+            assert store_cli.main(["--from-sqlite"]) == 0
             assert snapshot() == before
 
 
@@ -575,7 +581,7 @@ def test_after_the_move_every_program_without_database_url_refuses_the_sqlite_fi
             assert stopped.value.code == refused
             sent = run(["send_webhook.py", "T1030"], {**lab, "WEBHOOK_URL": f"{base}/hooks/cloudledger"})
             assert (sent.returncode, sent.stdout, sent.stderr) == (
-                1, f"503 {{'detail': 'event store unavailable (IntegrityError: {store.MOVED_AWAY}), retry later'}}\n", "")
+                1, f"503 {{'detail': 'event store unavailable (IntegrityError: {store_move.MOVED_AWAY}), retry later'}}\n", "")
             eml = str(LAB / "samples" / "01_utf8_plain.eml")
             for args, code in ((["worker.py", "--once"], 1), (["inbox.py", "list"], 1), (["inbox.py", "accept", "T1041"], 1),
                                (["cron_jobs.py", "scan"], 2), (["cron_jobs.py", "report"], 2),
@@ -618,8 +624,8 @@ def test_when_sqlite_cannot_record_the_move_it_says_so_and_postgres_keeps_everyt
     lab, before = sqlite_lab_in_use
     with pg_schema() as url:
         with on_postgres(monkeypatch, url), monkeypatch.context() as m:
-            m.setattr(store, "RETIRE_SQL", ("CREATE TABLE events (x)", *store.RETIRE_SQL[1:]))
-            assert store.main(["--from-sqlite"]) == 0
+            m.setattr(store_move, "RETIRE_SQL", ("CREATE TABLE events (x)", *store_move.RETIRE_SQL[1:]))
+            assert store_cli.main(["--from-sqlite"]) == 0
             assert snapshot() == before
         out, err = capsys.readouterr()
         assert out.splitlines()[1].startswith(f"已从 {lab['EVENTS_DB']}、{lab['CHECKPOINTS_DB']} 搬进 {url}:events 5 行,")
@@ -643,13 +649,14 @@ def test_when_sqlite_cannot_record_the_move_it_says_so_and_postgres_keeps_everyt
 # store.py --from-sqlite,只是 PostgreSQL 那边一提交(copy_to_postgres 返回),进程就被 kill -9:SQLite 还没记下已搬走
 KILLED_AFTER_COPY = """
 import os, signal, sys
-import store
-copy = store.copy_to_postgres
+import store_cli
+import store_move
+copy = store_move.copy_to_postgres
 def copy_then_die(*args):
     counted = copy(*args)
     os.kill(os.getpid(), signal.SIGKILL)
-store.copy_to_postgres = copy_then_die
-sys.exit(store.main(["--from-sqlite"]))
+store_move.copy_to_postgres = copy_then_die
+sys.exit(store_cli.main(["--from-sqlite"]))
 """
 
 

@@ -13,6 +13,7 @@ from langgraph.types import Command
 from openai_stub import OpenAIStub
 
 import store
+import store_events
 import worker as worker_mod
 from agent import opened_graph, thread_of
 
@@ -33,7 +34,7 @@ def add_tickets(count: int, first: int = 5000) -> list[str]:
 
 
 def queue(tickets: list[str]) -> None:
-    store.add_events([(f"evt_{t}_created", "webhook", "ticket.created",
+    store_events.add_events([(f"evt_{t}_created", "webhook", "ticket.created",
                        json.dumps({"id": f"evt_{t}_created", "type": "ticket.created", "data": {"ticket_id": t}}))
                       for t in tickets])
 

@@ -16,6 +16,10 @@ from conftest import LAB, cut_connections, free_port, proxies_that_are_not_runni
 from test_webhook import unread_in_pipe, writer_pids
 
 import store
+import store_biz
+import store_cli
+import store_pg
+import worker_owner
 
 
 @pytest.mark.parametrize("args, problem", [
@@ -226,7 +230,7 @@ def test_a_delivery_whose_connection_drops_before_the_answer_says_it_may_be_stor
             proc.wait(timeout=10)
         out, err = sender.communicate(timeout=60)
         deadline = time.time() + 30
-        while store._process_alive(writer):  # 它写完这一批、回话时发现 webhook 不在了,退出
+        while worker_owner._process_alive(writer):  # 它写完这一批、回话时发现 webhook 不在了,退出
             assert time.time() < deadline, "写库进程应该写完这一批就退出"
             time.sleep(0.05)
     assert (sender.returncode, out) == (1, "")
@@ -366,13 +370,13 @@ def test_store_with_arguments_prints_usage_and_builds_nothing(tmp_path, args, co
 
 def test_store_with_cut_database_connections_says_so_in_one_line_and_the_next_run_works(pg_lab, monkeypatch, capsys):
     monkeypatch.setenv("PG_IDLE_CHECK_S", "86400")  # 借连接前不查,死连接一定会被用上
-    store.close_pools()
+    store_pg.close_pools()
     assert rows("SELECT COUNT(*) FROM events") == [(0,)]  # 开好连接池
     assert cut_connections(os.getpid()) >= 1
-    assert store.main() == 1
+    assert store_cli.main() == 1
     assert capsys.readouterr() == ("", "数据库暂时用不了(AdminShutdown: terminating connection due to administrator "
                                        "command),稍后再运行 uv run python store.py(已经建好的不会重建)\n")
-    assert store.main() == 0
+    assert store_cli.main() == 0
     assert capsys.readouterr().out.splitlines()[0].endswith(":events 0 行,outbox 0 行,review_log 0 行,llm_usage 0 行")
 
 
@@ -381,7 +385,7 @@ def test_stale_scan_finds_some_but_not_all_open_tickets_whatever_the_build_date(
 
     for day in (date(2026, 1, 1), date(2030, 6, 15)):
         path = tmp_path / f"{day}.db"
-        store.build_biz_db(path, today=day)
+        store_biz.build_biz_db(path, today=day)
         ages = [(day - date.fromisoformat(r[0])).days
                 for r in rows("SELECT created_at FROM tickets WHERE status = 'open'", path=path)]
         assert 0 < sum(a > 20 for a in ages) < len(ages)
@@ -390,7 +394,7 @@ def test_stale_scan_finds_some_but_not_all_open_tickets_whatever_the_build_date(
 def test_a_learners_own_business_database_is_left_alone(tmp_path):
     own = tmp_path / "mine.db"
     with closing(sqlite3.connect(own)) as conn:
-        conn.executescript(store.BIZ_SCHEMA)
+        conn.executescript(store_biz.BIZ_SCHEMA)
     env = {"EVENTS_DB": str(tmp_path / "e.db"), "BIZ_DB": str(own), "AMBIENT_NO_DOTENV": "1", "PATH": "/usr/bin:/bin"}
     r = run(["store.py"], env)
     assert (r.returncode, r.stderr) == (0, "")
@@ -415,7 +419,7 @@ def test_biz_db_pointing_at_the_events_or_checkpoint_db_says_so_and_never_says_t
     和收件箱里的待办。现在说它是哪个库、让 BIZ_DB 指回业务库;什么都不动,事件照旧在。"""
     store.add_event("evt_T1012_created", "webhook", "ticket.created",
                     '{"id": "evt_T1012_created", "type": "ticket.created", "data": {"ticket_id": "T1012"}}')
-    saver, conn = store.open_checkpointer()  # 建出 checkpoint 库(worker 第一次运行时也是这样)
+    saver, conn = store_pg.open_checkpointer()  # 建出 checkpoint 库(worker 第一次运行时也是这样)
     conn.close()
     path = lab[which]
     message = f"BIZ_DB 指的 {path} {role},不是业务库:让 BIZ_DB 指到业务库(不设就是脚本旁边的 cloudledger.db)\n"

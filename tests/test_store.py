@@ -1,5 +1,6 @@
 """store.py 自己的几条出错路径:业务库建不了、PostgreSQL 单独连得上但连接池连不上;设了 DATABASE_URL 时业务表建在哪。"""
 import os
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -11,6 +12,11 @@ import pytest
 from conftest import LAB, pg_schema, rows, run, someone_holds_the_events_table, tcp_proxy
 
 import store
+import store_biz
+import store_errors
+import store_pg
+import store_sqlite
+import store_upgrade
 
 
 def test_a_business_database_in_a_missing_directory_names_the_setting_and_creates_nothing(lab, tmp_path):
@@ -51,7 +57,7 @@ def test_events_db_pointing_at_the_business_or_checkpoint_db_is_named_and_that_f
     """EVENTS_DB 写成了业务库(或 checkpoint 库)的路径:原来 store.py 悄悄在里面建起事件表、把它改成 WAL,退出码 0,
     worker、收件箱接着就在别人的库里记事件。反过来 BIZ_DB 指到事件库早就会说。现在每个程序一开始就说清楚,文件一点不动。"""
     if other == "CHECKPOINTS_DB":
-        run(["-c", "import store; store.open_checkpointer()[1].close()"], lab).check_returncode()
+        run(["-c", "import store_pg; store_pg.open_checkpointer()[1].close()"], lab).check_returncode()
     path = Path(lab[other])
     before = path.read_bytes()
     for command, code in ((["store.py"], 1), (["worker.py", "--once"], 1), (["inbox.py", "list"], 1)):
@@ -73,14 +79,14 @@ def test_a_pool_that_cannot_connect_after_the_probe_did_stops_in_time_and_says_w
     from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
     params = conninfo_to_dict(pg_lab["DATABASE_URL"])
-    monkeypatch.setattr(store, "PG_CONNECT_TIMEOUT_S", 1)
+    monkeypatch.setattr(store_pg, "PG_CONNECT_TIMEOUT_S", 1)
     with tcp_proxy(params.get("host") or "127.0.0.1", int(params.get("port") or 5432), first_connection_only, then) \
             as (port, seen):
         url = make_conninfo("", **{**params, "host": "127.0.0.1", "port": str(port)})
         before = set(threading.enumerate())
         started = time.monotonic()
         try:
-            store.open_pg_pool(url, True)
+            store_pg.open_pg_pool(url, True)
         except SystemExit as e:
             stopped, message = time.monotonic() - started, e.code
         else:
@@ -109,13 +115,13 @@ def test_store_builds_the_business_tables_in_postgres_once_and_no_sqlite_file(pg
     drop_business_tables()
     biz = tmp_path / "nowhere" / "cloudledger.db"
     env = {**pg_lab, "BIZ_DB": str(biz)}
-    url = store._safe_url(pg_lab["DATABASE_URL"])
+    url = store_errors._safe_url(pg_lab["DATABASE_URL"])
     first = run(["store.py"], env)
     assert (first.returncode, first.stderr) == (0, "")
     assert first.stdout.splitlines() == [f"已在 {url} 新建业务表 customers、tickets(种子数据)",
                                          f"事件库 {url}:{EVENT_COUNTS}",
                                          f"业务库 {url}:customers 30 行,tickets 41 行"]
-    store.add_mail_ticket(["M1"], "C001", "发票", "麻烦重开", "2026-12-01")
+    store_biz.add_mail_ticket(["M1"], "C001", "发票", "麻烦重开", "2026-12-01")
     again = run(["store.py"], env)  # 已经有了:不重建,邮件建的工单还在
     assert (again.returncode, again.stderr) == (0, "")
     assert again.stdout.splitlines() == [f"事件库 {url}:{EVENT_COUNTS}", f"业务库 {url}:customers 30 行,tickets 42 行"]
@@ -130,12 +136,12 @@ def test_the_first_build_in_postgres_copies_the_sqlite_business_db_that_biz_db_n
     with store.transaction(path) as conn:
         conn.execute("INSERT INTO tickets VALUES ('M1a2b3c', 'C001', ?, '抬头写错了', 'open', '2026-11-30')", ("发票\x00开错了",))
     r = run(["store.py"], pg_lab)
-    url = store._safe_url(pg_lab["DATABASE_URL"])
+    url = store_errors._safe_url(pg_lab["DATABASE_URL"])
     assert (r.returncode, r.stderr) == (0, "")
     assert r.stdout.splitlines() == [f"已在 {url} 新建业务表 customers、tickets(从 {path} 拷过来)",
                                      f"事件库 {url}:{EVENT_COUNTS}",
                                      f"业务库 {url}:customers 30 行,tickets 42 行"]
-    assert store.ticket("M1a2b3c") == {"id": "M1a2b3c", "customer_id": "C001", "subject": "发票开错了",
+    assert store_biz.ticket("M1a2b3c") == {"id": "M1a2b3c", "customer_id": "C001", "subject": "发票开错了",
                                        "body": "抬头写错了", "status": "open", "created_at": "2026-11-30"}
     for table in ("customers", "tickets"):
         there = [tuple(v.replace("\x00", "") if isinstance(v, str) else v for v in r)
@@ -171,7 +177,7 @@ def test_several_machines_building_the_business_tables_at_once_seed_them_once(pg
 
     def build():
         start.wait()
-        built.append(store.build_biz_tables())
+        built.append(store_biz.build_biz_tables())
 
     threads = [threading.Thread(target=build) for _ in range(4)]
     for t in threads:
@@ -186,7 +192,7 @@ def test_without_business_tables_in_postgres_every_command_says_run_store_and_to
     drop_business_tables()
     store.add_event("evt_T1012_created", "webhook", "ticket.created",
                     '{"id": "evt_T1012_created", "type": "ticket.created", "data": {"ticket_id": "T1012"}}')
-    problem = (f"业务库还没建:{store._safe_url(pg_lab['DATABASE_URL'])} 里没有表 customers、tickets"
+    problem = (f"业务库还没建:{store_errors._safe_url(pg_lab['DATABASE_URL'])} 里没有表 customers、tickets"
                "(先运行 uv run python store.py 建库)")
     for command, code in ((["worker.py", "--once"], 1), (["email_poller.py", "--eml", "samples/01_utf8_plain.eml"], 2),
                           (["cron_jobs.py", "scan"], 2)):
@@ -201,7 +207,7 @@ def test_half_of_the_business_tables_in_postgres_is_named_and_left_alone(pg_lab)
     别的命令也说缺哪张(这时再运行 store.py 是没用的,不能叫人去运行它)。"""
     with store.transaction() as conn:
         conn.execute("DROP TABLE tickets")
-    url = store._safe_url(pg_lab["DATABASE_URL"])
+    url = store_errors._safe_url(pg_lab["DATABASE_URL"])
     r = run(["store.py"], pg_lab)
     assert (r.returncode, r.stdout, r.stderr) == (
         2, "", f"业务库 {url} 里没有表:tickets。没有动它:确定剩下的那张业务表没用了(不是别的程序的),才把它也删掉"
@@ -253,7 +259,7 @@ def pg_tables(url: str) -> dict[str, list[tuple]]:
 
 
 def named_foreign(url: str, table: str) -> str:
-    return (f"{store._safe_url(url)} 里已经有一张 {table} 表,却不是这里用的结构(缺 {FOREIGN_PG_TABLES[table][1]} 列;"
+    return (f"{store_errors._safe_url(url)} 里已经有一张 {table} 表,却不是这里用的结构(缺 {FOREIGN_PG_TABLES[table][1]} 列;"
             f"多半是自己做练习时建的,或者是别的程序的):先给它改个名,ALTER TABLE {table} RENAME TO my_{table}"
             "(或者换一个 schema),再运行,这里会新建一张。什么都没做\n")
 
@@ -276,8 +282,8 @@ def test_every_program_names_a_table_of_another_shape_in_postgres_and_touches_no
     """业务表已经建好(store.py 之前运行过),事件库的一张表是自己做练习时建的:每个程序都一样说清楚,什么都不动。"""
     with pg_schema() as url:
         monkeypatch.setenv("DATABASE_URL", url)
-        store.build_biz_tables()
-        store.close_pools()
+        store_biz.build_biz_tables()
+        store_pg.close_pools()
         foreign_pg_table(url, table)
         before = pg_tables(url)
         r = run(command, {**lab, "DATABASE_URL": url})
@@ -302,8 +308,8 @@ def test_an_events_table_with_text_time_columns_in_postgres_is_named_and_nothing
 
     with pg_schema() as url:
         monkeypatch.setenv("DATABASE_URL", url)
-        store.build_biz_tables()
-        store.close_pools()
+        store_biz.build_biz_tables()
+        store_pg.close_pools()
         with psycopg.connect(url, autocommit=True) as conn:
             conn.execute(TEXT_TIME_PG_EVENTS)
             conn.execute("INSERT INTO events (event_id, source, kind, payload, received_at, updated_at, ticket_id) "
@@ -312,7 +318,7 @@ def test_an_events_table_with_text_time_columns_in_postgres_is_named_and_nothing
         before = pg_tables(url)
         r = run(command, {**lab, "DATABASE_URL": url})
         assert (r.returncode, r.stdout, r.stderr) == (code, "", (
-            f"{store._safe_url(url)} 里已经有一张 events 表,却不是这里用的结构(not_before、received_at、updated_at 列是 "
+            f"{store_errors._safe_url(url)} 里已经有一张 events 表,却不是这里用的结构(not_before、received_at、updated_at 列是 "
             "text,waiting_since 列是 timestamp without time zone,这里要 TIMESTAMPTZ;多半是自己做练习时建的,"
             "或者是别的程序的):先给它改个名,ALTER TABLE events RENAME TO my_events(或者换一个 schema),"
             "再运行,这里会新建一张。什么都没做\n"))
@@ -338,7 +344,7 @@ def test_programs_opening_a_new_lab_at_the_same_moment_all_get_it(tmp_path, monk
             except BaseException as e:  # noqa: BLE001 —— 原来是 SystemExit(库打不开)
                 failures.append(f"{type(e).__name__}: {e}")
             finally:
-                store.close_connections()
+                store_sqlite.close_connections()
 
         threads = [threading.Thread(target=one) for _ in range(4)]
         for t in threads:
@@ -350,23 +356,23 @@ def test_programs_opening_a_new_lab_at_the_same_moment_all_get_it(tmp_path, monk
         monkeypatch.setenv("EVENTS_DB", str(tmp_path / f"ambient{i}.db"))
         monkeypatch.setenv("CHECKPOINTS_DB", str(tmp_path / f"checkpoints{i}.db"))
         at_once(store.init)
-        at_once(lambda: store.open_checkpointer()[1].close())
+        at_once(lambda: store_pg.open_checkpointer()[1].close())
     assert failures == []
     modes = {rows("PRAGMA journal_mode", path=tmp_path / f"{name}{i}.db")[0][0]
              for name in ("ambient", "checkpoints") for i in range(200)}
     assert modes == {"wal"}
 
 
-# 在 lab 的环境里:写一个事件,说结果(数据库用不了时说 store.unavailable() 那一行)和用了几秒
+# 在 lab 的环境里:写一个事件,说结果(数据库用不了时说 store_errors.unavailable() 那一行)和用了几秒
 ADD_ONE_EVENT = """
-import time, store
+import time, store, store_errors
 with store.opened() as conn:  # 先连上(PostgreSQL 第一次建连接池在慢的机器上要半秒以上):只给 add_event 计时
     conn.execute("SELECT 1")
 started = time.monotonic()
 try:
     print(store.add_event("evt_T1041_created", "webhook", "ticket.created", '{"data": {"ticket_id": "T1041"}}'))
-except store.unavailable_errors() as e:
-    print(store.unavailable(e))
+except store_errors.unavailable_errors() as e:
+    print(store_errors.unavailable(e))
 print(round(time.monotonic() - started))
 """
 
@@ -438,7 +444,7 @@ def test_a_program_whose_sqlite_files_were_deleted_while_it_ran_stops_instead_of
         assert str(stop.value) == replaced(lab["EVENTS_DB"])
     finally:
         w.close()
-        store.close_connections()
+        store_sqlite.close_connections()
     assert rows("SELECT COUNT(*) FROM events") == [(0,)]
 
 
@@ -477,7 +483,7 @@ def pooled_writer(pool: str):
         return
     from langgraph.checkpoint.base import empty_checkpoint
 
-    saver, checkpoint_pool = store.open_checkpointer()
+    saver, checkpoint_pool = store_pg.open_checkpointer()
     try:
         yield lambda n: saver.put({"configurable": {"thread_id": f"ticket-T{n}", "checkpoint_ns": ""}},
                                   empty_checkpoint(), {"source": "input", "step": -1}, {})
@@ -497,13 +503,13 @@ def test_a_pooled_connection_that_finds_the_server_read_only_is_dropped_so_the_p
     from psycopg.conninfo import conninfo_to_dict
 
     owner_url = pg_lab["DATABASE_URL"]
-    store.open_checkpointer()[1].close()  # 表都由库的所有者建好
+    store_pg.open_checkpointer()[1].close()  # 表都由库的所有者建好
     with read_write_role(owner_url) as (url, grant_read_write):
         grant_read_write()
         user = conninfo_to_dict(url)["user"]
         monkeypatch.setenv("DATABASE_URL", url)
         monkeypatch.setenv("PG_POOL_SIZE", "2")
-        store.close_pools()
+        store_pg.close_pools()
         with pooled_writer(pool) as write:
             def outcome(n: int) -> str:
                 try:
@@ -523,3 +529,20 @@ def test_a_pooled_connection_that_finds_the_server_read_only_is_dropped_so_the_p
             after = [outcome(n) for n in range(7, 15)]
             # 池里最多两个只能读的连接:各失败一次就被换掉,之后一直能写
             assert set(after[:2]) <= {"ok", "ReadOnlySqlTransaction"} and after[2:] == ["ok"] * 6, after
+
+
+def test_the_column_lists_in_store_upgrade_match_the_schema():
+    """store_upgrade 认「结构对不对」用的表名、列名和时间列是手写的:和 store.SCHEMA 真建出来的库逐一核对。"""
+    conn = sqlite3.connect(":memory:")
+    conn.executescript(store.SCHEMA.format(time="STAMP", serial="INTEGER PRIMARY KEY AUTOINCREMENT"))
+    conn.execute(store.ONE_PROCESSING_PER_TICKET)
+    objects = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type IN ('table', 'index') "
+                                          "AND name NOT LIKE 'sqlite_%'")}
+    assert objects == store_upgrade.SCHEMA_OBJECTS
+    tables = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table' "
+                                         "AND name NOT LIKE 'sqlite_%' ORDER BY rowid")]
+    assert tables == list(store_upgrade.TABLE_COLUMNS) == list(store_upgrade.TIME_COLUMNS)
+    for table in tables:
+        info = conn.execute(f"PRAGMA table_info({table})").fetchall()
+        assert {r[1] for r in info} == store_upgrade.TABLE_COLUMNS[table], table
+        assert {r[1] for r in info if r[2] == "STAMP"} == store_upgrade.TIME_COLUMNS[table], table

@@ -28,6 +28,9 @@ from fastapi.testclient import TestClient
 
 import send_webhook
 import store
+import store_events
+import store_sqlite
+import worker_owner
 import webhook
 
 SECRET = "test-secret"
@@ -379,10 +382,10 @@ def test_a_batch_reports_each_event_as_new_or_duplicate(any_lab):
     def event(n: int) -> tuple[str, str, str, str]:
         return (f"evt_{n}", "webhook", "ticket.created", body_for(f"T{n}", f"evt_{n}").decode())
 
-    assert store.add_events([event(1)]) == [True]
-    batch = [event(1), event(2), event(2), event(3)] + [event(n) for n in range(10, 10 + store.INSERT_CHUNK + 5)]
-    assert store.add_events(batch) == [False, True, False, True] + [True] * (store.INSERT_CHUNK + 5)
-    assert rows("SELECT COUNT(*), COUNT(DISTINCT event_id) FROM events") == [(store.INSERT_CHUNK + 8,) * 2]
+    assert store_events.add_events([event(1)]) == [True]
+    batch = [event(1), event(2), event(2), event(3)] + [event(n) for n in range(10, 10 + store_events.INSERT_CHUNK + 5)]
+    assert store_events.add_events(batch) == [False, True, False, True] + [True] * (store_events.INSERT_CHUNK + 5)
+    assert rows("SELECT COUNT(*), COUNT(DISTINCT event_id) FROM events") == [(store_events.INSERT_CHUNK + 8,) * 2]
     assert rows("SELECT ticket_id FROM events WHERE event_id = 'evt_2'") == [("T2",)]
 
 
@@ -402,11 +405,11 @@ def test_an_event_another_process_has_not_committed_yet_is_reported_as_a_duplica
         first.execute("INSERT INTO events (event_id, source, kind, payload, ticket_id, received_at, updated_at) "
                       "VALUES ('evt_race', 'webhook', 'ticket.created', %s, 'T1012', %s, %s)", (payload, stamp, stamp))
         second = threading.Thread(target=lambda: result.append(
-            store.add_events([("evt_race", "webhook", "ticket.created", payload)])))
+            store_events.add_events([("evt_race", "webhook", "ticket.created", payload)])))
         second.start()
         deadline = time.time() + 30
         while not watcher.execute("SELECT COUNT(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                                  "AND application_name = %s", (store.pg_application_name(),)).fetchone()[0]:
+                                  "AND application_name = %s", (worker_owner.pg_application_name(),)).fetchone()[0]:
             assert time.time() < deadline, "后到的 INSERT 应该在等先到的事务"
             time.sleep(0.02)
         first.commit()
@@ -496,7 +499,7 @@ def test_writer_process_killed_mid_batch_answers_503_then_a_new_one_takes_the_re
     r = post(client, body, send_webhook.sign(body, SECRET))
     assert (r.status_code, r.json()) == (202, {"accepted": True, "duplicate": False})
     assert stored() == [("evt_T1012_created", "webhook", "ticket.created", "pending", 0)]
-    assert webhook.committer.proc.pid != old and store._process_alive(webhook.committer.proc.pid)
+    assert webhook.committer.proc.pid != old and worker_owner._process_alive(webhook.committer.proc.pid)
 
 
 def deliver(base_url: str, body: bytes) -> tuple[int, dict]:
@@ -528,7 +531,7 @@ def test_a_writer_that_dies_before_reading_the_batch_hands_it_to_a_new_writer_an
             os.kill(old, signal.SIGKILL)
             assert answer.result(timeout=30) == (202, {"accepted": True, "duplicate": False})
         (new,) = writer_pids(proc.pid)
-        assert new != old and store._process_alive(new)
+        assert new != old and worker_owner._process_alive(new)
         assert stored() == [("evt_T1012_created", "webhook", "ticket.created", "pending", 0)]
         assert deliver(base_url, body) == (202, {"accepted": True, "duplicate": True})
         assert writer_pids(proc.pid) == [new]
@@ -567,7 +570,7 @@ def test_deleting_the_database_while_the_webhook_runs_loses_no_acknowledged_even
         for suffix in ("", "-wal", "-shm"):
             Path(lab["EVENTS_DB"] + suffix).unlink(missing_ok=True)
         assert run(["store.py"], lab).returncode == 0
-        store.close_connections()  # 测试进程自己开着的连接也连着删掉的文件
+        store_sqlite.close_connections()  # 测试进程自己开着的连接也连着删掉的文件
         assert deliver(base_url, body_for("T1041")) == (
             503, {"detail": "event store unavailable (writer process exited with code 1), retry later"})
         assert stored() == []
@@ -618,7 +621,7 @@ def webhook_behind_a_proxy(pg_lab: dict, up: threading.Event, hold: threading.Ev
 def killed(pid: int) -> None:
     os.kill(pid, signal.SIGKILL)
     deadline = time.time() + 10
-    while store._process_alive(pid) and time.time() < deadline:
+    while worker_owner._process_alive(pid) and time.time() < deadline:
         time.sleep(0.01)
 
 
@@ -699,7 +702,7 @@ def test_a_stalled_database_connection_answers_503_after_the_time_limit_and_a_ne
         assert 6 <= time.monotonic() - started < 15
         assert answer == (503, {"detail": "event store unavailable (writer process did not answer within 6 s), "
                                           "retry later"})
-        assert not store._process_alive(writer)
+        assert not worker_owner._process_alive(writer)
         hold.clear()
         assert deliver(base_url, body_for("T1041")) == (202, {"accepted": True, "duplicate": False})
         (new,) = writer_pids(proc.pid)
@@ -727,9 +730,9 @@ def test_a_writer_stuck_on_the_database_dies_with_a_killed_webhook(pg_lab):
             proc.kill()
             proc.wait(timeout=10)
             killed_at = time.time()
-            while store._process_alive(writer) and time.time() < killed_at + 20:
+            while worker_owner._process_alive(writer) and time.time() < killed_at + 20:
                 time.sleep(0.05)
-            assert not store._process_alive(writer)
+            assert not worker_owner._process_alive(writer)
             assert 6 <= time.time() - killed_at < 12  # 1 + 5 秒的宽限,再加上最多 1 秒才发现 webhook 没了
             hold.clear()
     assert [e[0] for e in stored()] == ["evt_T1012_created"]
@@ -740,7 +743,7 @@ def stop_writer() -> None:
     proc = webhook.committer.proc
     os.kill(proc.pid, signal.SIGKILL)
     deadline = time.time() + 10
-    while store._process_alive(proc.pid) and time.time() < deadline:
+    while worker_owner._process_alive(proc.pid) and time.time() < deadline:
         time.sleep(0.01)
 
 
@@ -797,13 +800,13 @@ def test_the_writer_process_exits_with_the_webhook(lab, sig):
         with urllib.request.urlopen(request, timeout=10) as r:
             assert (r.status, json.loads(r.read())) == (202, {"accepted": True, "duplicate": False})
         (writer,) = writer_pids(proc.pid)
-        assert store._process_alive(writer)
+        assert worker_owner._process_alive(writer)
         proc.send_signal(sig)
         proc.wait(timeout=30)
         deadline = time.time() + 10
-        while store._process_alive(writer) and time.time() < deadline:
+        while worker_owner._process_alive(writer) and time.time() < deadline:
             time.sleep(0.05)
-        assert not store._process_alive(writer)
+        assert not worker_owner._process_alive(writer)
     assert stored() == [("evt_T1012_created", "webhook", "ticket.created", "pending", 0)]
 
 

@@ -20,6 +20,13 @@ from openai_stub import OpenAIStub
 
 import llm
 import store
+import store_biz
+import store_errors
+import store_events
+import store_inbox
+import store_pg
+import store_sqlite
+import worker_owner
 import worker as worker_mod
 from agent import opened_graph, thread_of
 
@@ -241,7 +248,7 @@ def test_an_event_without_a_ticket_id_column_value_still_waits_out_its_backoff(a
         conn.close()
         assert drain() == [("evt_T1012_created", "pending")]
         assert drain() == []  # 退避还没到期:领不到
-        assert store.claim("someone-else") is None
+        assert worker_mod.claim("someone-else") is None
         assert len(stub.requests) == 1
         assert events() == [("evt_T1012_created", "pending", 1)]
 
@@ -302,14 +309,14 @@ def test_an_event_claimed_just_as_the_stop_signal_arrives_is_handed_back_not_pro
     手上没有事件,不抢着退出,worker 要等模型回答才退。现在交回队列(尝试次数不算),不调模型,马上退出。"""
     add("T1012"), add("T1041")
     w = worker_mod.Worker()
-    claim = store.claim
+    claim = worker_mod.claim
 
     def claim_then_ctrl_c(owner=None):
         ev = claim(owner)
         w.stop(signal.SIGINT)
         return ev
 
-    monkeypatch.setattr(store, "claim", claim_then_ctrl_c)
+    monkeypatch.setattr(worker_mod, "claim", claim_then_ctrl_c)
     try:
         assert w.run_once() == []
     finally:
@@ -626,7 +633,7 @@ def test_the_requeue_command_in_hints_can_be_pasted_into_a_shell_even_for_mail_e
     """邮件的事件 id 是 <…@…> 形式的 Message-ID:提示里的命令原来不加引号,粘进 bash 就成了重定向(语法错误)。"""
     mail, other = add("T9999", first), add("T9998")
     drain()
-    assert store.requeue_dead_command([mail, other]) == command
+    assert store_events.requeue_dead_command([mail, other]) == command
     pasted = subprocess.run(["bash", "-c", command.replace("uv run python", shlex.quote(sys.executable), 1)],
                             cwd=LAB, env=lab, capture_output=True, text=True, timeout=120)
     assert (pasted.returncode, pasted.stdout, pasted.stderr) == (0, "已把 2 个死信放回队列\n", "")
@@ -672,10 +679,10 @@ def test_stale_processing_event_of_a_dead_process_is_requeued_but_a_live_ones_is
     dead = dead_owner()
     # 进程号还在,但那是后来的另一个进程(容器重启后主机名不变、进程号从头数,新 worker 拿到了同一个号):
     # 原来看进程号活着就一直不放回,这张工单的后续事件也永远领不到
-    me, _, started = store.worker_id().partition("@")
+    me, _, started = worker_owner.worker_id().partition("@")
     reused = f"{me}@{int(started) - 100}"
     conn = store.connect()
-    for ticket, owner in (("T1012", dead), ("T1041", store.worker_id()),
+    for ticket, owner in (("T1012", dead), ("T1041", worker_owner.worker_id()),
                           ("T1008", reused)):
         conn.execute("UPDATE events SET status = 'processing', attempts = 1, claimed_by = ? WHERE ticket_id = ?",
                      (owner, ticket))
@@ -685,13 +692,13 @@ def test_stale_processing_event_of_a_dead_process_is_requeued_but_a_live_ones_is
     conn.execute("UPDATE events SET status = 'processing', attempts = 1, claimed_by = 'other-host:2', updated_at = ? "
                  "WHERE ticket_id = 'T1020'", (store.minutes_from_now(-9),))
     conn.close()
-    assert store.requeue_stale(10) == 3
+    assert worker_mod.requeue_stale(10) == 3
     assert events() == [("evt_T1012_created", "pending", 1), ("evt_T1041_created", "processing", 1),
                         ("evt_T1003_created", "pending", 1), ("evt_T1008_created", "pending", 1),
                         ("evt_T1020_created", "processing", 1)]
     assert rows("SELECT event_id, last_error FROM events WHERE status = 'pending' ORDER BY event_id") == [
-        ("evt_T1003_created", store.REQUEUED_STALE), ("evt_T1008_created", store.REQUEUED_STALE),
-        ("evt_T1012_created", store.REQUEUED_STALE)]
+        ("evt_T1003_created", worker_owner.REQUEUED_STALE), ("evt_T1008_created", worker_owner.REQUEUED_STALE),
+        ("evt_T1012_created", worker_owner.REQUEUED_STALE)]
 
 
 def test_two_workers_requeuing_at_once_never_put_back_a_claim_made_in_between(any_lab, monkeypatch):
@@ -704,7 +711,7 @@ def test_two_workers_requeuing_at_once_never_put_back_a_claim_made_in_between(an
     conn.execute("UPDATE events SET status = 'processing', attempts = 1, claimed_by = ?",
                  (dead,))
     conn.close()
-    owner_state, c_looked, c_goes_on = store._owner_state, threading.Event(), threading.Event()
+    owner_state, c_looked, c_goes_on = worker_owner._owner_state, threading.Event(), threading.Event()
 
     def c_pauses_between_its_select_and_its_update(owner, conn=None):
         if threading.current_thread().name == "C":
@@ -712,13 +719,13 @@ def test_two_workers_requeuing_at_once_never_put_back_a_claim_made_in_between(an
             assert c_goes_on.wait(30)
         return owner_state(owner, conn)
 
-    monkeypatch.setattr(store, "_owner_state", c_pauses_between_its_select_and_its_update)
+    monkeypatch.setattr(worker_owner, "_owner_state", c_pauses_between_its_select_and_its_update)
     requeued, d_claimed = {}, []
-    c = threading.Thread(target=lambda: requeued.update(C=store.requeue_stale(10)), name="C")
+    c = threading.Thread(target=lambda: requeued.update(C=worker_mod.requeue_stale(10)), name="C")
     c.start()
     assert c_looked.wait(30)
-    b = threading.Thread(target=lambda: (requeued.update(B=store.requeue_stale(10)),
-                                         d_claimed.append(store.claim("host-d:1"))), name="B")
+    b = threading.Thread(target=lambda: (requeued.update(B=worker_mod.requeue_stale(10)),
+                                         d_claimed.append(worker_mod.claim("host-d:1"))), name="B")
     b.start()
     b.join(1)  # PostgreSQL:B 放回、D 领走都在这一秒里做完;SQLite:B 等着 C 的写锁
     c_goes_on.set()
@@ -726,7 +733,7 @@ def test_two_workers_requeuing_at_once_never_put_back_a_claim_made_in_between(an
     assert sorted(requeued.values()) == [0, 1]  # 一个事件只放回一次
     assert [e and e["event_id"] for e in d_claimed] == ["evt_T1012_created"]
     assert rows("SELECT status, attempts, claimed_by FROM events") == [("processing", 2, "host-d:1")]
-    assert store.claim("host-e:1") is None  # D 还在做,别人领不到
+    assert worker_mod.claim("host-e:1") is None  # D 还在做,别人领不到
 
 
 @pytest.mark.parametrize("concurrency", [1, 3])
@@ -743,7 +750,7 @@ def test_a_local_worker_that_dies_during_a_long_round_has_its_event_requeued_in_
     conn.execute("UPDATE events SET status = 'processing', attempts = 1, claimed_by = 'other-host:1', updated_at = ? "
                  "WHERE ticket_id = 'T1008'", (store.now(),))  # 这一轮开始时:别的机器的、刚领的,不该放回
     conn.close()
-    claim, claims = store.claim, []
+    claim, claims = worker_mod.claim, []
 
     def claim_then_the_other_worker_dies(owner=None):
         claims.append(owner)
@@ -755,7 +762,7 @@ def test_a_local_worker_that_dies_during_a_long_round_has_its_event_requeued_in_
             time.sleep(0.02)  # 超过 POLL_SECONDS
         return claim(owner)
 
-    monkeypatch.setattr(store, "claim", claim_then_the_other_worker_dies)
+    monkeypatch.setattr(worker_mod, "claim", claim_then_the_other_worker_dies)
     capsys.readouterr()
     done = drain(concurrency)
     assert sorted(done) == [("evt_T1003_created", "waiting_human"), ("evt_T1008_created", "waiting_human"),
@@ -797,7 +804,7 @@ def test_an_event_whose_worker_died_on_its_last_attempt_goes_dead_instead_of_loo
     assert rows("SELECT event_id FROM llm_usage ORDER BY id") == [("evt_T1041_created",), ("evt_T1003_created",)]
     assert rows("SELECT COUNT(*) FROM outbox") == [(0,)]
     # 查清之后放回队列:attempts 清零,照常起草
-    assert store.requeue_dead(["evt_T1012_created"]) == 1
+    assert store_events.requeue_dead(["evt_T1012_created"]) == 1
     assert drain() == [("evt_T1012_created", "waiting_human")]
     assert rows("SELECT status, attempts FROM events WHERE event_id = 'evt_T1012_created'") == [("waiting_human", 1)]
 
@@ -806,7 +813,7 @@ def finish_after_taken_meanwhile(ticket_id: str) -> str:
     """别的机器上的 worker(slow-host:1)领了这张工单的事件,慢到超过 STALE_MINUTES,事件被放回队列、
     又被 other-host:2 领走;这时 slow-host:1 才做完。返回它的 process() 的结果。"""
     add(ticket_id)
-    ev = store.claim("slow-host:1")
+    ev = worker_mod.claim("slow-host:1")
     conn = store.connect()
     conn.execute("UPDATE events SET claimed_by = 'other-host:2'")
     conn.close()
@@ -835,12 +842,12 @@ def test_a_slow_thread_does_not_overwrite_its_own_workers_newer_claim_of_the_sam
     另一个线程领走:两次领取的 owner 一样。原来慢的那个线程做完时照样把状态改成 waiting_human(正在跑的那个线程的
     结果反倒被挡住,还说「这期间事件被放回了队列」);现在它只改自己那一次领取的,说一声,状态留给正在跑的那个。"""
     add("T1012")
-    first = store.claim("hostA:4242@123")
+    first = worker_mod.claim("hostA:4242@123")
     conn = store.connect()
     conn.execute("UPDATE events SET updated_at = ?", (store.minutes_from_now(-11),))
     conn.close()
-    assert store.requeue_stale(10) == 1
-    second = store.claim("hostA:4242@123")
+    assert worker_mod.requeue_stale(10) == 1
+    second = worker_mod.claim("hostA:4242@123")
     assert second["attempts"] == 2
     with opened_graph() as graph:
         assert worker_mod.process(graph, first, "hostA:4242@123") == "waiting_human"
@@ -857,13 +864,13 @@ def test_a_killed_workers_event_waits_until_its_last_postgres_statement_is_finis
     否则那条语句(比如写 checkpoint)可能在接手的 worker 读完状态之后才提交。"""
     add("T1012")
     child = subprocess.Popen(
-        [sys.executable, "-c", "import psycopg, store\n"
-         "conn = psycopg.connect(store.database_url(), autocommit=True, application_name=store.pg_application_name())\n"
+        [sys.executable, "-c", "import psycopg, store, worker_owner\n"
+         "conn = psycopg.connect(store.database_url(), autocommit=True, application_name=worker_owner.pg_application_name())\n"
          "print('ready', flush=True)\n"
          "conn.execute('SELECT pg_sleep(3)')"],
         cwd=LAB, env=pg_lab, text=True, stdout=subprocess.PIPE)
     assert child.stdout.readline() == "ready\n"
-    owner = store.worker_id(child.pid)
+    owner = worker_owner.worker_id(child.pid)
     conn = store.connect()
     conn.execute("UPDATE events SET status = 'processing', attempts = 1, claimed_by = ?", (owner,))
     conn.close()
@@ -877,10 +884,10 @@ def test_a_killed_workers_event_waits_until_its_last_postgres_statement_is_finis
             time.sleep(0.02)
     child.kill()
     child.wait()  # 进程已经不在了(也不是僵尸)……
-    assert store.requeue_stale(10) == 0  # ……但它的连接还在执行 pg_sleep:不放回
+    assert worker_mod.requeue_stale(10) == 0  # ……但它的连接还在执行 pg_sleep:不放回
     assert events() == [("evt_T1012_created", "processing", 1)]
     deadline = time.monotonic() + 15
-    while not store.requeue_stale(10):  # pg_sleep 做完、服务器发现客户端断了,连接才消失
+    while not worker_mod.requeue_stale(10):  # pg_sleep 做完、服务器发现客户端断了,连接才消失
         assert time.monotonic() < deadline, "被杀进程的连接 15 秒后还在"
         time.sleep(0.1)
     assert events() == [("evt_T1012_created", "pending", 1)]
@@ -978,8 +985,8 @@ def test_worker_killed_after_a_node_saved_its_result_resumes_after_that_node(any
     assert snap.next == () and [t.name for t in snap.tasks] == [done_node]  # 这就是看起来「没有下一步」的样子
 
     loads: list[str] = []
-    real_ticket = store.ticket
-    monkeypatch.setattr(store, "ticket", lambda ticket_id: loads.append(ticket_id) or real_ticket(ticket_id))
+    real_ticket = store_biz.ticket
+    monkeypatch.setattr(store_biz, "ticket", lambda ticket_id: loads.append(ticket_id) or real_ticket(ticket_id))
     assert drain() == [("evt_T1012_created", "waiting_human")]
     assert loads == ([] if done_node == "load" else ["T1012"])  # load 写下了结果就不再跑
     assert events() == [("evt_T1012_created", "waiting_human", 2)]
@@ -1050,12 +1057,12 @@ def test_outside_events_and_replies_wait_for_the_disk_but_worker_bookkeeping_doe
         action()
         return sorted(set(seen))
 
-    owner = store.worker_id()
+    owner = worker_owner.worker_id()
     assert settings(lambda: add("T1012")) == ["waits"]
-    assert settings(lambda: store.claim(owner)) == ["no wait"]
-    assert settings(lambda: store.record_usage("evt_T1012_created", "T1012", "m", 1, 2)) == ["no wait"]
+    assert settings(lambda: worker_mod.claim(owner)) == ["no wait"]
+    assert settings(lambda: store_events.record_usage("evt_T1012_created", "T1012", "m", 1, 2)) == ["no wait"]
     assert settings(lambda: store.set_status("evt_T1012_created", "waiting_human", owner=owner)) == ["no wait"]
-    assert settings(lambda: store.take_for_review("evt_T1012_created")) == ["waits"]
+    assert settings(lambda: store_inbox.take_for_review("evt_T1012_created")) == ["waits"]
     review = {"category": "billing", "draft": "d", "final": "d", "action": "accept"}
     assert settings(lambda: store.record_reply("T1012", "d", "agent+reviewer", review)) == ["waits"]
     assert rows("SELECT event_id, status FROM events") == [("evt_T1012_created", "processing")]
@@ -1070,14 +1077,14 @@ def test_inbox_checkpoints_wait_for_the_disk_but_worker_checkpoints_do_not(any_l
     import inbox
 
     seen: list[str] = []
-    real_open = store.open_checkpointer
+    real_open = store_pg.open_checkpointer
 
     def spy(durable=False):
         saver, conn = real_open(durable)
         seen.append(flush_setting(conn))
         return saver, conn
 
-    monkeypatch.setattr(store, "open_checkpointer", spy)
+    monkeypatch.setattr(store_pg, "open_checkpointer", spy)
     add("T1012")
     assert drain() == [("evt_T1012_created", "waiting_human")]
     assert seen == ["no wait"]
@@ -1103,8 +1110,8 @@ def test_durability_exit_writes_once_per_run_and_a_failed_draft_still_resumes_at
     draft 出错时退出也会写,重试从 draft 接着跑,load 只跑一次。"""
     writes = count_checkpoint_writes(monkeypatch)
     loads: list[str] = []
-    real_ticket = store.ticket
-    monkeypatch.setattr(store, "ticket", lambda ticket_id: loads.append(ticket_id) or real_ticket(ticket_id))
+    real_ticket = store_biz.ticket
+    monkeypatch.setattr(store_biz, "ticket", lambda ticket_id: loads.append(ticket_id) or real_ticket(ticket_id))
     add("T1003")
     assert drain() == [("evt_T1003_created", "waiting_human")]  # 默认 async,做对照
     assert writes.count("put") == 4 and writes.count("put_writes") == 4
@@ -1233,7 +1240,7 @@ def test_reading_a_ticket_from_a_missing_business_database_fails_without_creatin
     missing = tmp_path / "gone.db"
     monkeypatch.setenv("BIZ_DB", str(missing))
     with pytest.raises(sqlite3.OperationalError, match="unable to open database file"):
-        store.ticket("T1012")
+        store_biz.ticket("T1012")
     assert not missing.exists()
 
 
@@ -1248,16 +1255,16 @@ def test_two_claims_racing_for_one_ticket_on_postgres_give_it_to_one_worker(pg_l
     got = {}
     with psycopg.connect(pg_lab["DATABASE_URL"]) as other, \
             psycopg.connect(pg_lab["DATABASE_URL"], autocommit=True) as watcher:  # other 不是 autocommit:领取停在提交之前
-        claimed = other.execute(store.sql("CLAIM_SQL").replace("?", "%s"),
-                                store.claim_args("other-worker", store.now())).fetchone()
+        claimed = other.execute(worker_mod.CLAIM_SQL_POSTGRES.replace("?", "%s"),
+                                worker_mod.claim_args("other-worker", store.now())).fetchone()
         assert claimed[0] == "evt_a"
-        racer = threading.Thread(target=lambda: got.update(event=store.claim("this-worker")))
+        racer = threading.Thread(target=lambda: got.update(event=worker_mod.claim("this-worker")))
         racer.start()
         # 等到它在服务器上排队等 other 的锁,再让 other 提交;没有唯一索引时它不排队,直接领走 evt_b、线程结束
         deadline = time.time() + 30
         while racer.is_alive() and not watcher.execute(
                 "SELECT COUNT(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND application_name = %s",
-                (store.pg_application_name(),)).fetchone()[0]:
+                (worker_owner.pg_application_name(),)).fetchone()[0]:
             assert time.time() < deadline, "后到的领取既没有在等锁,也没有结束"
             time.sleep(0.02)
         other.commit()
@@ -1371,8 +1378,8 @@ def test_the_lessons_exercise_3_not_before_in_local_time_is_converted_so_a_due_r
     assert rows("SELECT event_id, not_before FROM events ORDER BY event_id") == [
         ("evt_T1012_created", store.stamp(datetime.fromisoformat(due))),
         ("evt_T1041_created", store.stamp(datetime.fromisoformat(later)))]
-    assert store.claim("w1")["event_id"] == "evt_T1012_created"
-    assert store.claim("w1") is None  # 30 分钟以后才重试的那个还不到时候
+    assert worker_mod.claim("w1")["event_id"] == "evt_T1012_created"
+    assert worker_mod.claim("w1") is None  # 30 分钟以后才重试的那个还不到时候
 
 
 def lesson_db_with(path, review_log_schema: str, *review_rows: tuple) -> None:
@@ -1490,7 +1497,7 @@ def test_a_claim_committed_whose_answer_is_lost_is_handed_back_by_the_running_wo
     现在数据库出过错的下一轮,这个进程名下的 processing 事件都交回(这次不算一次失败),接着照常处理。"""
     monkeypatch.setenv("POLL_SECONDS", "0.2")
     add("T1012")
-    claim, lost = store.claim, []
+    claim, lost = worker_mod.claim, []
 
     def claim_and_lose_the_answer(owner=None):
         ev = claim(owner)
@@ -1499,7 +1506,7 @@ def test_a_claim_committed_whose_answer_is_lost_is_handed_back_by_the_running_wo
             raise sqlite3.OperationalError("disk I/O error")  # 和断线一样:领到了,没拿到回答
         return ev
 
-    monkeypatch.setattr(store, "claim", claim_and_lose_the_answer)
+    monkeypatch.setattr(worker_mod, "claim", claim_and_lose_the_answer)
     w = worker_mod.Worker()
     t = run_in_thread(w)
     try:
@@ -1636,7 +1643,7 @@ def test_a_running_worker_started_on_a_full_disk_waits_and_works_once_there_is_s
     """事件库所在的磁盘满了(FULL_DISK):原来常驻的 worker 说「事件库打不开:EVENTS_DB=…(disk I/O error)」就退出了,
     腾出空间也没人接着干。现在和数据库没开着一样说一行、隔 POLL_SECONDS 再试;放开限制(腾出空间)之后照常处理。"""
     add("T1012")
-    store.close_connections()  # 这个进程开着事件库时 -shm 已经在了,worker 打开它用不着写(下面等的时候也不去查)
+    store_sqlite.close_connections()  # 这个进程开着事件库时 -shm 已经在了,worker 打开它用不着写(下面等的时候也不去查)
     proc = start_worker(lab, tuple(FULL_DISK))
     try:
         waited = [proc.stderr.readline() for _ in range(3)]
@@ -1708,7 +1715,7 @@ def test_a_worker_waiting_for_a_full_disk_signalled_again_and_again_exits_0_with
     """还在等数据库(这里是磁盘满了)时收到一连串 SIGTERM:原来第二个在 except 里又抛 KeyboardInterrupt(一段
     「Exception ignored … KeyboardInterrupt」),或者落在退出途中(退出码 143)。现在:一行、退出码 0,事件没动。"""
     add("T1012")
-    store.close_connections()
+    store_sqlite.close_connections()
     proc = start_worker(lab, tuple(FULL_DISK))
     try:
         assert proc.stderr.readline().endswith(",0.2 秒后再试\n")
@@ -1777,7 +1784,7 @@ def test_worker_once_with_cut_connections_says_so_in_one_line_exits_1_and_the_ne
                                                                                             capsys):
     """--once(crontab 每分钟跑一次)遇上断了的连接:一行说明、退出码 1,事件原样留在队列里;下一次运行照常处理。"""
     monkeypatch.setenv("PG_IDLE_CHECK_S", "86400")
-    store.close_pools()  # 按这个设置重开连接池
+    store_pg.close_pools()  # 按这个设置重开连接池
     add("T1012")
     assert cut_connections(os.getpid()) >= 1
     assert worker_mod.main(["--once"]) == 1
@@ -1857,7 +1864,7 @@ def test_a_business_table_gone_mid_run_still_counts_as_a_failure_and_is_not_hand
     等多久都一样。它照常算一次失败、退避,到 MAX_ATTEMPTS 进死信;不像被锁住那样交回队列,不然常驻的 worker
     每隔 POLL_SECONDS 就领一次、交回一次,一直转下去,事件表里也看不出为什么。"""
     add("T1012")
-    ev = store.claim("hostA:4242@123")
+    ev = worker_mod.claim("hostA:4242@123")
     conn = sqlite3.connect(lab["BIZ_DB"], isolation_level=None)
     conn.execute("ALTER TABLE tickets RENAME TO tickets_old")
     conn.close()
@@ -1870,7 +1877,7 @@ def test_a_business_table_gone_mid_run_still_counts_as_a_failure_and_is_not_hand
 
 
 def test_only_database_errors_that_waiting_can_fix_hand_an_event_back(pg_lab):
-    """store.temporary() 把真的数据库错误分两类:锁住、断开、只能读的交回队列(不算失败);表没了、PostgreSQL 的
+    """store_errors.temporary() 把真的数据库错误分两类:锁住、断开、只能读的交回队列(不算失败);表没了、PostgreSQL 的
     超出程序限制(54 类)这种等多久都一样的,照常算失败。错误都是真的库上真的语句抛出来的。"""
     import psycopg
 
@@ -1899,7 +1906,7 @@ def test_only_database_errors_that_waiting_can_fix_hand_an_event_back(pg_lab):
         with psycopg.connect(pg_lab["DATABASE_URL"], autocommit=True) as admin:
             admin.execute("SELECT pg_terminate_backend(%s, 10000)", (pid,))
         cut = error_of(lambda: conn.execute("SELECT 1"))
-    assert [(type(e).__name__, store.temporary(e)) for e in (busy, no_table, too_big, read_only, cut)] == [
+    assert [(type(e).__name__, store_errors.temporary(e)) for e in (busy, no_table, too_big, read_only, cut)] == [
         ("OperationalError", True), ("OperationalError", False), ("ProgramLimitExceeded", False),
         ("ReadOnlySqlTransaction", True), ("AdminShutdown", True)]
 
