@@ -33,7 +33,6 @@ Message-ID(见 mail_event_id()),重跑时补上缺的那一半。解析不了的
 """
 import ast
 import base64
-import codecs
 import email
 import hashlib
 import imaplib
@@ -45,17 +44,15 @@ import ssl
 import sys
 import unicodedata
 from dataclasses import dataclass
-from email.errors import (CloseBoundaryNotFoundDefect, InvalidBase64LengthDefect,
-                          InvalidBase64PaddingDefect, MissingHeaderBodySeparatorDefect, NoBoundaryInMultipartDefect,
-                          StartBoundaryNotFoundDefect)
 from email.message import Message
 from email.utils import getaddresses, parseaddr
 from pathlib import Path
 
 import config
 import mail_text
+import mail_truncated
 import store
-from mail_text import decode_bytes, effective_charset, is_attachment
+from mail_text import decode_bytes
 
 IMAP_SSL_PORT = 993          # IMAPS 的标准端口
 IMAP_PLAIN_PORT = 143        # 明文 IMAP 的标准端口(IMAP_SSL=0 时的默认)
@@ -67,8 +64,6 @@ TICKET_HASH_LENGTHS = range(6, 41, 2)  # 工单号 M + sha1(Message-ID) 的前 6
 # 字;事件 id 最长这么多(和 webhook 收的 id 一样)。Message-ID 再长就用它的 sha1:PostgreSQL 主键索引的一行
 # 最多 2704 字节,原来几 KB 的 Message-ID 每次都存不进去,还被当成「数据库用不了」,整个邮箱就卡在这封信上
 MAX_EVENT_ID_CHARS = 200
-HALF_ESCAPE = re.compile(r"=[0-9A-Fa-f]\s*\Z")  # quoted-printable 截在「=C4」的中间
-UNCLOSED_TAG = re.compile(r"(<([!/?A-Za-z][^<>]*)?|&#?[A-Za-z0-9]*)\Z")  # HTML 截在「<div cla」「&nbs」上
 EXIT_OK, EXIT_SOME_FAILED, EXIT_CONFIG, EXIT_MAILBOX = 0, 1, 2, 3
 
 
@@ -116,10 +111,6 @@ def body_of(msg: Message) -> str:
             or "\n".join(mail_text._texts(msg, inner=False, named=True)))
 
 
-
-
-
-
 def derived_message_id(raw: bytes) -> str:
     """没有 Message-ID 的邮件:用邮件字节的 sha1 当 id。先统一换行符,同一封信从 IMAP 收还是从 .eml 读,id 都一样。"""
     return store.MAIL_ID_PREFIXES[1] + hashlib.sha1(raw.replace(b"\r\n", b"\n")).hexdigest()  # no-message-id:
@@ -150,7 +141,7 @@ def parse(raw: bytes) -> dict:
         msg = email.message_from_bytes(raw)
         if not msg.keys():
             raise BrokenMail("没有邮件头,不像一封邮件(文件被截断或损坏?)")
-        if reason := cut_short(msg, raw):
+        if reason := mail_truncated.cut_short(msg, raw):
             raise BrokenMail(reason)
         address = sender_address(str(msg.get("From") or ""))
         if "@" not in address:
@@ -179,77 +170,6 @@ def sender_address(from_header: str) -> str:
         return address
     found = {a.strip().lower() for _, a in getaddresses([from_header]) if "@" in a}
     return found.pop() if len(found) == 1 else ""
-
-
-def cut_short(msg: Message, raw: bytes) -> str:
-    """看得出这封信被截断了(传输中断、磁盘写满、只存下了前几百字节):返回原因,否则返回空串。
-    截断的信不能入库:它和完整的那封 Message-ID 一样,先存了截断的(原来正文就是「Content-T」这样的半行邮件头),
-    完整的那封再来时只会说 duplicate,客户真正写的内容就丢了。当坏信报出来、不入库,完整的那封来时照常建工单。
-
-    - 邮件头没有以空行结束:邮件头里出现了不是「名字: 值」的一行(email 库记下 MissingHeaderBodySeparatorDefect,
-      截在「Content-T」这样的半行上就是这样),或者整封信只有邮件头、没有空行也没有正文(截在某个头的值中间、
-      或者正好截在一行末尾)。规矩上只有邮件头的信可以不要空行,可常用的邮件程序都会写;拒收是报出来、加星标给人看,
-      当成好信存下却是悄悄丢掉之后完整的那封,所以宁可拒收。
-    - multipart 的正文截在中间:没有结束边界(CloseBoundaryNotFoundDefect),或者连第一段的边界都没有
-      (StartBoundaryNotFoundDefect)。不规范的发信程序偶尔也会漏写结束边界,拒收它也是报出来给人看;
-      而存下它,完整的那封就成了 duplicate、悄悄丢了。后来的完整副本替换已存的截断版也不行:工单可能已经
-      被 worker 处理、起草了回复,替换既不简单也不安全。所以一律拒收。
-      只查这封信自己的各部分,不进附件里的整封邮件(message/rfc822):转发、退信里附的原信本来就常被截断,信本身是完整的。
-    - 正文(不是附件的 text/* 段)截在中间,留下了看得出的痕迹(发信程序都不会写出这样的正文):base64 的长度不是 4 的
-      倍数;quoted-printable 最后是只有一位十六进制数的「=C」(原来解出一串乱码存进工单);解码后的最后一个字只剩
-      前一两个字节(按声明的字符集,没声明按 UTF-8;中文正文随便截在哪个字节上,大约三回里有两回是这样);HTML 正文
-      停在没写完的标签「<di」或实体「&nbs」上(原来「<di」当成正文存下)。
-    截在一行末尾、截在两个字之间的单段正文看不出来(一封短信和一封被截短的信长得一样),这种照常入库。"""
-    # 没有这个缺陷时,邮件头一直连到第一个空行或者信的末尾:整封信里一个空行都没有,就是没有分隔行(只有邮件头)
-    if (any(isinstance(d, MissingHeaderBodySeparatorDefect) for d in msg.defects)
-            or b"\n\n" not in raw.replace(b"\r\n", b"\n").replace(b"\r", b"\n")):
-        return "邮件头没有以空行结束(邮件被截断或损坏?)"
-    for part in own_parts(msg):
-        if any(isinstance(d, CloseBoundaryNotFoundDefect) for d in part.defects):
-            return "multipart 邮件没有结束边界(邮件被截断或损坏?)"
-        if any(isinstance(d, StartBoundaryNotFoundDefect) for d in part.defects):
-            return "multipart 邮件里找不到分段的边界(邮件被截断或损坏?)"
-        if any(isinstance(d, NoBoundaryInMultipartDefect) for d in part.defects):  # 原来整封信正文为空,照常建了工单
-            return "multipart 邮件没有写分段的边界(Content-Type 里没有 boundary),分不出各段(邮件损坏?)"
-        if part.is_multipart() or part.get_content_maintype() != "text" or is_attachment(part):
-            continue
-        data = part.get_payload(decode=True) or b""  # base64 的缺陷在解码时才记到 part.defects 上
-        if any(isinstance(d, (InvalidBase64PaddingDefect, InvalidBase64LengthDefect)) for d in part.defects):
-            return "正文的 base64 长度不对,后面缺了一截(邮件被截断或损坏?)"
-        if part.get("Content-Transfer-Encoding", "").strip().lower() == "quoted-printable" and \
-                HALF_ESCAPE.search(str(part.get_payload())):
-            return "正文的 quoted-printable 转义只剩半个,后面缺了一截(邮件被截断或损坏?)"
-        if ends_mid_character(data, part.get_content_charset()):
-            return "正文的最后一个字不完整,后面缺了一截(邮件被截断或损坏?)"
-        if part.get_content_subtype() == "html" and UNCLOSED_TAG.search(decode_bytes(data, part.get_content_charset())):
-            return "HTML 正文截在一个标签或 & 实体的中间,后面缺了一截(邮件被截断或损坏?)"
-    return ""
-
-
-def ends_mid_character(data: bytes, charset: str | None) -> bool:
-    """按这个字符集解码,前面都解得通、最后却剩下半个字。字符集不认识、中间就有解不通的字节时不算
-    (那是别的毛病,decode_bytes 会换着字符集试):只认截断的样子。"""
-    name = effective_charset(data, charset) or "utf-8"
-    try:
-        b"a".decode(name)  # 不认识的名字、rot13 / base64 这类不是文字编码的:LookupError,和 decode_bytes 一样不用它
-    except LookupError:
-        return False
-    except ValueError:  # utf-16 这类一个字节解不出字的:名字是好的
-        pass
-    try:
-        decoder = codecs.getincrementaldecoder(name)()
-        decoder.decode(data, final=False)
-    except ValueError:  # UnicodeDecodeError、utf-16 没有 BOM 的 UnicodeError
-        return False
-    return bool(decoder.getstate()[0])
-
-
-def own_parts(msg: Message):
-    """这封信自己的各部分:multipart 一层层往下,附件里的整封邮件(message/rfc822 等)只算它自己这一段,不往里走。"""
-    yield msg
-    if msg.is_multipart() and msg.get_content_maintype() != "message":
-        for part in msg.get_payload():
-            yield from own_parts(part)
 
 
 def masked(reason: str) -> str:
