@@ -20,7 +20,7 @@ IMAP_MAILBOX(默认 INBOX)、IMAP_TIMEOUT_S(默认 30 秒)。
 
 不丢邮件:取信用 BODY.PEEK(不会顺手标成已读),工单和事件都提交了(或者确定跳过、重复)之后才标 \Seen。
 存储失败的邮件保持未读,下次运行再收;两个库之间崩了也没关系:工单是 INSERT OR IGNORE、事件 id 就是
-Message-ID(见 mail_event_id()),重跑时补上缺的那一半。解析不了的邮件在 stderr 上说明原因,在邮箱里标已读并加星标(\Flagged)
+Message-ID(见 mail_headers.mail_event_id()),重跑时补上缺的那一半。解析不了的邮件在 stderr 上说明原因,在邮箱里标已读并加星标(\Flagged)
 留给人看,其他邮件照常处理。看得出被截断的邮件(邮件头没有以空行结束、multipart 没有结束边界)也算解析不了、不入库:
 它和完整的那封 Message-ID 一样,存了它,完整的那封再来时只会是 duplicate(见 cut_short())。
 服务器拒绝交出某一封信(FETCH 回 NO)时,那封保持未读,下次再收,其他邮件照常处理;
@@ -45,10 +45,10 @@ import sys
 import unicodedata
 from dataclasses import dataclass
 from email.message import Message
-from email.utils import getaddresses, parseaddr
 from pathlib import Path
 
 import config
+import mail_headers
 import mail_text
 import mail_truncated
 import store
@@ -61,9 +61,6 @@ MAILBOX = "INBOX"            # 收哪个文件夹
 MAX_BODY_CHARS = 2000        # 字;正文只留前这么多(课文的做法),转发链、签名再长也不进模型
 MAX_SUBJECT_CHARS = 200      # 字;主题也进模型(工单原文是「主题:正文」),只留前这么多,别让超长主题绕过上一项
 TICKET_HASH_LENGTHS = range(6, 41, 2)  # 工单号 M + sha1(Message-ID) 的前 6 位;和别的邮件撞了再加长,直到不撞
-# 字;事件 id 最长这么多(和 webhook 收的 id 一样)。Message-ID 再长就用它的 sha1:PostgreSQL 主键索引的一行
-# 最多 2704 字节,原来几 KB 的 Message-ID 每次都存不进去,还被当成「数据库用不了」,整个邮箱就卡在这封信上
-MAX_EVENT_ID_CHARS = 200
 EXIT_OK, EXIT_SOME_FAILED, EXIT_CONFIG, EXIT_MAILBOX = 0, 1, 2, 3
 
 
@@ -111,30 +108,6 @@ def body_of(msg: Message) -> str:
             or "\n".join(mail_text._texts(msg, inner=False, named=True)))
 
 
-def derived_message_id(raw: bytes) -> str:
-    """没有 Message-ID 的邮件:用邮件字节的 sha1 当 id。先统一换行符,同一封信从 IMAP 收还是从 .eml 读,id 都一样。"""
-    return store.MAIL_ID_PREFIXES[1] + hashlib.sha1(raw.replace(b"\r\n", b"\n")).hexdigest()  # no-message-id:
-
-
-def mail_event_id(msg: Message, raw: bytes) -> str:
-    """这封信的事件 id(课文:事件 id 就是 Message-ID)。Message-ID 去掉不可打印的字符(NUL 落不了 PostgreSQL,
-    原来这封信每次都「存储失败」、永远收不进来),折行、连续空白并成一个空格;直接写 8 位字节的(<工单一@…>)
-    和别的邮件头一样解码,原来非 ASCII 的字节一律变成 U+FFFD,字节数一样的两封信成了「重复」,第二封标了已读就丢了。
-    不是 <…> 形式的加上尖括号:定时任务的 cron:stale:…、课文 webhook 的 evt_… 都不以 < 开头,一封信占不了它们的 id。
-    没有 Message-ID(或者只有空的 <>):no-message-id: + 整封信的 sha1;解码后还有替换符(U+FFFD)或者超过 MAX_EVENT_ID_CHARS 个字:
-    message-id-sha1: + 这个头原始字节的 sha1,不拿有损的文字当 id。"""
-    header = next((value for name, value in msg.raw_items() if name.lower() == "message-id"), "")
-    header_bytes = b" ".join(header.encode("utf-8", "surrogateescape").split())  # 原始字节;IMAP 的 CRLF 折行和 .eml 一样
-    text = " ".join("".join(c for c in decode_bytes(header_bytes, None) if c.isprintable() or c.isspace()).split())
-    if not text.strip("<>").strip():  # 没有、或者只有一对空的尖括号「<>」:不同的信都写成这样,不能当成同一封
-        return derived_message_id(raw)
-    if not (text.startswith("<") and text.endswith(">")):
-        text = f"<{text}>"
-    if "\ufffd" in text or len(text) > MAX_EVENT_ID_CHARS:
-        return store.MAIL_ID_PREFIXES[2] + hashlib.sha1(header_bytes).hexdigest()  # message-id-sha1:
-    return text
-
-
 def parse(raw: bytes) -> dict:
     """解析一封邮件。解析不了时抛 BrokenMail,说明原因。"""
     try:
@@ -143,14 +116,14 @@ def parse(raw: bytes) -> dict:
             raise BrokenMail("没有邮件头,不像一封邮件(文件被截断或损坏?)")
         if reason := mail_truncated.cut_short(msg, raw):
             raise BrokenMail(reason)
-        address = sender_address(str(msg.get("From") or ""))
+        address = mail_headers.sender_address(str(msg.get("From") or ""))
         if "@" not in address:
-            raise BrokenMail(masked(f"找不到发件人地址(From: {mail_text.header_text(msg.get('From'))!r})"))
+            raise BrokenMail(mail_headers.masked(f"找不到发件人地址(From: {mail_text.header_text(msg.get('From'))!r})"))
         # NUL 之类:PostgreSQL 上查客户时就报错,这封信每次都「存储失败」;SQLite 上却说不是已知客户。两种库都当坏信
         if any(unicodedata.category(c) == "Cc" for c in address):
-            raise BrokenMail(masked(f"发件人地址里有控制字符(From: {mail_text.header_text(msg.get('From'))!r})"))
+            raise BrokenMail(mail_headers.masked(f"发件人地址里有控制字符(From: {mail_text.header_text(msg.get('From'))!r})"))
         return {
-            "message_id": mail_event_id(msg, raw),
+            "message_id": mail_headers.mail_event_id(msg, raw),
             "from": address,
             "subject": mail_text.cut(mail_text.header_text(msg.get("Subject")), MAX_SUBJECT_CHARS) or "(无主题)",
             "body": mail_text.cut(body_of(msg), MAX_BODY_CHARS),
@@ -158,25 +131,7 @@ def parse(raw: bytes) -> dict:
     except BrokenMail:
         raise
     except Exception as e:  # noqa: BLE001 —— email 库在怪邮件上抛什么都有可能;一封坏信不能拖垮其余的
-        raise BrokenMail(masked(f"{type(e).__name__}: {e}")) from e
-
-
-def sender_address(from_header: str) -> str:
-    """From 头里的发件人地址(小写);找不到是空串。显示名里有没加引号的逗号(「Zhang, Wei <zhang.wei@…>」,
-    有的邮件程序、有的网关这样写)时 parseaddr 只看到逗号前面的「Zhang」:原来这封信成了「找不到发件人地址」的坏信,
-    标已读加星标,客户的信没建工单。这时按地址列表拆开,只有一个带 @ 的地址就是它;有两个不同的,说不清是谁,照旧是坏信。"""
-    address = parseaddr(from_header)[1].strip().lower()
-    if "@" in address:
-        return address
-    found = {a.strip().lower() for _, a in getaddresses([from_header]) if "@" in a}
-    return found.pop() if len(found) == 1 else ""
-
-
-def masked(reason: str) -> str:
-    """解析不了的原因里可能带着邮件原文(From 头里的手机号之类):打码后才打印、进日志,和 worker 写 last_error 一样。"""
-    from llm import mask_pii  # 用到才 import:llm 带着 openai、langchain,要 2 秒;每分钟一次的收信大多用不上
-
-    return mask_pii(reason)
+        raise BrokenMail(mail_headers.masked(f"{type(e).__name__}: {e}")) from e
 
 
 # ---------------------------------------------------------------- 入库:工单(业务库)+ 事件(事件库)
