@@ -31,16 +31,11 @@ Message-ID(见 mail_headers.mail_event_id()),重跑时补上缺的那一半。�
 退出码:0 全部处理好;1 有邮件无法解析、存储失败、读取失败或者标不了已读(其余照常处理了),或者数据库暂时用不了(这时后面的邮件这一轮
 不收,保持未读);2 设置或参数不对;3 连不上邮箱、登录失败或收信中途断线(已经处理好的邮件照常算数,没处理的保持未读)。
 """
-import ast
-import base64
 import email
 import hashlib
 import imaplib
 import json
 import os
-import re
-import socket
-import ssl
 import sys
 import unicodedata
 from dataclasses import dataclass
@@ -49,15 +44,12 @@ from pathlib import Path
 
 import config
 import mail_headers
+import mail_imap
 import mail_text
 import mail_truncated
 import store
-from mail_text import decode_bytes
+from mail_imap import MailboxError, SetupError
 
-IMAP_SSL_PORT = 993          # IMAPS 的标准端口
-IMAP_PLAIN_PORT = 143        # 明文 IMAP 的标准端口(IMAP_SSL=0 时的默认)
-IMAP_TIMEOUT_S = 30          # 秒(0.1–3600);连接和每条 IMAP 命令最多等多久。crontab 每分钟跑一次,卡住的进程不能越积越多
-MAILBOX = "INBOX"            # 收哪个文件夹
 MAX_BODY_CHARS = 2000        # 字;正文只留前这么多(课文的做法),转发链、签名再长也不进模型
 MAX_SUBJECT_CHARS = 200      # 字;主题也进模型(工单原文是「主题:正文」),只留前这么多,别让超长主题绕过上一项
 TICKET_HASH_LENGTHS = range(6, 41, 2)  # 工单号 M + sha1(Message-ID) 的前 6 位;和别的邮件撞了再加长,直到不撞
@@ -66,14 +58,6 @@ EXIT_OK, EXIT_SOME_FAILED, EXIT_CONFIG, EXIT_MAILBOX = 0, 1, 2, 3
 
 class BrokenMail(Exception):
     """这封邮件解析不了(原因说给人听)。重试也不会好。"""
-
-
-class MailboxError(Exception):
-    """邮箱连不上、登录失败、中途断开。"""
-
-
-class SetupError(Exception):
-    """设置或参数不对。"""
 
 
 @dataclass
@@ -255,223 +239,16 @@ def stops_here(outcome: Outcome, left: int, rest: str) -> bool:
 
 
 # ---------------------------------------------------------------- IMAP
-@dataclass
-class ImapSettings:
-    host: str
-    port: int
-    user: str
-    password: str
-    use_ssl: bool
-    cafile: str
-    mailbox: str
-    timeout: float
 
 
-def imap_settings() -> ImapSettings:
-    missing = [n for n in ("IMAP_HOST", "IMAP_USER", "IMAP_PASSWORD") if not config.get(n)]
-    if missing:
-        raise SetupError(f"缺少邮箱设置:{'、'.join(missing)}(写进环境变量或 .env;IMAP_PASSWORD 填邮箱的授权码)")
-    host = config.get("IMAP_HOST")
-    if problem := host_problem(host):
-        raise SetupError(f"IMAP_HOST={host!r} {problem}")
-    # imaplib 的 LOGIN 只能发 ASCII;不在这里拦下,登录时只会报一句看不懂的 UnicodeEncodeError
-    user = config.get("IMAP_USER")
-    if at := first_non_ascii(user):
-        raise SetupError(f"IMAP_USER 里有非 ASCII 的字符(第 {at} 个 {user[at - 1]!r}):{user!r},IMAP 登录只认 ASCII:"
-                         "多半是复制邮箱地址时带进了全角字符或中文")
-    if at := first_non_ascii(config.get("IMAP_PASSWORD")):  # 授权码本身和它的字符都不打印
-        raise SetupError(f"IMAP_PASSWORD 里有非 ASCII 的字符(第 {at} 个),IMAP 登录只认 ASCII:"
-                         "多半是复制授权码时带进了全角字符或中文")
-    use_ssl = config.get("IMAP_SSL", "1")
-    if use_ssl not in ("0", "1"):
-        raise SetupError(f"IMAP_SSL 只能是 1(SSL 直连,默认)或 0(明文),现在是 {use_ssl!r}")
-    cafile = config.get("IMAP_CAFILE")
-    if cafile and use_ssl == "0":  # 多半是以为设了 CA 就是加密连接:其实密码会明文发出去
-        raise SetupError("IMAP_CAFILE 只在 IMAP_SSL=1(SSL 直连)时用得上;IMAP_SSL=0 是明文连接,"
-                         "密码不加密、也不校验证书。用自建邮箱的私有 CA 时把 IMAP_SSL 设成 1")
-    if cafile and not Path(cafile).expanduser().is_file():
-        raise SetupError(f"IMAP_CAFILE 指的 CA 证书文件不存在:{cafile}")
-    default_port = IMAP_SSL_PORT if use_ssl == "1" else IMAP_PLAIN_PORT
-    port = config.integer("IMAP_PORT", default_port, minimum=1, maximum=65535)
-    return ImapSettings(config.get("IMAP_HOST"), port, config.get("IMAP_USER"),
-                        config.get("IMAP_PASSWORD"), use_ssl == "1", cafile, config.get("IMAP_MAILBOX", MAILBOX),
-                        config.number("IMAP_TIMEOUT_S", IMAP_TIMEOUT_S, minimum=0.1, maximum=3600))
-
-
-def host_problem(host: str) -> str | None:
-    """IMAP_HOST 只能是主机名或 IP 地址。照着邮箱帮助页抄来的 imap://imap.qq.com、imap.qq.com:993 原来被当成
-    「连不上」(退出码 3,像是暂时的),其实是设置写错了,等多久都不会好。"""
-    if m := re.match(r"[A-Za-z][A-Za-z0-9+.-]*://([^/:]*)", host):
-        return f"只写主机名,不带 {host[:m.start(1)]} 前缀:写成 IMAP_HOST={m.group(1)},端口写进 IMAP_PORT"
-    if host.startswith("[") or host.endswith("]"):
-        return "的 IPv6 地址不加方括号(写成 IMAP_HOST=::1 这样),端口写进 IMAP_PORT"
-    if host.count(":") == 1:
-        name, port = host.split(":")
-        return f"里带了端口:写成 IMAP_HOST={name} 和 IMAP_PORT={port}"
-    if any(ch.isspace() or ch == "/" for ch in host):
-        return "不是合法的主机名:里面不能有空格或 /"
-    if problem := config.hostname_problem(host):  # imap..qq.com、.imap.qq.com:原来是 traceback
-        return "不是合法的主机名:" + problem
-    return None
-
-
-def first_non_ascii(text: str) -> int:
-    """第一个非 ASCII 字符是第几个(从 1 数);全是 ASCII 时是 0。"""
-    return next((i for i, ch in enumerate(text, 1) if not ch.isascii()), 0)
-
-
-def ssl_context(cafile: str = "") -> ssl.SSLContext:
-    """校验服务器证书和主机名的 TLS 设置。imaplib.IMAP4_SSL 不给 context 时不校验证书,所以一定要传这个。
-    信系统自带的 CA;给了 cafile 就再多信它(自建邮箱的私有 CA)。"""
-    context = ssl.create_default_context()
-    if cafile:
-        context.load_verify_locations(cafile=str(Path(cafile).expanduser()))
-    return context
-
-
-def server_words(error: Exception) -> str:
-    """imaplib 的错误里服务器原话常是 bytes 的 repr,转成人能读的。断线这类 socket 错误说原因(Connection reset by peer):
-    它的 args[0] 只是错误号,原来说成「收信中途出错:104」;什么都没说的说是哪种错误。"""
-    if isinstance(error, OSError) and error.strerror:
-        return error.strerror
-    said = error.args[0] if error.args else type(error).__name__
-    text = str(said)
-    if isinstance(said, str) and re.fullmatch(r"b(['\"]).*\1", text, re.S):  # bytes 的 repr
-        try:
-            said = ast.literal_eval(text)
-        except (ValueError, SyntaxError):
-            return text[2:-1]
-    if isinstance(said, bytes):  # 中文的服务器原话(授权码错误……)原来显示成 \xe6\x8e\x88 这样
-        text = decode_bytes(said, None)
-    return text
-
-
-def open_mailbox(s: ImapSettings) -> imaplib.IMAP4:
-    where = f"{s.host}:{s.port}"
-    try:
-        context = ssl_context(s.cafile) if s.use_ssl else None
-    except ssl.SSLError as e:
-        raise SetupError(f"IMAP_CAFILE 不是能用的 CA 证书文件:{s.cafile}({e.reason or e})") from e
-    except OSError as e:  # 没有读权限、读的时候 I/O 出错:原来是 traceback
-        raise SetupError(f"IMAP_CAFILE 读不了:{s.cafile}({e.strerror or e})") from e
-    try:
-        if context:
-            imap = imaplib.IMAP4_SSL(s.host, s.port, ssl_context=context, timeout=s.timeout)
-        else:
-            imap = imaplib.IMAP4(s.host, s.port, timeout=s.timeout)
-    except ssl.SSLCertVerificationError as e:
-        raise MailboxError(f"IMAP 服务器 {where} 的证书校验失败:{e.verify_message}"
-                           "(自建邮箱用私有 CA 的,把 CA 证书路径写进 IMAP_CAFILE)") from e
-    except ssl.SSLError as e:
-        raise MailboxError(f"和 IMAP 服务器 {where} 的 TLS 握手失败:{e}(这个端口是不是不支持 SSL 直连?)") from e
-    except socket.gaierror as e:
-        raise MailboxError(f"连不上 IMAP 服务器 {where}:域名解析失败({e.strerror}),检查 IMAP_HOST") from e
-    except TimeoutError as e:
-        # IMAP_SSL=0 连上了要 SSL 直连的端口:服务器等着 TLS 握手,这边等着它打招呼,两边都不说话,也是超时
-        hint = "" if s.use_ssl else ";IMAP_SSL=0 连上 SSL 直连的端口(一般是 993)也是这样,那就设 IMAP_SSL=1"
-        raise MailboxError(f"连接 IMAP 服务器 {where} 超时({s.timeout:g} 秒没有回应{hint})") from e
-    except (OSError, imaplib.IMAP4.error) as e:
-        raise MailboxError(f"连不上 IMAP 服务器 {where}:{getattr(e, 'strerror', None) or e}") from e
-    # imaplib 把「连接断了」报成 IMAP4.abort,它是 IMAP4.error 的子类:先接住,别说成密码错了、文件夹不对
-    try:
-        imap.login(s.user, s.password)
-    except (imaplib.IMAP4.abort, OSError) as e:
-        _close(imap)
-        raise MailboxError(f"登录 IMAP 服务器 {where} 时连接断了:{server_words(e)}") from e
-    except imaplib.IMAP4.error as e:
-        _close(imap)
-        raise MailboxError(f"IMAP 登录失败(用户 {s.user}):{server_words(e)};检查 IMAP_USER 和 IMAP_PASSWORD"
-                           "(很多邮箱要填授权码,不是网页登录密码)") from e
-    say_who_we_are(imap)
-    try:
-        typ, data = imap.select(mailbox_name(s.mailbox))
-    except imaplib.IMAP4.readonly as e:  # 它是 abort 的子类,不是断线:文件夹只给读,收下的信标不了已读
-        _close(imap)
-        raise MailboxError(f"邮箱文件夹 {s.mailbox} 只能读,不能标已读:{server_words(e)}"
-                           "(换一个文件夹,或者让邮箱管理员给 IMAP_USER 写权限)") from e
-    except (imaplib.IMAP4.abort, OSError) as e:
-        _close(imap)
-        raise MailboxError(f"打开邮箱文件夹 {s.mailbox} 时和 IMAP 服务器 {where} 的连接断了:{server_words(e)}") from e
-    except imaplib.IMAP4.error as e:
-        typ, data = "NO", [str(e).encode()]
-    if typ != "OK":
-        _close(imap)
-        raise MailboxError(f"打不开邮箱文件夹 {s.mailbox}:{server_words(Exception(data[0]))}(检查 IMAP_MAILBOX)")
-    return imap
-
-
-CLIENT_ID = '("name" "CloudLedger email_poller" "version" "1.0")'
-
-
-def say_who_we_are(imap: imaplib.IMAP4) -> None:
-    """服务器支持 ID(RFC 2971)就先报一下客户端的名字。163、126 邮箱不报的话,SELECT 一律回「Unsafe Login」,
-    原来说成「打不开邮箱文件夹…(检查 IMAP_MAILBOX)」,怎么查文件夹名都不会好。报不成不要紧:接着 SELECT,
-    真有问题那里会说。"""
-    if "ID" not in imap.capabilities:
-        return
-    try:
-        imap.xatom("ID", CLIENT_ID)
-    except (imaplib.IMAP4.error, OSError):
-        pass
-
-
-def mailbox_name(name: str) -> str:
-    """文件夹名按 IMAP 的规矩写:中文名用「修改版 UTF-7」(RFC 3501 5.1.3,QQ、163 邮箱的中文文件夹就是这样),
-    有空格或引号的加引号。例:客服 收件箱 → "&W6JnDQ- &ZTZO9nux-"。"""
-    out, pending = [], []
-
-    def flush() -> None:
-        if pending:
-            b64 = base64.b64encode("".join(pending).encode("utf-16-be")).decode().rstrip("=").replace("/", ",")
-            out.append(f"&{b64}-")
-            pending.clear()
-
-    for ch in name:
-        if " " <= ch <= "~":
-            flush()
-            out.append("&-" if ch == "&" else ch)
-        else:
-            pending.append(ch)
-    flush()
-    encoded = "".join(out)
-    if re.fullmatch(r"[A-Za-z0-9_./&,+-]+", encoded):
-        return encoded
-    return '"' + encoded.replace("\\", "\\\\").replace('"', '\\"') + '"'
-
-
-def _close(imap: imaplib.IMAP4) -> None:
-    try:
-        imap.logout()
-    except (imaplib.IMAP4.error, OSError):
-        pass
-
-
-def _fetched_bytes(data: list, uid: bytes) -> bytes | None:
-    """FETCH 的回答里 UID 是 uid 的那一封的原文。不认 UID 的话,上一封 FETCH 回 NO 时服务器已经送来的半截回答
-    (imaplib 留着它)会被当成这一封:上一封的内容存在这一封的 UID 下,这一封标了已读,却从没存过(丢信)。
-    回答里都没写 UID 的(不守规矩的服务器)取第一封。"""
-    bodies = [item for item in data if isinstance(item, tuple)]
-    with_uid = [(m.group(1), item[1]) for item in bodies if (m := re.search(rb"\bUID (\d+)", item[0]))]
-    if not with_uid:
-        return bodies[0][1] if bodies else None
-    return next((raw for got, raw in with_uid if got == uid), None)
-
-
-def _answered_without_body(data: list, uid: bytes) -> bool:
-    """FETCH 的回答里有这一封(带着它的 UID,或者没写 UID 却提到了 BODY[]),只是没有信的原文(「BODY[] NIL」)。
-    别的信的 FLAGS 变化(别的客户端标了已读)也会夹在回答里,它们不算。"""
-    return any(isinstance(item, bytes) and (re.search(rb"\bUID %s\b" % uid, item) or
-                                            (b"UID" not in item and b"BODY[" in item)) for item in data)
-
-
-def poll_mailbox(s: ImapSettings | None = None) -> list[Outcome]:
+def poll_mailbox(s: mail_imap.ImapSettings | None = None) -> list[Outcome]:
     """IMAP 模式的 run_once:收一遍未读邮件,返回每封的结果。连不上、登录失败、中途断开抛 MailboxError。"""
-    imap = open_mailbox(s or imap_settings())
+    imap = mail_imap.open_mailbox(s or mail_imap.imap_settings())
     done: list[Outcome] = []
     try:
         typ, data = imap.uid("SEARCH", None, "UNSEEN")
         if typ != "OK":
-            raise MailboxError(f"搜索未读邮件失败:{server_words(Exception(data[0]))}")
+            raise MailboxError(f"搜索未读邮件失败:{mail_imap.server_words(Exception(data[0]))}")
         uids = (data[0] or b"").split()  # 服务器没回 * SEARCH 这一行时 imaplib 给 [None]:当作没有未读邮件
         for i, uid in enumerate(uids):
             source = f"UID {uid.decode()}"
@@ -479,11 +256,11 @@ def poll_mailbox(s: ImapSettings | None = None) -> list[Outcome]:
             typ, fetched = imap.uid("FETCH", uid, "(BODY.PEEK[])")  # PEEK:取信不改已读状态
             if typ != "OK":  # 服务器拒绝交出这一封(不是断线):不标已读,下次再收,其他的照常
                 done.append(report(Outcome(source, "unreadable", "取信失败,邮件保持未读,下次再收:"
-                                                                 f"{server_words(Exception(fetched[0]))}")))
+                                                                 f"{mail_imap.server_words(Exception(fetched[0]))}")))
                 continue
-            raw = _fetched_bytes(fetched, uid)
+            raw = mail_imap._fetched_bytes(fetched, uid)
             if raw is None:
-                if _answered_without_body(fetched, uid):  # 原来和「被删了」一样悄悄跳过:每次都跳过,永远收不进来
+                if mail_imap._answered_without_body(fetched, uid):  # 原来和「被删了」一样悄悄跳过:每次都跳过,永远收不进来
                     done.append(report(Outcome(source, "unreadable", "取信失败,邮件保持未读,下次再收:"
                                                                      "服务器回答了这一封,却没有给出信的内容")))
                 continue  # 回答里根本没有这一封:这期间被别的客户端删了
@@ -497,14 +274,14 @@ def poll_mailbox(s: ImapSettings | None = None) -> list[Outcome]:
                 if typ != "OK":  # 这一封标不上(不是断线):说一声,其他照常。原来整轮停在这里,服务器一直不让标
                     # 这一封的话,它后面的信永远收不到
                     outcome.unmarked = True
-                    print(f"{source} 已处理,但标已读失败:{server_words(Exception(answer[0]))};"
+                    print(f"{source} 已处理,但标已读失败:{mail_imap.server_words(Exception(answer[0]))};"
                           "下次会再收到它,不会重复建工单", file=sys.stderr, flush=True)
     except BrokenPipeError:  # 是标准输出的读端关了(… | head),不是邮箱的事(imaplib 发命令时断线报的是 IMAP4.abort):
         raise  # 交给 config.run(),和 --eml 一样退出码 141。原来说成「收信中途出错:32」、退出码 3
     except (imaplib.IMAP4.error, OSError) as e:
-        raise MailboxError(f"收信中途出错:{server_words(e)};已处理 {len(done)} 封,没标已读的下次再收") from e
+        raise MailboxError(f"收信中途出错:{mail_imap.server_words(e)};已处理 {len(done)} 封,没标已读的下次再收") from e
     finally:
-        _close(imap)
+        mail_imap._close(imap)
     return done
 
 
@@ -529,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         files = eml_files(args.eml) if args.eml else None
-        settings = None if files else imap_settings()
+        settings = None if files else mail_imap.imap_settings()
         if problem := store.biz_db_problem():
             raise SetupError(problem)
         store.init()

@@ -20,6 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import email_poller
+import mail_imap
 import mail_text
 import store
 from conftest import LAB, cut_connections, rows, run, write_locked
@@ -489,9 +490,9 @@ def test_missing_mailbox_folder_is_reported(imap_env, imap_server):
 
 
 def test_chinese_folder_names_are_sent_in_modified_utf7(imap_env, imap_server):
-    assert email_poller.mailbox_name("~peter/mail/台北/日本語") == '"~peter/mail/&U,BTFw-/&ZeVnLIqe-"'  # RFC 3501 的例子
-    assert email_poller.mailbox_name("客服 收件箱") == '"&W6JnDQ- &ZTZO9nux-"'
-    assert email_poller.mailbox_name("INBOX") == "INBOX"
+    assert mail_imap.mailbox_name("~peter/mail/台北/日本語") == '"~peter/mail/&U,BTFw-/&ZeVnLIqe-"'  # RFC 3501 的例子
+    assert mail_imap.mailbox_name("客服 收件箱") == '"&W6JnDQ- &ZTZO9nux-"'
+    assert mail_imap.mailbox_name("INBOX") == "INBOX"
     imap = imap_server.client()
     try:
         assert imap.create('"&W6JnDQ- &ZTZO9nux-"')[0] == "OK"
@@ -664,10 +665,10 @@ def make_ca_and_server_cert(tmp: Path) -> tuple[Path, Path, Path]:
 def test_ssl_context_verifies_the_server_and_trusts_imap_cafile(tmp_path):
     if not shutil.which("openssl"):
         pytest.skip("没有 openssl 命令,造不了测试 CA")
-    default = email_poller.ssl_context()
+    default = mail_imap.ssl_context()
     assert (default.check_hostname, default.verify_mode) == (True, ssl.CERT_REQUIRED)
     ca, _, _ = make_ca_and_server_cert(tmp_path)
-    private = email_poller.ssl_context(str(ca))
+    private = mail_imap.ssl_context(str(ca))
     assert (private.check_hostname, private.verify_mode) == (True, ssl.CERT_REQUIRED)
     assert {"commonName": "CloudLedger Test CA"} in [dict(x[0] for x in c["subject"]) for c in private.get_ca_certs()]
     assert {"commonName": "CloudLedger Test CA"} not in [dict(x[0] for x in c["subject"]) for c in default.get_ca_certs()]
