@@ -60,27 +60,6 @@ class BrokenMail(Exception):
     """这封邮件解析不了(原因说给人听)。重试也不会好。"""
 
 
-@dataclass
-class Outcome:
-    source: str   # 哪封邮件:「UID 101」或文件路径
-    kind: str     # ticket / skip / duplicate / broken / failed / unreadable(没读到这封信:服务器拒绝、文件读不了)
-    text: str     # 打印出来的结果:工单号、skip: 不是已知客户、duplicate,或者出错原因
-    database_down: bool = False  # 存储失败是因为数据库暂时用不了:后面的邮件这一轮不收了(每封都会白等一遍)
-    unmarked: bool = False  # 处理好了,服务器却不让标已读(STORE 回 NO):下次再收到时是 duplicate
-
-    @property
-    def handled(self) -> bool:
-        """处理完了(可以在邮箱里标已读)。failed、unreadable 的要保持未读,下次再收。"""
-        return self.kind not in ("failed", "unreadable")
-
-    @property
-    def problem(self) -> bool:
-        """要人知道的结果:退出码 1。除了 unmarked(那一行另外说),结果那一行打到 stderr。"""
-        return self.kind in ("broken", "failed", "unreadable") or self.unmarked
-
-
-# ---------------------------------------------------------------- 解析:字节 → {message_id, from, subject, body}
-
 def body_of(msg: Message) -> str:
     """正文:客户自己写的文字。multipart/alternative 里优先纯文本那份,没有或是空的就用 HTML 转成纯文本;
     multipart/mixed 里的几段文字(一段话、一张截图、又一段话)按顺序接起来;附件不算。附着的整封邮件(转发的、
@@ -118,7 +97,6 @@ def parse(raw: bytes) -> dict:
         raise BrokenMail(mail_headers.masked(f"{type(e).__name__}: {e}")) from e
 
 
-# ---------------------------------------------------------------- 入库:工单(业务库)+ 事件(事件库)
 def ticket_candidates(message_id: str) -> list[str]:
     digest = hashlib.sha1(message_id.encode()).hexdigest()
     return ["M" + digest[:n] for n in TICKET_HASH_LENGTHS]
@@ -138,6 +116,25 @@ def to_event(mail: dict) -> str:
                                       mail["subject"], mail["body"], store.now()[:10])
     payload = json.dumps({"id": mail["message_id"], "type": "ticket.created", "data": {"ticket_id": ticket_id}})
     return ticket_id if store.add_event(mail["message_id"], "email", "ticket.created", payload) else "duplicate"
+
+
+@dataclass
+class Outcome:
+    source: str   # 哪封邮件:「UID 101」或文件路径
+    kind: str     # ticket / skip / duplicate / broken / failed / unreadable(没读到这封信:服务器拒绝、文件读不了)
+    text: str     # 打印出来的结果:工单号、skip: 不是已知客户、duplicate,或者出错原因
+    database_down: bool = False  # 存储失败是因为数据库暂时用不了:后面的邮件这一轮不收了(每封都会白等一遍)
+    unmarked: bool = False  # 处理好了,服务器却不让标已读(STORE 回 NO):下次再收到时是 duplicate
+
+    @property
+    def handled(self) -> bool:
+        """处理完了(可以在邮箱里标已读)。failed、unreadable 的要保持未读,下次再收。"""
+        return self.kind not in ("failed", "unreadable")
+
+    @property
+    def problem(self) -> bool:
+        """要人知道的结果:退出码 1。除了 unmarked(那一行另外说),结果那一行打到 stderr。"""
+        return self.kind in ("broken", "failed", "unreadable") or self.unmarked
 
 
 def report(outcome: Outcome) -> Outcome:
@@ -165,7 +162,101 @@ def handle(raw: bytes, source: str, retry: str = "邮件保持未读,下次再�
     return report(outcome)
 
 
-# ---------------------------------------------------------------- 离线:.eml 文件
+def stops_here(outcome: Outcome, left: int, rest: str) -> bool:
+    """这封是因为数据库暂时用不了才没存进去的:这一轮到此为止(后面的每封都会白等一遍),说一声剩下的 left 封怎么办。"""
+    if outcome.database_down and left:
+        print(f"数据库暂时用不了,这一轮停下:剩下的 {left} {rest}", file=sys.stderr, flush=True)
+    return outcome.database_down
+
+
+def poll_mailbox(s: mail_imap.ImapSettings | None = None) -> list[Outcome]:
+    """IMAP 模式的 run_once:收一遍未读邮件,返回每封的结果。连不上、登录失败、中途断开抛 MailboxError。"""
+    imap = mail_imap.open_mailbox(s or mail_imap.imap_settings())
+    done: list[Outcome] = []
+    try:
+        typ, data = imap.uid("SEARCH", None, "UNSEEN")
+        if typ != "OK":
+            raise MailboxError(f"搜索未读邮件失败:{mail_imap.server_words(Exception(data[0]))}")
+        uids = (data[0] or b"").split()  # 服务器没回 * SEARCH 这一行时 imaplib 给 [None]:当作没有未读邮件
+        for i, uid in enumerate(uids):
+            source = f"UID {uid.decode()}"
+            imap.untagged_responses.pop("FETCH", None)  # 上一封回 NO 时留下的半截回答,别算到这一封头上
+            typ, fetched = imap.uid("FETCH", uid, "(BODY.PEEK[])")  # PEEK:取信不改已读状态
+            if typ != "OK":  # 服务器拒绝交出这一封(不是断线):不标已读,下次再收,其他的照常
+                done.append(report(Outcome(source, "unreadable", "取信失败,邮件保持未读,下次再收:"
+                                                                 f"{mail_imap.server_words(Exception(fetched[0]))}")))
+                continue
+            raw = mail_imap._fetched_bytes(fetched, uid)
+            if raw is None:
+                if mail_imap._answered_without_body(fetched, uid):  # 原来和「被删了」一样悄悄跳过:每次都跳过,永远收不进来
+                    done.append(report(Outcome(source, "unreadable", "取信失败,邮件保持未读,下次再收:"
+                                                                     "服务器回答了这一封,却没有给出信的内容")))
+                continue  # 回答里根本没有这一封:这期间被别的客户端删了
+            outcome = handle(raw, source)
+            done.append(outcome)
+            if stops_here(outcome, len(uids) - i - 1, "封这次不收,保持未读,下次再收"):
+                break
+            if outcome.handled:  # 工单和事件都提交了(或确定跳过、重复、坏信)才标已读
+                flags = r"(\Seen \Flagged)" if outcome.kind == "broken" else r"(\Seen)"
+                typ, answer = imap.uid("STORE", uid, "+FLAGS", flags)
+                if typ != "OK":  # 这一封标不上(不是断线):说一声,其他照常。原来整轮停在这里,服务器一直不让标
+                    # 这一封的话,它后面的信永远收不到
+                    outcome.unmarked = True
+                    print(f"{source} 已处理,但标已读失败:{mail_imap.server_words(Exception(answer[0]))};"
+                          "下次会再收到它,不会重复建工单", file=sys.stderr, flush=True)
+    except BrokenPipeError:  # 是标准输出的读端关了(… | head),不是邮箱的事(imaplib 发命令时断线报的是 IMAP4.abort):
+        raise  # 交给 config.run(),和 --eml 一样退出码 141。原来说成「收信中途出错:32」、退出码 3
+    except (imaplib.IMAP4.error, OSError) as e:
+        raise MailboxError(f"收信中途出错:{mail_imap.server_words(e)};已处理 {len(done)} 封,没标已读的下次再收") from e
+    finally:
+        mail_imap._close(imap)
+    return done
+
+
+def summary(outcomes: list[Outcome]) -> str:
+    n = {k: sum(o.kind == k for o in outcomes)
+         for k in ("ticket", "duplicate", "skip", "broken", "failed", "unreadable")}
+    line = (f"本次收取 {len(outcomes)} 封:新工单 {n['ticket']},重复 {n['duplicate']},跳过 {n['skip']},"
+            f"无法解析 {n['broken']},存储失败 {n['failed']}")
+    if n["unreadable"]:  # 这两项少见,没有时不占地方
+        line += f",读取失败 {n['unreadable']}"
+    if unmarked := sum(o.unmarked for o in outcomes):
+        line += f",标已读失败 {unmarked}"
+    return line
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = config.ArgumentParser(description="收一次客服邮箱(或离线读 .eml),新邮件变成工单 + 事件")
+    # extend:--eml 写了两次时两次给的都读(原来只读最后一次的,前面的不声不响地没了)
+    parser.add_argument("--eml", nargs="+", action="extend", metavar="FILE|DIR",
+                        help="离线模式:读这些 .eml 文件或目录,不连邮箱")
+    args = parser.parse_args(argv)
+    try:
+        files = eml_files(args.eml) if args.eml else None
+        settings = None if files else mail_imap.imap_settings()
+        if problem := store.biz_db_problem():
+            raise SetupError(problem)
+        store.init()
+        outcomes = store_files(files) if files else poll_mailbox(settings)
+    except SetupError as e:
+        print(e, file=sys.stderr)
+        return EXIT_CONFIG
+    except SystemExit as e:  # config.number / integer 读到不是数字的设置
+        if not isinstance(e.code, str):
+            raise
+        print(e.code, file=sys.stderr)
+        return EXIT_CONFIG
+    except MailboxError as e:
+        print(e, file=sys.stderr)
+        return EXIT_MAILBOX
+    except store.unavailable_errors() as e:  # 还没开始收信(建表时)就用不了;收信途中的在 handle() 里
+        print(f"{store.unavailable(e)},这一轮一封都没有处理,稍后再跑", file=sys.stderr)
+        return EXIT_SOME_FAILED
+    print(summary(outcomes), flush=True)
+    return EXIT_SOME_FAILED if any(o.problem for o in outcomes) else EXIT_OK
+
+
+# ---- 练习 5:通知 notify_supervisor ----
 def eml_files(paths: list[str]) -> list[Path]:
     """展开命令行给的文件和目录;有一个不存在就整个不做(SetupError),免得做了一半。"""
     files: list[Path] = []
@@ -229,104 +320,6 @@ def store_files(files: list[Path]) -> list[Outcome]:
         if stops_here(done[-1], len(files) - i - 1, "个文件没有处理,修好后重跑这条命令"):
             break
     return done
-
-
-def stops_here(outcome: Outcome, left: int, rest: str) -> bool:
-    """这封是因为数据库暂时用不了才没存进去的:这一轮到此为止(后面的每封都会白等一遍),说一声剩下的 left 封怎么办。"""
-    if outcome.database_down and left:
-        print(f"数据库暂时用不了,这一轮停下:剩下的 {left} {rest}", file=sys.stderr, flush=True)
-    return outcome.database_down
-
-
-# ---------------------------------------------------------------- IMAP
-
-
-def poll_mailbox(s: mail_imap.ImapSettings | None = None) -> list[Outcome]:
-    """IMAP 模式的 run_once:收一遍未读邮件,返回每封的结果。连不上、登录失败、中途断开抛 MailboxError。"""
-    imap = mail_imap.open_mailbox(s or mail_imap.imap_settings())
-    done: list[Outcome] = []
-    try:
-        typ, data = imap.uid("SEARCH", None, "UNSEEN")
-        if typ != "OK":
-            raise MailboxError(f"搜索未读邮件失败:{mail_imap.server_words(Exception(data[0]))}")
-        uids = (data[0] or b"").split()  # 服务器没回 * SEARCH 这一行时 imaplib 给 [None]:当作没有未读邮件
-        for i, uid in enumerate(uids):
-            source = f"UID {uid.decode()}"
-            imap.untagged_responses.pop("FETCH", None)  # 上一封回 NO 时留下的半截回答,别算到这一封头上
-            typ, fetched = imap.uid("FETCH", uid, "(BODY.PEEK[])")  # PEEK:取信不改已读状态
-            if typ != "OK":  # 服务器拒绝交出这一封(不是断线):不标已读,下次再收,其他的照常
-                done.append(report(Outcome(source, "unreadable", "取信失败,邮件保持未读,下次再收:"
-                                                                 f"{mail_imap.server_words(Exception(fetched[0]))}")))
-                continue
-            raw = mail_imap._fetched_bytes(fetched, uid)
-            if raw is None:
-                if mail_imap._answered_without_body(fetched, uid):  # 原来和「被删了」一样悄悄跳过:每次都跳过,永远收不进来
-                    done.append(report(Outcome(source, "unreadable", "取信失败,邮件保持未读,下次再收:"
-                                                                     "服务器回答了这一封,却没有给出信的内容")))
-                continue  # 回答里根本没有这一封:这期间被别的客户端删了
-            outcome = handle(raw, source)
-            done.append(outcome)
-            if stops_here(outcome, len(uids) - i - 1, "封这次不收,保持未读,下次再收"):
-                break
-            if outcome.handled:  # 工单和事件都提交了(或确定跳过、重复、坏信)才标已读
-                flags = r"(\Seen \Flagged)" if outcome.kind == "broken" else r"(\Seen)"
-                typ, answer = imap.uid("STORE", uid, "+FLAGS", flags)
-                if typ != "OK":  # 这一封标不上(不是断线):说一声,其他照常。原来整轮停在这里,服务器一直不让标
-                    # 这一封的话,它后面的信永远收不到
-                    outcome.unmarked = True
-                    print(f"{source} 已处理,但标已读失败:{mail_imap.server_words(Exception(answer[0]))};"
-                          "下次会再收到它,不会重复建工单", file=sys.stderr, flush=True)
-    except BrokenPipeError:  # 是标准输出的读端关了(… | head),不是邮箱的事(imaplib 发命令时断线报的是 IMAP4.abort):
-        raise  # 交给 config.run(),和 --eml 一样退出码 141。原来说成「收信中途出错:32」、退出码 3
-    except (imaplib.IMAP4.error, OSError) as e:
-        raise MailboxError(f"收信中途出错:{mail_imap.server_words(e)};已处理 {len(done)} 封,没标已读的下次再收") from e
-    finally:
-        mail_imap._close(imap)
-    return done
-
-
-# ---------------------------------------------------------------- 命令行
-def summary(outcomes: list[Outcome]) -> str:
-    n = {k: sum(o.kind == k for o in outcomes)
-         for k in ("ticket", "duplicate", "skip", "broken", "failed", "unreadable")}
-    line = (f"本次收取 {len(outcomes)} 封:新工单 {n['ticket']},重复 {n['duplicate']},跳过 {n['skip']},"
-            f"无法解析 {n['broken']},存储失败 {n['failed']}")
-    if n["unreadable"]:  # 这两项少见,没有时不占地方
-        line += f",读取失败 {n['unreadable']}"
-    if unmarked := sum(o.unmarked for o in outcomes):
-        line += f",标已读失败 {unmarked}"
-    return line
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = config.ArgumentParser(description="收一次客服邮箱(或离线读 .eml),新邮件变成工单 + 事件")
-    # extend:--eml 写了两次时两次给的都读(原来只读最后一次的,前面的不声不响地没了)
-    parser.add_argument("--eml", nargs="+", action="extend", metavar="FILE|DIR",
-                        help="离线模式:读这些 .eml 文件或目录,不连邮箱")
-    args = parser.parse_args(argv)
-    try:
-        files = eml_files(args.eml) if args.eml else None
-        settings = None if files else mail_imap.imap_settings()
-        if problem := store.biz_db_problem():
-            raise SetupError(problem)
-        store.init()
-        outcomes = store_files(files) if files else poll_mailbox(settings)
-    except SetupError as e:
-        print(e, file=sys.stderr)
-        return EXIT_CONFIG
-    except SystemExit as e:  # config.number / integer 读到不是数字的设置
-        if not isinstance(e.code, str):
-            raise
-        print(e.code, file=sys.stderr)
-        return EXIT_CONFIG
-    except MailboxError as e:
-        print(e, file=sys.stderr)
-        return EXIT_MAILBOX
-    except store.unavailable_errors() as e:  # 还没开始收信(建表时)就用不了;收信途中的在 handle() 里
-        print(f"{store.unavailable(e)},这一轮一封都没有处理,稍后再跑", file=sys.stderr)
-        return EXIT_SOME_FAILED
-    print(summary(outcomes), flush=True)
-    return EXIT_SOME_FAILED if any(o.problem for o in outcomes) else EXIT_OK
 
 
 if __name__ == "__main__":
