@@ -60,15 +60,15 @@ class BrokenMail(Exception):
     """这封邮件解析不了(原因说给人听)。重试也不会好。"""
 
 
-def body_of(msg: Message) -> str:
+def text_of(msg: Message) -> str:
     """正文:客户自己写的文字。multipart/alternative 里优先纯文本那份,没有或是空的就用 HTML 转成纯文本;
     multipart/mixed 里的几段文字(一段话、一张截图、又一段话)按顺序接起来;附件不算。附着的整封邮件(转发的、
     退信里的原信,message/rfc822)只在这封信自己一个字都没写时才用。原来只取第一段纯文本,还会钻进附着的邮件:
     截图后面的话丢了;只有 HTML、附了一封转发的信,存下的是那封转发的信。
     这些都没有字,才用带文件名却没标成 attachment 的文字段(「inline; filename=note.txt」):有的邮件程序把正文
     也这样写,原来整封信的正文是空的,还照常建了工单、标了已读,客户写的话悄悄丢了。"""
-    return ("\n".join(mail_text._texts(msg, inner=False)) or "\n".join(mail_text._texts(msg, inner=True))
-            or "\n".join(mail_text._texts(msg, inner=False, named=True)))
+    return ("\n".join(mail_text.texts(msg, inner=False)) or "\n".join(mail_text.texts(msg, inner=True))
+            or "\n".join(mail_text.texts(msg, inner=False, named=True)))
 
 
 def parse(raw: bytes) -> dict:
@@ -89,7 +89,7 @@ def parse(raw: bytes) -> dict:
             "message_id": mail_headers.mail_event_id(msg, raw),
             "from": address,
             "subject": mail_text.cut(mail_text.header_text(msg.get("Subject")), MAX_SUBJECT_CHARS) or "(无主题)",
-            "body": mail_text.cut(body_of(msg), MAX_BODY_CHARS),
+            "body": mail_text.cut(text_of(msg), MAX_BODY_CHARS),
         }
     except BrokenMail:
         raise
@@ -186,9 +186,9 @@ def poll_mailbox(s: mail_imap.ImapSettings | None = None) -> list[Outcome]:
                 done.append(report(Outcome(source, "unreadable", "取信失败,邮件保持未读,下次再收:"
                                                                  f"{mail_imap.server_words(Exception(fetched[0]))}")))
                 continue
-            raw = mail_imap._fetched_bytes(fetched, uid)
+            raw = mail_imap.fetched_bytes(fetched, uid)
             if raw is None:
-                if mail_imap._answered_without_body(fetched, uid):  # 原来和「被删了」一样悄悄跳过:每次都跳过,永远收不进来
+                if mail_imap.answered_without_body(fetched, uid):  # 原来和「被删了」一样悄悄跳过:每次都跳过,永远收不进来
                     done.append(report(Outcome(source, "unreadable", "取信失败,邮件保持未读,下次再收:"
                                                                      "服务器回答了这一封,却没有给出信的内容")))
                 continue  # 回答里根本没有这一封:这期间被别的客户端删了
@@ -209,7 +209,7 @@ def poll_mailbox(s: mail_imap.ImapSettings | None = None) -> list[Outcome]:
     except (imaplib.IMAP4.error, OSError) as e:
         raise MailboxError(f"收信中途出错:{mail_imap.server_words(e)};已处理 {len(done)} 封,没标已读的下次再收") from e
     finally:
-        mail_imap._close(imap)
+        mail_imap.close_quietly(imap)
     return done
 
 

@@ -148,26 +148,26 @@ def open_mailbox(s: ImapSettings) -> imaplib.IMAP4:
     try:
         imap.login(s.user, s.password)
     except (imaplib.IMAP4.abort, OSError) as e:
-        _close(imap)
+        close_quietly(imap)
         raise MailboxError(f"登录 IMAP 服务器 {where} 时连接断了:{server_words(e)}") from e
     except imaplib.IMAP4.error as e:
-        _close(imap)
+        close_quietly(imap)
         raise MailboxError(f"IMAP 登录失败(用户 {s.user}):{server_words(e)};检查 IMAP_USER 和 IMAP_PASSWORD"
                            "(很多邮箱要填授权码,不是网页登录密码)") from e
     say_who_we_are(imap)
     try:
         typ, data = imap.select(mailbox_name(s.mailbox))
     except imaplib.IMAP4.readonly as e:  # 它是 abort 的子类,不是断线:文件夹只给读,收下的信标不了已读
-        _close(imap)
+        close_quietly(imap)
         raise MailboxError(f"邮箱文件夹 {s.mailbox} 只能读,不能标已读:{server_words(e)}"
                            "(换一个文件夹,或者让邮箱管理员给 IMAP_USER 写权限)") from e
     except (imaplib.IMAP4.abort, OSError) as e:
-        _close(imap)
+        close_quietly(imap)
         raise MailboxError(f"打开邮箱文件夹 {s.mailbox} 时和 IMAP 服务器 {where} 的连接断了:{server_words(e)}") from e
     except imaplib.IMAP4.error as e:
         typ, data = "NO", [str(e).encode()]
     if typ != "OK":
-        _close(imap)
+        close_quietly(imap)
         raise MailboxError(f"打不开邮箱文件夹 {s.mailbox}:{server_words(Exception(data[0]))}(检查 IMAP_MAILBOX)")
     return imap
 
@@ -211,14 +211,14 @@ def mailbox_name(name: str) -> str:
     return '"' + encoded.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-def _close(imap: imaplib.IMAP4) -> None:
+def close_quietly(imap: imaplib.IMAP4) -> None:
     try:
         imap.logout()
     except (imaplib.IMAP4.error, OSError):
         pass
 
 
-def _fetched_bytes(data: list, uid: bytes) -> bytes | None:
+def fetched_bytes(data: list, uid: bytes) -> bytes | None:
     """FETCH 的回答里 UID 是 uid 的那一封的原文。不认 UID 的话,上一封 FETCH 回 NO 时服务器已经送来的半截回答
     (imaplib 留着它)会被当成这一封:上一封的内容存在这一封的 UID 下,这一封标了已读,却从没存过(丢信)。
     回答里都没写 UID 的(不守规矩的服务器)取第一封。"""
@@ -229,7 +229,7 @@ def _fetched_bytes(data: list, uid: bytes) -> bytes | None:
     return next((raw for got, raw in with_uid if got == uid), None)
 
 
-def _answered_without_body(data: list, uid: bytes) -> bool:
+def answered_without_body(data: list, uid: bytes) -> bool:
     """FETCH 的回答里有这一封(带着它的 UID,或者没写 UID 却提到了 BODY[]),只是没有信的原文(「BODY[] NIL」)。
     别的信的 FLAGS 变化(别的客户端标了已读)也会夹在回答里,它们不算。"""
     return any(isinstance(item, bytes) and (re.search(rb"\bUID %s\b" % uid, item) or

@@ -130,20 +130,20 @@ def tidy_text(text: str) -> str:
     return "\n".join(line for line in lines if line)
 
 
-def _texts(part: Message, inner: bool, named: bool = False) -> list[str]:
+def texts(part: Message, inner: bool, named: bool = False) -> list[str]:
     """part 里按顺序的各段文字(已经整理过、非空)。inner:附着的整封邮件也往里走。
-    named:带文件名、但 Content-Disposition 不是 attachment 的文字段也算(见 body_of)。"""
+    named:带文件名、但 Content-Disposition 不是 attachment 的文字段也算(见 text_of)。"""
     if part.get_content_maintype() == "message":  # message/rfc822 这类:附着的一整封邮件
         if not inner:
             return []
         payload = part.get_payload()
         return [t for sub in (payload if isinstance(payload, list) else [payload])
-                if isinstance(sub, Message) for t in _texts(sub, inner, named)]
+                if isinstance(sub, Message) for t in texts(sub, inner, named)]
     if part.is_multipart():
         children = [c for c in part.get_payload() if isinstance(c, Message)]
         if part.get_content_subtype() != "alternative":
-            return [t for c in children for t in _texts(c, inner, named)]
-        versions = [(c, "\n".join(_texts(c, inner, named))) for c in children]  # 同一段话的几种写法:只要一种
+            return [t for c in children for t in texts(c, inner, named)]
+        versions = [(c, "\n".join(texts(c, inner, named))) for c in children]  # 同一段话的几种写法:只要一种
         plain = [t for c, t in versions if c.get_content_type() == "text/plain" and t]
         rest = [t for _, t in versions if t]
         return plain[:1] or rest[-1:]  # 没有纯文本时取最后一种(按规矩最后一种最接近原样)
