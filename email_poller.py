@@ -35,7 +35,6 @@ import email
 import hashlib
 import imaplib
 import json
-import os
 import sys
 import unicodedata
 from dataclasses import dataclass
@@ -43,6 +42,7 @@ from email.message import Message
 from pathlib import Path
 
 import config
+import mail_eml
 import mail_headers
 import mail_imap
 import mail_text
@@ -232,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="离线模式:读这些 .eml 文件或目录,不连邮箱")
     args = parser.parse_args(argv)
     try:
-        files = eml_files(args.eml) if args.eml else None
+        files = mail_eml.eml_files(args.eml) if args.eml else None
         settings = None if files else mail_imap.imap_settings()
         if problem := store.biz_db_problem():
             raise SetupError(problem)
@@ -257,55 +257,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 # ---- 练习 5:通知 notify_supervisor ----
-def eml_files(paths: list[str]) -> list[Path]:
-    """展开命令行给的文件和目录;有一个不存在就整个不做(SetupError),免得做了一半。"""
-    files: list[Path] = []
-    for given in paths:
-        if not given.strip():  # --eml "$DIR",变量是空的:Path("") 是当前目录,原来会把这里的 .eml 全收进来
-            raise SetupError("--eml 给的路径是空的(要读当前目录,写 --eml .)")
-        p = Path(given)
-        try:
-            if p.is_dir():
-                # 扩展名不分大小写(x.EML、x.Eml 也算,和直接给文件时一样);名字像 x.eml 的子目录不算。
-                # 指向不存在的文件的符号链接算进来:读的时候说一声(原来不声不响地跳过,那封信就没了下文)
-                found = sorted(f for f in p.iterdir() if f.name.lower().endswith(".eml")
-                               and (f.is_file() or dangling(f)))
-                if not found:
-                    raise SetupError(f"目录里没有 .eml 文件:{shown(given)}")
-                files += found
-            elif p.is_file():
-                files.append(p)
-            elif p.exists():  # 管道、设备文件:在,只是不是文件(原来说「找不到」)
-                raise SetupError(f"不是普通文件或目录:{shown(given)}")
-            elif dangling(p):
-                raise SetupError(f"找不到文件或目录:{shown(given)}{link_note(p)}")
-            else:
-                raise SetupError(f"找不到文件或目录:{shown(given)}")
-        except OSError as e:  # 目录没有读或进入的权限、名字太长:原来是 traceback
-            raise SetupError(f"读不了 {shown(given)}:{e.strerror or e}") from e
-    return files
-
-
-def dangling(p: Path) -> bool:
-    """p 是符号链接,指向的东西却不在了(文件被移走、链接写错)。"""
-    return p.is_symlink() and not p.exists()
-
-
-def link_note(p: Path) -> str:
-    """说明这是一个断了的符号链接、指向哪里;读不到链接本身时不多说。"""
-    try:
-        return f"(它是符号链接,指向的 {shown(os.readlink(p))} 不存在)"
-    except OSError:
-        return ""
-
-
-def shown(path: str | Path) -> str:
-    """打印出来的文件名:不是 UTF-8 的字节(Windows 压缩包解出来的 GBK 文件名常这样)写成 \\xNN。
-    原来原样打印,标准输出是严格的 UTF-8 时(PYTHONIOENCODING=utf-8:strict)报 UnicodeEncodeError 崩掉,
-    每次重跑都崩在这个文件上,它后面的文件永远存不进去。"""
-    return os.fsencode(path).decode("utf-8", "backslashreplace")
-
-
 def store_files(files: list[Path]) -> list[Outcome]:
     """离线模式的 run_once:每个 .eml 走和 IMAP 邮件一样的 handle()。读不了的文件说一声,其余照常。"""
     done: list[Outcome] = []
@@ -313,10 +264,10 @@ def store_files(files: list[Path]) -> list[Outcome]:
         try:
             raw = f.read_bytes()
         except OSError as e:  # 存在但读不了:没有权限、磁盘 I/O 错误
-            why = f"{e.strerror or e}{link_note(f) if dangling(f) else ''}"
-            done.append(report(Outcome(shown(f), "unreadable", f"读不了这个文件,修好后重跑这条命令:{why}")))
+            why = f"{e.strerror or e}{mail_eml.link_note(f) if mail_eml.dangling(f) else ''}"
+            done.append(report(Outcome(mail_eml.shown(f), "unreadable", f"读不了这个文件,修好后重跑这条命令:{why}")))
             continue
-        done.append(handle(raw, shown(f), retry="修好后重跑这条命令,已经存好的会显示 duplicate"))
+        done.append(handle(raw, mail_eml.shown(f), retry="修好后重跑这条命令,已经存好的会显示 duplicate"))
         if stops_here(done[-1], len(files) - i - 1, "个文件没有处理,修好后重跑这条命令"):
             break
     return done
