@@ -1,35 +1,30 @@
-r"""收一次客服邮箱:已知客户的新邮件变成业务库里的一张工单 + 事件表里的一行,由 worker 接着处理。
+r"""收一次客服邮箱:已知客户的新邮件变成业务库里的一张工单 + 事件表里的一行,worker 接着处理。
 
 运行:
-    uv run python email_poller.py                          # 收一遍 IMAP 邮箱里的未读邮件(crontab 每分钟跑这个)
-    uv run python email_poller.py --eml samples/           # 离线:把 .eml 文件(或目录里所有 .eml,扩展名不分大小写)
-                                                           # 走同一条解析、入库的路
+    uv run python email_poller.py                        # 收一遍 IMAP 邮箱的未读邮件
+    uv run python email_poller.py --eml samples/         # 离线:读 .eml 文件或目录(扩展名不分大小写),不连邮箱
     uv run python email_poller.py --eml samples/11_complaint.eml
 
-邮箱设置(环境变量或 .env):IMAP_HOST、IMAP_USER、IMAP_PASSWORD(邮箱的授权码,不是登录密码),
-可选 IMAP_PORT(默认 993;IMAP_SSL=0 时默认 143)、IMAP_SSL(默认 1:SSL 直连并校验服务器证书;
-0 = 明文,只用于本机测试服务器)、IMAP_CAFILE(自建邮箱用私有 CA 时,额外信任的 CA 证书文件)、
-IMAP_MAILBOX(默认 INBOX)、IMAP_TIMEOUT_S(默认 30 秒)。
+环境变量(或 .env):IMAP_HOST、IMAP_USER、IMAP_PASSWORD(邮箱的授权码,不是网页登录密码);
+可选 IMAP_PORT(默认 993,IMAP_SSL=0 时 143)、IMAP_SSL(默认 1:SSL 直连并校验证书;0 = 明文,只给本机测试服务器)、
+IMAP_CAFILE(自建邮箱的私有 CA 证书)、IMAP_MAILBOX(默认 INBOX)、IMAP_TIMEOUT_S(默认 30 秒)。
 
-你会看到每封邮件一行,先是结果,后面是哪封邮件(IMAP 的 UID 或文件名):
+crontab(每分钟一次;完整的四条见 crontab.example):
+    * * * * * cd /ABSOLUTE/PATH/TO/ambient-agents && /ABSOLUTE/PATH/TO/uv run python email_poller.py >> cron.log 2>&1
+
+输出:每封邮件一行「结果  哪封邮件」(IMAP 的 UID 或文件名),最后一行是汇总:
     M3f9a1c  UID 101                      # 新工单的工单号
     skip: 不是已知客户  UID 102
-    duplicate  UID 103                    # 这封邮件之前已经收过了
-最后一行是汇总:本次收取 3 封:新工单 1,重复 1,跳过 1,无法解析 0,存储失败 0
-有邮件没读到(服务器拒绝交出这封信、.eml 文件读不了)时,汇总末尾再加一项「,读取失败 N」;没有就不加。
+    duplicate  UID 103                    # 这封之前收过
+    本次收取 3 封:新工单 1,重复 1,跳过 1,无法解析 0,存储失败 0
+有读取失败、标已读失败时,汇总末尾再加「,读取失败 N」「,标已读失败 N」。
 
-不丢邮件:取信用 BODY.PEEK(不会顺手标成已读),工单和事件都提交了(或者确定跳过、重复)之后才标 \Seen。
-存储失败的邮件保持未读,下次运行再收;两个库之间崩了也没关系:工单是 INSERT OR IGNORE、事件 id 就是
-Message-ID(见 mail_headers.mail_event_id()),重跑时补上缺的那一半。解析不了的邮件在 stderr 上说明原因,在邮箱里标已读并加星标(\Flagged)
-留给人看,其他邮件照常处理。看得出被截断的邮件(邮件头没有以空行结束、multipart 没有结束边界)也算解析不了、不入库:
-它和完整的那封 Message-ID 一样,存了它,完整的那封再来时只会是 duplicate(见 cut_short())。
-服务器拒绝交出某一封信(FETCH 回 NO)时,那封保持未读,下次再收,其他邮件照常处理;
-离线模式读不了某个 .eml 文件(没有权限、磁盘 I/O 错误、目录里断了的符号链接)也一样:说是哪个文件,其余照常,修好后重跑这条命令。
-解析不了的原因里带着邮件原文的(比如找不到发件人地址时的 From 头),先打码(手机号、身份证号、银行卡号、邮箱地址)
-再打印,stderr 和日志里不留客户的个人信息。
+不丢邮件:取信用 BODY.PEEK,工单和事件都提交了(或确定跳过、重复)才标 \Seen;存储失败、取信失败的保持未读,下次再收。
+工单是 INSERT OR IGNORE、事件 id 就是 Message-ID,两个库之间崩了,重跑时补上缺的一半。解析不了的信(包括看得出被截断的)
+在 stderr 说明原因(邮件原文先打码),标已读并加星标(\Flagged)留给人看,其余照常处理。
 
-退出码:0 全部处理好;1 有邮件无法解析、存储失败、读取失败或者标不了已读(其余照常处理了),或者数据库暂时用不了(这时后面的邮件这一轮
-不收,保持未读);2 设置或参数不对;3 连不上邮箱、登录失败或收信中途断线(已经处理好的邮件照常算数,没处理的保持未读)。
+退出码:0 全部处理好;1 有邮件无法解析、存储失败、读取失败或标不了已读,或者数据库暂时用不了(余下的保持未读);
+2 设置或参数不对;3 连不上邮箱、登录失败或收信中途断线(处理好的照常算数,其余保持未读)。
 """
 import email
 import hashlib
@@ -61,12 +56,10 @@ class BrokenMail(Exception):
 
 
 def text_of(msg: Message) -> str:
-    """正文:客户自己写的文字。multipart/alternative 里优先纯文本那份,没有或是空的就用 HTML 转成纯文本;
+    """正文:客户自己写的文字。multipart/alternative 里取纯文本那份,没有或是空的取 HTML 转成的纯文本;
     multipart/mixed 里的几段文字(一段话、一张截图、又一段话)按顺序接起来;附件不算。附着的整封邮件(转发的、
-    退信里的原信,message/rfc822)只在这封信自己一个字都没写时才用。原来只取第一段纯文本,还会钻进附着的邮件:
-    截图后面的话丢了;只有 HTML、附了一封转发的信,存下的是那封转发的信。
-    这些都没有字,才用带文件名却没标成 attachment 的文字段(「inline; filename=note.txt」):有的邮件程序把正文
-    也这样写,原来整封信的正文是空的,还照常建了工单、标了已读,客户写的话悄悄丢了。"""
+    退信里的原信)只在这封信自己一个字都没写时才用;还是没有字,才用带文件名却没标成 attachment 的文字段
+    (有的邮件程序把正文写成「inline; filename=note.txt」)。"""
     return ("\n".join(mail_text.texts(msg, inner=False)) or "\n".join(mail_text.texts(msg, inner=True))
             or "\n".join(mail_text.texts(msg, inner=False, named=True)))
 
@@ -81,10 +74,12 @@ def parse(raw: bytes) -> dict:
             raise BrokenMail(reason)
         address = mail_headers.sender_address(str(msg.get("From") or ""))
         if "@" not in address:
-            raise BrokenMail(mail_headers.masked(f"找不到发件人地址(From: {mail_text.header_text(msg.get('From'))!r})"))
-        # NUL 之类:PostgreSQL 上查客户时就报错,这封信每次都「存储失败」;SQLite 上却说不是已知客户。两种库都当坏信
+            raise BrokenMail(mail_headers.masked(
+                f"找不到发件人地址(From: {mail_text.header_text(msg.get('From'))!r})"))
+        # NUL 之类:PostgreSQL 查客户时报错(每次都「存储失败」),SQLite 却说不是已知客户;两种库都当坏信
         if any(unicodedata.category(c) == "Cc" for c in address):
-            raise BrokenMail(mail_headers.masked(f"发件人地址里有控制字符(From: {mail_text.header_text(msg.get('From'))!r})"))
+            raise BrokenMail(mail_headers.masked(
+                f"发件人地址里有控制字符(From: {mail_text.header_text(msg.get('From'))!r})"))
         return {
             "message_id": mail_headers.mail_event_id(msg, raw),
             "from": address,
@@ -103,10 +98,9 @@ def ticket_candidates(message_id: str) -> list[str]:
 
 
 def to_event(mail: dict) -> str:
-    """已知客户的邮件:建工单、写事件,返回工单号(这封之前收过就返回 duplicate)。
-    先写工单再写事件;两步之间崩了,重跑时工单 INSERT OR IGNORE 得到同一个工单号,事件这次补上。
-    事件已经有了就不建工单:同一个 Message-ID、内容却不一样的信,原来会多出一张没有事件的工单,定时扫描过些天把它当成
-    「久未回复」入队。"""
+    """已知客户的邮件:建工单、写事件,返回工单号;不是已知客户返回 skip,收过的返回 duplicate。
+    先写工单再写事件:两步之间崩了,重跑时 INSERT OR IGNORE 得到同一个工单号,事件这次补上。事件已经在了就不建工单,
+    同一个 Message-ID、内容不同的信不会多出一张没有事件的工单(定时扫描过些天会把它当成久未回复入队)。"""
     customer_id = store.customer_by_email(mail["from"])
     if customer_id is None:
         return "skip: 不是已知客户"
@@ -188,7 +182,7 @@ def poll_mailbox(s: mail_imap.ImapSettings | None = None) -> list[Outcome]:
                 continue
             raw = mail_imap.fetched_bytes(fetched, uid)
             if raw is None:
-                if mail_imap.answered_without_body(fetched, uid):  # 原来和「被删了」一样悄悄跳过:每次都跳过,永远收不进来
+                if mail_imap.answered_without_body(fetched, uid):  # 说一声:悄悄跳过的话,它每次都被跳过
                     done.append(report(Outcome(source, "unreadable", "取信失败,邮件保持未读,下次再收:"
                                                                      "服务器回答了这一封,却没有给出信的内容")))
                 continue  # 回答里根本没有这一封:这期间被别的客户端删了
@@ -199,15 +193,15 @@ def poll_mailbox(s: mail_imap.ImapSettings | None = None) -> list[Outcome]:
             if outcome.handled:  # 工单和事件都提交了(或确定跳过、重复、坏信)才标已读
                 flags = r"(\Seen \Flagged)" if outcome.kind == "broken" else r"(\Seen)"
                 typ, answer = imap.uid("STORE", uid, "+FLAGS", flags)
-                if typ != "OK":  # 这一封标不上(不是断线):说一声,其他照常。原来整轮停在这里,服务器一直不让标
-                    # 这一封的话,它后面的信永远收不到
+                if typ != "OK":  # 这一封标不上(不是断线):说一声,后面的信照常收
                     outcome.unmarked = True
                     print(f"{source} 已处理,但标已读失败:{mail_imap.server_words(Exception(answer[0]))};"
                           "下次会再收到它,不会重复建工单", file=sys.stderr, flush=True)
-    except BrokenPipeError:  # 是标准输出的读端关了(… | head),不是邮箱的事(imaplib 发命令时断线报的是 IMAP4.abort):
-        raise  # 交给 config.run(),和 --eml 一样退出码 141。原来说成「收信中途出错:32」、退出码 3
+    except BrokenPipeError:  # 标准输出的读端关了(… | head),不是邮箱断线(那是 IMAP4.abort)
+        raise  # 交给 config.run():和 --eml 一样退出码 141
     except (imaplib.IMAP4.error, OSError) as e:
-        raise MailboxError(f"收信中途出错:{mail_imap.server_words(e)};已处理 {len(done)} 封,没标已读的下次再收") from e
+        raise MailboxError(f"收信中途出错:{mail_imap.server_words(e)};"
+                           f"已处理 {len(done)} 封,没标已读的下次再收") from e
     finally:
         mail_imap.close_quietly(imap)
     return done
@@ -227,7 +221,7 @@ def summary(outcomes: list[Outcome]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = config.ArgumentParser(description="收一次客服邮箱(或离线读 .eml),新邮件变成工单 + 事件")
-    # extend:--eml 写了两次时两次给的都读(原来只读最后一次的,前面的不声不响地没了)
+    # extend:--eml 写了两次时,两次给的都读
     parser.add_argument("--eml", nargs="+", action="extend", metavar="FILE|DIR",
                         help="离线模式:读这些 .eml 文件或目录,不连邮箱")
     args = parser.parse_args(argv)
@@ -257,6 +251,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 # ---- 练习 5:通知 notify_supervisor ----
+# 练习 5 要「用邮件离线测试的方法」造一封投诉邮件,就是这里的 --eml;判断「通知」的是 agent.py 的 draft 节点:
+#   uv run python email_poller.py --eml samples/11_complaint.eml
 def store_files(files: list[Path]) -> list[Outcome]:
     """离线模式的 run_once:每个 .eml 走和 IMAP 邮件一样的 handle()。读不了的文件说一声,其余照常。"""
     done: list[Outcome] = []
@@ -265,7 +261,8 @@ def store_files(files: list[Path]) -> list[Outcome]:
             raw = f.read_bytes()
         except OSError as e:  # 存在但读不了:没有权限、磁盘 I/O 错误
             why = f"{e.strerror or e}{mail_eml.link_note(f) if mail_eml.dangling(f) else ''}"
-            done.append(report(Outcome(mail_eml.shown(f), "unreadable", f"读不了这个文件,修好后重跑这条命令:{why}")))
+            done.append(report(Outcome(mail_eml.shown(f), "unreadable",
+                                       f"读不了这个文件,修好后重跑这条命令:{why}")))
             continue
         done.append(handle(raw, mail_eml.shown(f), retry="修好后重跑这条命令,已经存好的会显示 duplicate"))
         if stops_here(done[-1], len(files) - i - 1, "个文件没有处理,修好后重跑这条命令"):
