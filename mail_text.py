@@ -1,4 +1,8 @@
-"""给 email_poller.py 的 text_of() 和 parse() 补上真实邮件要的文字处理:声明的字符集不对时(标 gb2312 却有 GBK 才有的字、标 iso-8859-1 其实是 cp1252、标 gbk 其实是 UTF-8)换用能解通的字符集;邮件头里 RFC 2047 编码和直接写的 8 位字节都解成文字;只有 HTML 的信转成纯文本;multipart 里按顺序挑出客户自己写的几段、跳过附件;截断正文和主题时不把号码截成两半。课文的 text_of() 只取第一段 text/plain、按声明的字符集解码,真实邮件里这几种情况都常见,处理不好工单里就是乱码、空正文或半个手机号。"""
+"""给 email_poller.py 的 text_of() 和 parse() 补上真实邮件要的文字处理:声明的字符集不对时(标 gb2312 却有 GBK 才有的字、
+标 iso-8859-1 其实是 cp1252、标 gbk 其实是 UTF-8)换用解得通的字符集;邮件头里 RFC 2047 编码和直接写的 8 位字节都解成
+文字;只有 HTML 的信转成纯文本;multipart 里按顺序挑出客户自己写的几段、跳过附件;截断正文和主题时不把号码截成两半。
+课文的 text_of() 只取第一段 text/plain、按声明的字符集解码;这几种情况在真实邮件里都常见,处理不好,工单里就是乱码、
+空正文或半个手机号(脱敏认不出半个号码)。"""
 import re
 from email.errors import HeaderParseError
 from email.header import decode_header
@@ -16,7 +20,7 @@ CHARSET_SUPERSETS = {"gb2312": "gb18030", "gbk": "gb18030", "x-gbk": "gb18030", 
 META_CHARSET = re.compile(rb"<meta[^>]*?charset\s*=\s*[\"']?\s*([A-Za-z0-9_.:-]+)", re.IGNORECASE)
 META_SCAN_BYTES = 2048    # 字节;<meta> 按规矩在前 1024 字节里,多看一点
 # 截断正文、主题时,截断处落在一串字母数字里(号码可以用空格、横线分组;邮箱地址带着 . 和 @)就退到这一串的开头:
-# 原来截下半个手机号、卡号(「请回电1381234」),脱敏认不出来,原样进了提示词和 checkpoint
+# 半个手机号、卡号(「请回电1381234」)脱敏认不出来,会原样进提示词和 checkpoint
 # (全角数字、全角 @、输入法打出的全角横线和空格,网页复制来的不间断空格也算,和 llm.mask_pii 认的一样)
 _RUN_CHARS = r"0-9０-９A-Za-zＡ-Ｚａ-ｚ._%+@＠\-－"
 PII_RUN = re.compile(rf"[{_RUN_CHARS}]+(?:[ \t\u00a0\u3000\-－‐‑—]+[0-9０-９][{_RUN_CHARS}]*)*")
@@ -27,7 +31,7 @@ SURROGATES = re.compile("[\ud800-\udfff]")  # 落单的代理项:utf-8 编不出
 def decode_bytes(raw: bytes, charset: str | None) -> str:
     """按声明的字符集解码;没声明、声明了不认识的名字或者解不通时,依次试 utf-8、gb18030,最后带替换符硬解。
     解出落单代理项的也算解不通(utf-7 的 +2AA-、unicode_escape 的 \\ud800 会这样):带着它存不进库,
-    原来这封信每次都「存储失败」、保持未读,永远收不进来。"""
+    这封信会每次都「存储失败」、永远收不进来。"""
     declared = effective_charset(raw, charset)
     for name in (declared, charset, "utf-8", "gb18030"):  # 超集解不通时再按声明的字符集本身(cp1252 → latin-1)
         if not name:
@@ -78,7 +82,7 @@ class _HTMLText(HTMLParser):
     SKIP = {"script", "style", "title"}
     HEAD = {"meta", "title", "link", "style", "script", "base", "noscript", "template"}  # 能待在 <head> 里的标签
     BLOCKS = {"br", "p", "div", "li", "tr", "table", "ul", "ol", "blockquote", "h1", "h2", "h3", "h4", "h5", "h6"}
-    CELLS = {"td", "th"}  # 表格的格子之间空一格:原来「订单号」「A1001」两格粘成「订单号A1001」
+    CELLS = {"td", "th"}  # 表格的格子之间空一格:「订单号」「A1001」两格不粘成「订单号A1001」
 
     def __init__(self) -> None:
         super().__init__(convert_charrefs=True)
@@ -87,8 +91,8 @@ class _HTMLText(HTMLParser):
         self.in_head = False
 
     def handle_starttag(self, tag, attrs) -> None:
-        # head 不一定写 </head>、<body>(HTML5 里合法):和浏览器一样,碰到不属于 head 的标签(<p>、<div>)head 就结束了。
-        # 原来一直跳到 </head> 或 <body>,只写了 <head> 的信整封正文都被跳过,存下一张空工单
+        # head 不一定写 </head>、<body>(HTML5 里合法):和浏览器一样,碰到不属于 head 的标签(<p>、<div>)head 就结束,
+        # 只写了 <head> 的信正文照样收下
         if self.in_head and tag not in self.HEAD:
             self.in_head = False
         if tag == "head":
@@ -132,7 +136,7 @@ def tidy_text(text: str) -> str:
 
 def texts(part: Message, inner: bool, named: bool = False) -> list[str]:
     """part 里按顺序的各段文字(已经整理过、非空)。inner:附着的整封邮件也往里走。
-    named:带文件名、但 Content-Disposition 不是 attachment 的文字段也算(见 text_of)。"""
+    named:带文件名、但 Content-Disposition 不是 attachment 的文字段也算(见 email_poller.text_of)。"""
     if part.get_content_maintype() == "message":  # message/rfc822 这类:附着的一整封邮件
         if not inner:
             return []
@@ -160,16 +164,17 @@ def texts(part: Message, inner: bool, named: bool = False) -> list[str]:
 
 def is_attachment(part: Message) -> bool:
     """这一段是附件,不是客户写的正文:Content-Disposition 是 attachment,或者带着文件名(Content-Disposition 的
-    filename、Content-Type 的 name)。Apple Mail 把附件标成「inline; filename=export.log」:原来当成正文,
-    日志文件最后一个字被截断时整封信成了「无法解析」,永远建不了工单;没截断的,日志又混进了工单正文。"""
+    filename、Content-Type 的 name)。Apple Mail 把附件标成「inline; filename=export.log」:当成正文的话,日志混进工单,
+    日志最后一个字被截断时整封信还会被当成截断的坏信。"""
     return part.get_content_disposition() == "attachment" or part.get_filename() is not None
 
 
 def _decoded(part: Message) -> str:
     raw = part.get_payload(decode=True) or b""  # base64 / quoted-printable 在这里解开
     charset = part.get_content_charset()
-    if charset is None and part.get_content_type() == "text/html" and (m := META_CHARSET.search(raw[:META_SCAN_BYTES])):
-        charset = m.group(1).decode("ascii")  # 原来没声明字符集的 Big5 网页按 GB18030 解成了乱码
+    if charset is None and part.get_content_type() == "text/html" and \
+            (m := META_CHARSET.search(raw[:META_SCAN_BYTES])):
+        charset = m.group(1).decode("ascii")  # 没声明字符集的 Big5 网页按 GB18030 解会是乱码
     return decode_bytes(raw, charset)
 
 
