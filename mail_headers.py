@@ -1,4 +1,7 @@
-"""给 email_poller.py 的 parse() 处理两个邮件头:Message-ID 变成事件 id,From 变成发件人地址。课文直接用 msg["Message-ID"].strip() 和 parseaddr();真实邮件里 Message-ID 可能没有、是空的 <>、带着控制字符或 8 位字节、长到存不进 PostgreSQL 的主键索引,From 的显示名里可能有没加引号的逗号。这里给每种情况一个确定的结果:同一封信不论从 IMAP 收还是从 .eml 读,事件 id 都一样,不同的信不会撞成同一个;解析不了的原因里带着邮件头原文时先打码再打印。"""
+"""给 email_poller.py 的 parse() 处理两个邮件头:Message-ID 变成事件 id,From 变成发件人地址。课文直接用
+msg["Message-ID"].strip() 和 parseaddr();真实邮件里 Message-ID 可能没有、是空的 <>、带着控制字符或 8 位字节、长到存不进
+PostgreSQL 的主键索引,From 的显示名里可能有没加引号的逗号。这里给每种情况一个确定的结果:同一封信不论从 IMAP 收还是从
+.eml 读,事件 id 都一样,不同的信不会撞成同一个;解析不了的原因里带着邮件头原文时,先打码再打印。"""
 import hashlib
 from email.message import Message
 from email.utils import getaddresses, parseaddr
@@ -7,7 +10,7 @@ import store
 from mail_text import decode_bytes
 
 # 字;事件 id 最长这么多(和 webhook 收的 id 一样)。Message-ID 再长就用它的 sha1:PostgreSQL 主键索引的一行
-# 最多 2704 字节,原来几 KB 的 Message-ID 每次都存不进去,还被当成「数据库用不了」,整个邮箱就卡在这封信上
+# 最多 2704 字节,几 KB 的 Message-ID 存不进去,整个邮箱会卡在这封信上
 MAX_EVENT_ID_CHARS = 200
 
 
@@ -17,14 +20,15 @@ def derived_message_id(raw: bytes) -> str:
 
 
 def mail_event_id(msg: Message, raw: bytes) -> str:
-    """这封信的事件 id(课文:事件 id 就是 Message-ID)。Message-ID 去掉不可打印的字符(NUL 落不了 PostgreSQL,
-    原来这封信每次都「存储失败」、永远收不进来),折行、连续空白并成一个空格;直接写 8 位字节的(<工单一@…>)
-    和别的邮件头一样解码,原来非 ASCII 的字节一律变成 U+FFFD,字节数一样的两封信成了「重复」,第二封标了已读就丢了。
-    不是 <…> 形式的加上尖括号:定时任务的 cron:stale:…、课文 webhook 的 evt_… 都不以 < 开头,一封信占不了它们的 id。
-    没有 Message-ID(或者只有空的 <>):no-message-id: + 整封信的 sha1;解码后还有替换符(U+FFFD)或者超过 MAX_EVENT_ID_CHARS 个字:
-    message-id-sha1: + 这个头原始字节的 sha1,不拿有损的文字当 id。"""
+    """这封信的事件 id(课文:事件 id 就是 Message-ID)。Message-ID 去掉不可打印的字符(NUL 存不进 PostgreSQL),
+    折行、连续空白并成一个空格;直接写 8 位字节的(<工单一@…>)和别的邮件头一样解码,非 ASCII 的字节不会一律变成
+    U+FFFD,字节数一样的两封信不会撞成「重复」。不是 <…> 形式的加上尖括号:定时任务的 cron:stale:…、webhook 的 evt_…
+    都不以 < 开头,一封信占不了它们的 id。没有 Message-ID(或者只有空的 <>):no-message-id: + 整封信的 sha1;
+    解码后还有替换符(U+FFFD)或者超过 MAX_EVENT_ID_CHARS 个字:message-id-sha1: + 这个头原始字节的 sha1,
+    不拿有损的文字当 id。"""
     header = next((value for name, value in msg.raw_items() if name.lower() == "message-id"), "")
-    header_bytes = b" ".join(header.encode("utf-8", "surrogateescape").split())  # 原始字节;IMAP 的 CRLF 折行和 .eml 一样
+    # 原始字节;IMAP 的 CRLF 折行和 .eml 的一样对待
+    header_bytes = b" ".join(header.encode("utf-8", "surrogateescape").split())
     text = " ".join("".join(c for c in decode_bytes(header_bytes, None) if c.isprintable() or c.isspace()).split())
     if not text.strip("<>").strip():  # 没有、或者只有一对空的尖括号「<>」:不同的信都写成这样,不能当成同一封
         return derived_message_id(raw)
@@ -37,8 +41,8 @@ def mail_event_id(msg: Message, raw: bytes) -> str:
 
 def sender_address(from_header: str) -> str:
     """From 头里的发件人地址(小写);找不到是空串。显示名里有没加引号的逗号(「Zhang, Wei <zhang.wei@…>」,
-    有的邮件程序、有的网关这样写)时 parseaddr 只看到逗号前面的「Zhang」:原来这封信成了「找不到发件人地址」的坏信,
-    标已读加星标,客户的信没建工单。这时按地址列表拆开,只有一个带 @ 的地址就是它;有两个不同的,说不清是谁,照旧是坏信。"""
+    有的邮件程序、有的网关这样写)时 parseaddr 只看到逗号前面的「Zhang」。这时按地址列表拆开,只有一个带 @ 的地址
+    就是它;有两个不同的,说不清是谁,是坏信。"""
     address = parseaddr(from_header)[1].strip().lower()
     if "@" in address:
         return address

@@ -1,4 +1,8 @@
-"""给 email_poller.py 的收信循环补上真实 IMAP 服务器要的东西:读 IMAP_* 设置并在连接前查出写错的主机名、非 ASCII 的账号和授权码;SSL 直连时校验证书(可加信私有 CA);连接和每条命令都有超时;连不上、证书不对、登录失败、文件夹打不开时各说一句人看得懂的话;163 之类要先报客户端 ID 的服务器;中文文件夹名按修改版 UTF-7 写;FETCH 的回答按 UID 认领。课文的 main() 只有 IMAP4_SSL、login、select、search、fetch 五步,碰到这些情况时要么是一段 traceback,要么悄悄丢信;这里的每一项都对应一种真实服务器的行为。"""
+"""给 email_poller.py 的收信循环补上真实 IMAP 服务器要的东西:读 IMAP_* 设置,连接之前就查出写错的主机名、非 ASCII 的账号和
+授权码;SSL 直连时校验证书(可以再信一个私有 CA);连接和每条命令都有超时;连不上、证书不对、登录失败、文件夹打不开时各说
+一句人看得懂的话;先向 163 这类服务器报客户端 ID;中文文件夹名按修改版 UTF-7 写;FETCH 的回答按 UID 认领。课文的 main()
+只有 IMAP4_SSL、login、select、search、fetch 五步,碰到这些情况时要么是一段 traceback,要么悄悄丢信;这里每一项都对应
+一种真实服务器的行为。"""
 import ast
 import base64
 import imaplib
@@ -71,8 +75,8 @@ def imap_settings() -> ImapSettings:
 
 
 def host_problem(host: str) -> str | None:
-    """IMAP_HOST 只能是主机名或 IP 地址。照着邮箱帮助页抄来的 imap://imap.qq.com、imap.qq.com:993 原来被当成
-    「连不上」(退出码 3,像是暂时的),其实是设置写错了,等多久都不会好。"""
+    """IMAP_HOST 只能是主机名或 IP 地址。照着邮箱帮助页抄来的 imap://imap.qq.com、imap.qq.com:993 是设置写错了
+    (退出码 2),不是暂时连不上(退出码 3):等多久都不会好。"""
     if m := re.match(r"[A-Za-z][A-Za-z0-9+.-]*://([^/:]*)", host):
         return f"只写主机名,不带 {host[:m.start(1)]} 前缀:写成 IMAP_HOST={m.group(1)},端口写进 IMAP_PORT"
     if host.startswith("[") or host.endswith("]"):
@@ -82,7 +86,7 @@ def host_problem(host: str) -> str | None:
         return f"里带了端口:写成 IMAP_HOST={name} 和 IMAP_PORT={port}"
     if any(ch.isspace() or ch == "/" for ch in host):
         return "不是合法的主机名:里面不能有空格或 /"
-    if problem := config.hostname_problem(host):  # imap..qq.com、.imap.qq.com:原来是 traceback
+    if problem := config.hostname_problem(host):  # imap..qq.com、.imap.qq.com
         return "不是合法的主机名:" + problem
     return None
 
@@ -102,8 +106,8 @@ def ssl_context(cafile: str = "") -> ssl.SSLContext:
 
 
 def server_words(error: Exception) -> str:
-    """imaplib 的错误里服务器原话常是 bytes 的 repr,转成人能读的。断线这类 socket 错误说原因(Connection reset by peer):
-    它的 args[0] 只是错误号,原来说成「收信中途出错:104」;什么都没说的说是哪种错误。"""
+    """imaplib 的错误里服务器原话常是 bytes 的 repr,转成人能读的。断线这类 socket 错误说原因(Connection reset by peer),
+    不说 args[0] 里的错误号;什么都没说的说是哪种错误。"""
     if isinstance(error, OSError) and error.strerror:
         return error.strerror
     said = error.args[0] if error.args else type(error).__name__
@@ -113,7 +117,7 @@ def server_words(error: Exception) -> str:
             said = ast.literal_eval(text)
         except (ValueError, SyntaxError):
             return text[2:-1]
-    if isinstance(said, bytes):  # 中文的服务器原话(授权码错误……)原来显示成 \xe6\x8e\x88 这样
+    if isinstance(said, bytes):  # 中文的服务器原话(授权码错误……)解成文字,不显示成 \xe6\x8e\x88
         text = decode_bytes(said, None)
     return text
 
@@ -124,7 +128,7 @@ def open_mailbox(s: ImapSettings) -> imaplib.IMAP4:
         context = ssl_context(s.cafile) if s.use_ssl else None
     except ssl.SSLError as e:
         raise SetupError(f"IMAP_CAFILE 不是能用的 CA 证书文件:{s.cafile}({e.reason or e})") from e
-    except OSError as e:  # 没有读权限、读的时候 I/O 出错:原来是 traceback
+    except OSError as e:  # 没有读权限、读的时候 I/O 出错
         raise SetupError(f"IMAP_CAFILE 读不了:{s.cafile}({e.strerror or e})") from e
     try:
         if context:
@@ -176,9 +180,8 @@ CLIENT_ID = '("name" "CloudLedger email_poller" "version" "1.0")'
 
 
 def say_who_we_are(imap: imaplib.IMAP4) -> None:
-    """服务器支持 ID(RFC 2971)就先报一下客户端的名字。163、126 邮箱不报的话,SELECT 一律回「Unsafe Login」,
-    原来说成「打不开邮箱文件夹…(检查 IMAP_MAILBOX)」,怎么查文件夹名都不会好。报不成不要紧:接着 SELECT,
-    真有问题那里会说。"""
+    """服务器支持 ID(RFC 2971)就先报一下客户端的名字:163、126 邮箱不报的话,SELECT 一律回「Unsafe Login」,
+    看起来像文件夹名写错了。报不成不要紧:接着 SELECT,真有问题那里会说。"""
     if "ID" not in imap.capabilities:
         return
     try:

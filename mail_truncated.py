@@ -1,4 +1,7 @@
-"""给 email_poller.py 的 parse() 加上「这封信是不是被截断了」的检查:邮件头没有以空行结束、multipart 缺边界、正文停在半个 base64 / quoted-printable 转义、半个汉字或没写完的 HTML 标签上,都说明传输或存盘时丢了后半截。截断的信和完整的那封 Message-ID 相同,先存下截断的,完整的那封再来时只会是 duplicate,客户真正写的内容就丢了;所以 parse() 把它当成解析不了的坏信报给人看,不入库。课文的 parse() 不做这一步。"""
+"""给 email_poller.py 的 parse() 加上「这封信是不是被截断了」的检查:邮件头没有以空行结束、multipart 缺边界、正文停在半个
+base64 / quoted-printable 转义、半个汉字或没写完的 HTML 标签上,都说明传输或存盘时丢了后半截。截断的信和完整的那封
+Message-ID 相同:先存下截断的,完整的那封再来时只会是 duplicate,客户真正写的内容就丢了;所以 parse() 把它当成解析不了的
+坏信报给人看,不入库。课文的 parse() 没有这一步。"""
 import codecs
 import re
 from email.errors import (CloseBoundaryNotFoundDefect, InvalidBase64LengthDefect, InvalidBase64PaddingDefect,
@@ -13,8 +16,8 @@ UNCLOSED_TAG = re.compile(r"(<([!/?A-Za-z][^<>]*)?|&#?[A-Za-z0-9]*)\Z")  # HTML 
 
 def cut_short(msg: Message, raw: bytes) -> str:
     """看得出这封信被截断了(传输中断、磁盘写满、只存下了前几百字节):返回原因,否则返回空串。
-    截断的信不能入库:它和完整的那封 Message-ID 一样,先存了截断的(原来正文就是「Content-T」这样的半行邮件头),
-    完整的那封再来时只会说 duplicate,客户真正写的内容就丢了。当坏信报出来、不入库,完整的那封来时照常建工单。
+    截断的信不能入库:它和完整的那封 Message-ID 一样,存下截断的(正文是「Content-T」这样的半行邮件头),完整的那封
+    再来时只会说 duplicate,客户真正写的内容就丢了。当坏信报出来、不入库,完整的那封来时照常建工单。
 
     - 邮件头没有以空行结束:邮件头里出现了不是「名字: 值」的一行(email 库记下 MissingHeaderBodySeparatorDefect,
       截在「Content-T」这样的半行上就是这样),或者整封信只有邮件头、没有空行也没有正文(截在某个头的值中间、
@@ -22,13 +25,13 @@ def cut_short(msg: Message, raw: bytes) -> str:
       当成好信存下却是悄悄丢掉之后完整的那封,所以宁可拒收。
     - multipart 的正文截在中间:没有结束边界(CloseBoundaryNotFoundDefect),或者连第一段的边界都没有
       (StartBoundaryNotFoundDefect)。不规范的发信程序偶尔也会漏写结束边界,拒收它也是报出来给人看;
-      而存下它,完整的那封就成了 duplicate、悄悄丢了。后来的完整副本替换已存的截断版也不行:工单可能已经
+      而存下它,完整的那封就成了 duplicate、悄悄丢了。等完整副本来了再替换截断版也不行:工单可能已经
       被 worker 处理、起草了回复,替换既不简单也不安全。所以一律拒收。
       只查这封信自己的各部分,不进附件里的整封邮件(message/rfc822):转发、退信里附的原信本来就常被截断,信本身是完整的。
     - 正文(不是附件的 text/* 段)截在中间,留下了看得出的痕迹(发信程序都不会写出这样的正文):base64 的长度不是 4 的
-      倍数;quoted-printable 最后是只有一位十六进制数的「=C」(原来解出一串乱码存进工单);解码后的最后一个字只剩
+      倍数;quoted-printable 最后是只有一位十六进制数的「=C」(解出来是一串乱码);解码后的最后一个字只剩
       前一两个字节(按声明的字符集,没声明按 UTF-8;中文正文随便截在哪个字节上,大约三回里有两回是这样);HTML 正文
-      停在没写完的标签「<di」或实体「&nbs」上(原来「<di」当成正文存下)。
+      停在没写完的标签「<di」或实体「&nbs」上。
     截在一行末尾、截在两个字之间的单段正文看不出来(一封短信和一封被截短的信长得一样),这种照常入库。"""
     # 没有这个缺陷时,邮件头一直连到第一个空行或者信的末尾:整封信里一个空行都没有,就是没有分隔行(只有邮件头)
     if (any(isinstance(d, MissingHeaderBodySeparatorDefect) for d in msg.defects)
@@ -39,7 +42,7 @@ def cut_short(msg: Message, raw: bytes) -> str:
             return "multipart 邮件没有结束边界(邮件被截断或损坏?)"
         if any(isinstance(d, StartBoundaryNotFoundDefect) for d in part.defects):
             return "multipart 邮件里找不到分段的边界(邮件被截断或损坏?)"
-        if any(isinstance(d, NoBoundaryInMultipartDefect) for d in part.defects):  # 原来整封信正文为空,照常建了工单
+        if any(isinstance(d, NoBoundaryInMultipartDefect) for d in part.defects):  # 分不出段,正文会是空的
             return "multipart 邮件没有写分段的边界(Content-Type 里没有 boundary),分不出各段(邮件损坏?)"
         if part.is_multipart() or part.get_content_maintype() != "text" or is_attachment(part):
             continue
