@@ -1,9 +1,11 @@
-"""两个定时任务,交给 crontab 每天跑(见 crontab.example):
-
-运行:
-    uv run python cron_jobs.py scan              # 超过 STALE_DAYS 天还开着、没回复过的工单,当成 ticket.stale 事件塞进队列
+"""两个定时任务,交给 crontab 每天跑(完整的四条见 crontab.example):
+    uv run python cron_jobs.py scan              # 超过 STALE_DAYS 天还开着、没回复过的工单,当成 ticket.stale 事件入队
     uv run python cron_jobs.py scan --limit 10   # 一次最多入队几个(默认 5)
     uv run python cron_jobs.py report            # 日报;设置了 SLACK_WEBHOOK_URL 就顺便发到 Slack
+
+crontab(每天 9:00 扫描、9:05 出日报,按机器的时区):
+0 9 * * * cd /ABSOLUTE/PATH/TO/ambient-agents && /ABSOLUTE/PATH/TO/uv run python cron_jobs.py scan >> cron.log 2>&1
+5 9 * * * cd /ABSOLUTE/PATH/TO/ambient-agents && /ABSOLUTE/PATH/TO/uv run python cron_jobs.py report >> cron.log 2>&1
 
 你会看到:
     scan:超过 20 天还开着的工单 9 张,其中没回复过的 9 张,本次入队 5 个
@@ -33,7 +35,6 @@ STALE_EVENT_PREFIX = store.CRON_ID_PREFIX + "stale:"
 EXIT_OK, EXIT_SLACK_FAILED, EXIT_USAGE, EXIT_DB_UNAVAILABLE = 0, 1, 2, 3
 
 
-# ---------------------------------------------------------------- scan
 def stale_event_id(ticket_id: str, day: str) -> str:
     # 由「任务名 + 工单 + 日期」拼出来:同一天重复跑 scan,不会重复入队;明天还没处理的,明天再提醒一次
     return f"{STALE_EVENT_PREFIX}{ticket_id}:{day}"
@@ -66,7 +67,7 @@ def scan(limit: int = SCAN_LIMIT) -> dict:
             enqueued.append(ticket_id)
     print(f"超过 {stale_days} 天还开着的工单 {len(old)} 张,其中没回复过的 {len(unreplied)} 张,本次入队 {len(enqueued)} 个")
     # 同一天重跑:事件 id 带日期,今天入过队的不会再入。--limit 之外的也可能今天入过队(早些时候用更大的 --limit
-    # 跑过):原来一律说成「超出 --limit」,像是漏掉了
+    # 跑过):这些算「今天已经入过队」,不算「超出 --limit」
     already = [t for t in todo if t not in enqueued and (t in todays or t in todo[:limit])]
     over_limit = [t for t in todo[limit:] if t not in already]
     held = [(len(already), "今天已经入过队", ""), (len(busy), "已在队列或收件箱里", ""), (len(ignored), "客服选了不回", ""),
@@ -82,7 +83,6 @@ def scan(limit: int = SCAN_LIMIT) -> dict:
             "ignored": ignored, "dead": dead, "over_limit": over_limit, "odd": [t for t, _ in odd]}
 
 
-# ---------------------------------------------------------------- report
 def build_report(numbers: dict | None = None, moment: datetime | None = None) -> str:
     """日报全文。numbers 默认现查事件库;moment 默认现在(UTC)。"""
     moment = moment or datetime.now(timezone.utc)
@@ -92,7 +92,7 @@ def build_report(numbers: dict | None = None, moment: datetime | None = None) ->
              f"事件状态:{by_status}",
              f"队列深度:{by_status.get('pending', 0)} 个事件等 worker 处理(pending)"]
     if oldest := n["oldest_waiting"]:
-        # 按打印出来的那个数(一位小数)比:原来等了 23.96 小时,打印「已等 24.0 小时」,却不提醒
+        # 按打印出来的那个数(一位小数)比:等了 23.96 小时,打印的是「已等 24.0 小时」,就要提醒
         hours = round((moment - store.parse_time(oldest["waiting_since"])).total_seconds() / 3600, 1)
         lines.append(f"收件箱里等得最久的:{oldest['event_id']},已等 {hours:.1f} 小时{cron_report.alert_note(hours)}"
                      f"(收件箱共 {by_status.get('waiting_human', 0)} 条)")
@@ -100,12 +100,12 @@ def build_report(numbers: dict | None = None, moment: datetime | None = None) ->
         lines.append("收件箱里没有等人处理的待办")
     lines.append(f"死信数:{len(n['dead'])}")
     shown = n["dead"][:cron_report.max_dead_lines()]
-    # 只取原因的第一行:多行的(traceback、psycopg 的 DETAIL)原来把日报拆成了不像死信的几行
+    # 只取原因的第一行:多行的(traceback、psycopg 的 DETAIL)会把日报拆成不像死信的几行
     lines += [f"死信:{d['event_id']}  {((d['last_error'] or '').strip().splitlines() or [''])[0][:80]}" for d in shown]
     if more := len(n["dead"]) - len(shown):
         lines.append(f"死信:还有 {more} 条没有列出(REPORT_MAX_DEAD_LINES={len(shown)}),"
                      "事件表里 status 是 dead 的就是;查清原因后 uv run python worker.py --requeue-dead 放回队列")
-    lines += cron_report.outcome_lines(n["outcomes"])
+    lines += cron_report.outcome_lines(n["outcomes"])  # 练习 4 的 review_log:每类工单怎么处理的
     lines.append(cron_report.cost_line(n["usage"]))
     return "\n".join(lines)
 
@@ -126,7 +126,6 @@ def report() -> int:
     return EXIT_OK
 
 
-# ---------------------------------------------------------------- 命令行
 def main(argv: list[str] | None = None) -> int:
     parser = config.ArgumentParser(description="定时任务:scan 把久未回复的工单入队,report 出日报")
     sub = parser.add_subparsers(dest="command", required=True, metavar="{scan,report}")

@@ -1,4 +1,8 @@
-"""给 cron_jobs.py 的 report() 补上课文「上线以后盯什么」里列的、课文代码没有算的几项,以及把日报安全地发到 Slack:收件箱等太久时的提醒、每类工单的处理结果(accept / edit / ignore,练习 4 的 review_log)和最近的 edit 率变化、模型调用的 token 与单事件成本;日报的几个设置(提醒门槛、列几条死信、最近几天、价格)在打印前一起读一遍,写错了就什么都不做。发 Slack 时整个请求有总时限,对方每秒挤一个字节也拖不住 crontab 里的任务;& < > 转义后发送,客户写的 Message-ID 在 Slack 里原样显示,不会变成 @channel;错误信息里不带 webhook 地址的路径(那就是密钥)。"""
+"""给 cron_jobs.py 的 report() 补上课文「上线以后盯什么」里列出、课文代码没有算的几项,并把日报安全地发到 Slack:收件箱等太久
+时的提醒;每类工单的处理结果(accept / edit / ignore,来自练习 4 的 review_log)和最近的 edit 率变化;模型调用的 token 与单事件
+成本。日报的几个设置(提醒门槛、列几条死信、最近几天、价格)在打印之前一起读一遍,写错了就什么都不做。发 Slack 的整个请求
+有总时限,对方每秒挤一个字节也拖不住 crontab 里的任务;& < > 转义后再发,客户写的 Message-ID 在 Slack 里原样显示、不会变成
+@channel;错误信息里不带 webhook 地址的路径(那就是密钥)。"""
 import queue
 import threading
 
@@ -18,8 +22,8 @@ OUTCOME_KINDS = ("accept", "edit", "ignore")  # 每张工单最后是其中一�
 REPORT_RECENT_DAYS = 7
 # 百分点(0–100);最近的 edit 率比之前高出这么多,日报那一类后面加一句提醒
 EDIT_RISE_ALERT_POINTS = 20
-# 条(至少 1);日报最多列出这么多条死信,其余的只说还有几条。API key 半夜过期时,一早几百条积压全在死信里:
-# 原来一条一行全列出来,日报翻不到底,发给 Slack 的也超过了它一条消息的长度
+# 条(至少 1);日报最多列出这么多条死信,其余的只说还有几条。API key 半夜过期时,一早几百条积压全在死信里,
+# 全列出来的话日报翻不到底,发给 Slack 的也超过它一条消息的长度
 REPORT_MAX_DEAD_LINES = 20
 
 
@@ -114,9 +118,9 @@ def cost_line(usage: dict) -> str:
 
 def post_to_slack(url: str, text: str, timeout: float) -> None:
     """POST {"text": 日报}。连不上、超时、对方回非 2xx 都抛 SlackError;错误里不带完整 URL(路径里有密钥)。
-    整个请求(连接、发送、读完回答)最多 timeout 秒:httpx 的 timeout 只管每一次读写,对方每秒挤一个字节的话
-    原来能一直拖下去(试过 SLACK_TIMEOUT_S=3 时等了 41 秒)。所以请求放在一个后台线程里,这里只等 timeout 秒;
-    到点还没回完就说超时,那个线程不再管(守护线程,进程退出时跟着结束)。"""
+    整个请求(连接、发送、读完回答)最多 timeout 秒:httpx 的 timeout 只管每一次读写,对方每秒挤一个字节就能
+    一直拖下去。所以请求放在一个后台线程里,这里只等 timeout 秒;到点还没回完就说超时,那个线程不再管
+    (守护线程,进程退出时跟着结束)。"""
     where = _host_of(url)
     answer: queue.Queue = queue.Queue()
 
@@ -144,13 +148,13 @@ def post_to_slack(url: str, text: str, timeout: float) -> None:
 
 def slack_text(text: str) -> str:
     """日报原样显示在 Slack 里:Slack 把 & < > 当控制字符(<!channel> 通知整个频道,<…> 是链接),要写成 &amp; &lt; &gt;。
-    邮件的 Message-ID 是客户写的(<!channel> 也行),原来原样发过去,Slack 里的事件号也丢了两边的尖括号、对不上事件表。"""
+    邮件的 Message-ID 是客户写的(<!channel> 也行);不转义的话,Slack 里的事件号还会丢了两边的尖括号、对不上事件表。"""
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
 def _host_of(url: str) -> str:
     try:
-        u = httpx.URL(url)  # 路径里有密钥,不打印;端口要说(原来连不上 127.0.0.1:1 时只说 http://127.0.0.1)
+        u = httpx.URL(url)  # 路径里有密钥,不打印;端口要说(连不上 127.0.0.1:1 时说的是哪个端口)
         return f"{u.scheme}://{u.host}" + (f":{u.port}" if u.port else "")
     except httpx.InvalidURL:
         return "SLACK_WEBHOOK_URL 不是合法的网址"
