@@ -5,26 +5,23 @@ r"""收一次客服邮箱:已知客户的新邮件变成业务库里的一张工
     uv run python email_poller.py --eml samples/         # 离线:读 .eml 文件或目录(扩展名不分大小写),不连邮箱
     uv run python email_poller.py --eml samples/11_complaint.eml
 
-环境变量(或 .env):IMAP_HOST、IMAP_USER、IMAP_PASSWORD(邮箱的授权码,不是网页登录密码);
-可选 IMAP_PORT(默认 993,IMAP_SSL=0 时 143)、IMAP_SSL(默认 1:SSL 直连并校验证书;0 = 明文,只给本机测试服务器)、
-IMAP_CAFILE(自建邮箱的私有 CA 证书)、IMAP_MAILBOX(默认 INBOX)、IMAP_TIMEOUT_S(默认 30 秒)。
+环境变量(或 .env):IMAP_HOST、IMAP_USER、IMAP_PASSWORD(邮箱的授权码,不是网页登录密码);可选 IMAP_PORT(默认 993,
+IMAP_SSL=0 时 143)、IMAP_SSL(默认 1 = SSL 直连并校验证书;0 = 明文,只给本机测试服务器)、IMAP_CAFILE(私有 CA 证书)、
+IMAP_MAILBOX(默认 INBOX)、IMAP_TIMEOUT_S(默认 30 秒)。
 
 crontab(每分钟一次;完整的四条见 crontab.example):
     * * * * * cd /ABSOLUTE/PATH/TO/ambient-agents && /ABSOLUTE/PATH/TO/uv run python email_poller.py >> cron.log 2>&1
 
-输出:每封邮件一行「结果  哪封邮件」(IMAP 的 UID 或文件名),最后一行是汇总:
+输出:每封邮件一行「结果  哪封邮件」(UID 或文件名),最后一行汇总(有读取失败、标已读失败时末尾再加这两项):
     M3f9a1c  UID 101                      # 新工单的工单号
     skip: 不是已知客户  UID 102
     duplicate  UID 103                    # 这封之前收过
     本次收取 3 封:新工单 1,重复 1,跳过 1,无法解析 0,存储失败 0
-有读取失败、标已读失败时,汇总末尾再加「,读取失败 N」「,标已读失败 N」。
 
-不丢邮件:取信用 BODY.PEEK,工单和事件都提交了(或确定跳过、重复)才标 \Seen;存储失败、取信失败的保持未读,下次再收。
-工单是 INSERT OR IGNORE、事件 id 就是 Message-ID,两个库之间崩了,重跑时补上缺的一半。解析不了的信(包括看得出被截断的)
-在 stderr 说明原因(邮件原文先打码),标已读并加星标(\Flagged)留给人看,其余照常处理。
-
-退出码:0 全部处理好;1 有邮件无法解析、存储失败、读取失败或标不了已读,或者数据库暂时用不了(余下的保持未读);
-2 设置或参数不对;3 连不上邮箱、登录失败或收信中途断线(处理好的照常算数,其余保持未读)。
+不丢邮件:取信用 BODY.PEEK,工单和事件都提交了才标 \Seen;存不进去、取不到的保持未读,下次再收。事件 id 就是 Message-ID,
+工单是 INSERT OR IGNORE,两个库之间崩了,重跑时补上缺的一半。解析不了的信(包括看得出被截断的)在 stderr 说明原因
+(原文先打码),标已读并加星标(\Flagged)留给人看。
+退出码:0 全部处理好;1 有邮件没处理好(其余照常)或数据库暂时用不了;2 设置或参数不对;3 连不上邮箱、登录失败或中途断线。
 """
 import email
 import hashlib

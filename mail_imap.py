@@ -30,8 +30,6 @@ class SetupError(Exception):
 
 
 @dataclass
-
-
 class ImapSettings:
     host: str
     port: int
