@@ -75,7 +75,7 @@ def test_scan_enqueues_the_oldest_unreplied_tickets_up_to_the_limit_and_a_same_d
 
 def test_tickets_enqueued_today_by_a_larger_limit_are_counted_as_enqueued_today_not_over_the_limit(lab):
     """同一天先用小的、再用大的、再用默认的 --limit:每次说明里的几项加起来都是没回复过的 9 张,今天入过队的
-    不会被说成「超出 --limit」(原来 --limit 9 之后再跑默认的 5,有 4 张入了队的被说成超出)。"""
+    不会被说成「超出 --limit」(--limit 9 之后再跑默认的 5,入过队的 4 张不算超出)。"""
     stale = old_open_tickets(20)
     expected = [
         (["--limit", "3"], 3, "没有入队的:超出 --limit 3 6 张"),
@@ -139,8 +139,8 @@ def test_scan_uses_stale_days_and_limit(lab):
 
 
 def test_scan_names_open_tickets_whose_created_at_is_not_a_date_and_does_not_enqueue_them(any_lab):
-    """BIZ_DB 指着别的系统的库,日期写法不一样:原来按字符串和截止日比,''、'15/11/2026'、'1893456000'(2030 年的
-    unix 时间)都「早于」截止日,悄悄当成久未回复入队,一句提示都没有。现在说出来、不入队;日期对的照常扫。"""
+    """BIZ_DB 指着别的系统的库,日期写法不一样:说出来、不入队;日期对的照常扫。防的是:按字符串和截止日比,
+    ''、'15/11/2026'、'1893456000'(2030 年的 unix 时间)都「早于」截止日,悄悄当成久未回复入队,一句提示都没有。"""
     conn = store.connect(store.biz_target())
     for ticket_id, created_at in (("X1", ""), ("X2", "15/11/2026"), ("X3", "1893456000"), ("X4", "2026-02-30")):
         conn.execute("INSERT INTO tickets (id, customer_id, subject, body, status, created_at) "
@@ -156,7 +156,7 @@ def test_scan_names_open_tickets_whose_created_at_is_not_a_date_and_does_not_enq
 
 
 def test_scan_in_a_log_file_puts_its_summary_before_the_note_about_odd_dates(lab, tmp_path):
-    """crontab 里是 >> cron.log 2>&1:标准输出写进文件时原来攒满一块才写,标准错误上的说明跑到了结果前面。"""
+    """crontab 里是 >> cron.log 2>&1:标准输出写进文件时攒满一块才写的话,标准错误上的说明会跑到结果前面。"""
     conn = store.connect(store.biz_target())
     conn.execute("INSERT INTO tickets (id, customer_id, subject, body, status, created_at) "
                  "SELECT 'X2', customer_id, subject, body, 'open', '15/11/2026' FROM tickets WHERE id = 'T1029'")
@@ -175,8 +175,8 @@ def test_scan_in_a_log_file_puts_its_summary_before_the_note_about_odd_dates(lab
 
 def test_scan_dates_timestamptz_tickets_in_utc_whatever_the_sessions_time_zone(pg_lab):
     """PostgreSQL 里工单表的 created_at 是 timestamptz 时,psycopg 按会话的时区给出时间(国内的服务器多半默认
-    Asia/Shanghai)。原来按那个时区取日期:UTC 晚上 8 点建的工单成了第二天,刚好 40 天的那张扫不到,换台服务器结果就不同。
-    现在日期一律按 UTC。"""
+    Asia/Shanghai)。日期一律按 UTC;按会话的时区取日期的话,UTC 晚上 8 点建的工单成了第二天,
+    刚好 40 天的那张扫不到,换台服务器结果就不同。"""
     import psycopg
 
     day = date.fromisoformat(today()) - timedelta(days=40)
@@ -193,8 +193,8 @@ def test_scan_dates_timestamptz_tickets_in_utc_whatever_the_sessions_time_zone(p
 
 
 def test_scan_dates_text_timestamps_with_an_offset_in_utc_like_timestamptz(lab):
-    """别的系统导出的 created_at 是带时区的文字(「…T07:30:00+08:00」):原来取前 10 个字,UTC 前一天晚上 11 点半建的
-    工单成了第二天,刚好 40 天的那张扫不到;同一时刻写成 UTC 的那张却扫得到。现在和 timestamptz 一样按 UTC 的日子。"""
+    """别的系统导出的 created_at 是带时区的文字(「…T07:30:00+08:00」):和 timestamptz 一样按 UTC 的日子。只取前 10 个字的话,
+    UTC 前一天晚上 11 点半建的工单成了第二天,刚好 40 天的那张扫不到;同一时刻写成 UTC 的那张却扫得到。"""
     day = date.fromisoformat(today()) - timedelta(days=40)
     conn = store.connect(store.biz_target())
     for ticket, written in (("X1", f"{day + timedelta(days=1)}T07:30:00+08:00"), ("X2", f"{day}T23:30:00Z")):
@@ -284,23 +284,23 @@ def test_worker_drafts_an_apologising_follow_up_for_stale_tickets(lab):
     (["scan"], {"STALE_DAYS": "-3"}, 2, "配置错误:STALE_DAYS='-3' 不能小于 0"),
     (["scan"], {"STALE_DAYS": "nan"}, 2, "配置错误:STALE_DAYS='nan' 不是数字"),
     (["scan"], {"STALE_DAYS": "1000000"}, 2, "配置错误:STALE_DAYS='1000000' 不能大于 36500"),
-    # report 先读完它的设置:不对就什么都不打印(原来要等有待办、有用量、要发 Slack 时才发现,日报已经打印了)
+    # report 先读完它的设置:不对就什么都不打印(不等有待办、有用量、要发 Slack 时才发现)
     (["report"], {"INBOX_ALERT_HOURS": "abc"}, 2, "配置错误:INBOX_ALERT_HOURS='abc' 不是数字"),
     (["report"], {"LLM_PRICE_PER_1K_TOKENS": "-0.1"}, 2, "配置错误:LLM_PRICE_PER_1K_TOKENS='-0.1' 不能小于 0"),
     (["report"], {"REPORT_RECENT_DAYS": "0"}, 2, "配置错误:REPORT_RECENT_DAYS='0' 不能小于 1"),
     (["report"], {"EDIT_RISE_ALERT_POINTS": "lots"}, 2, "配置错误:EDIT_RISE_ALERT_POINTS='lots' 不是数字"),
     (["report"], {"SLACK_WEBHOOK_URL": "http://127.0.0.1:9/hook", "SLACK_TIMEOUT_S": "abc"}, 2,
      "配置错误:SLACK_TIMEOUT_S='abc' 不是数字"),
-    # Slack 地址写错也是设置不对(原来日报打印完才发现,退出码 1,像是 Slack 那边出了错);路径是密钥,只露开头
+    # Slack 地址写错也是设置不对(不是日报打印完才发现、退出码 1,像是 Slack 那边出了错);路径是密钥,只露开头
     (["report"], {"SLACK_WEBHOOK_URL": "http://[::1/services/T000/B000/SECRETTOKEN"}, 2,
      "配置错误:SLACK_WEBHOOK_URL='http://[::1/serv…' 不是合法的网址(Invalid IPv6 URL)"),
     (["report"], {"SLACK_WEBHOOK_URL": "hooks.slack.com/services/T000/B000/SECRETTOKEN"}, 2,
      "配置错误:SLACK_WEBHOOK_URL='hooks.slack.com/…' 不是合法的网址(要以 http:// 或 https:// 开头,后面是主机名)"),
-    # idna 编不出来的主机名:原来日报打印完才是一个 UnicodeError traceback、退出码 1
+    # idna 编不出来的主机名:不是日报打印完才来一个 UnicodeError traceback、退出码 1
     (["report"], {"SLACK_WEBHOOK_URL": "https://hooks..slack.com/services/T000/B000/SECRETTOKEN"}, 2,
      "配置错误:SLACK_WEBHOOK_URL='https://hooks..s…' 不是合法的网址(主机名有一段是空的(连着两个点、以点开头)"
      "或者超过 63 个字符)"),
-    # 网址中间夹着制表符(复制时带进来的):urlsplit 悄悄删掉它,原来日报打印完才「连不上 Slack」、退出码 1
+    # 网址中间夹着制表符(复制时带进来的):urlsplit 会悄悄删掉它,不能等日报打印完才「连不上 Slack」、退出码 1
     (["report"], {"SLACK_WEBHOOK_URL": "http://127.0.0.1:9/ser\tvices/T000/B000/SECRETTOKEN"}, 2,
      "配置错误:SLACK_WEBHOOK_URL='http://127.0.0.1…' 不是合法的网址(里面有空白或控制字符 '\\t',多半是复制时带进来的)"),
 ])
@@ -326,7 +326,7 @@ def test_scan_without_business_database_says_how_to_build_it(lab, tmp_path):
 
 
 def test_scan_without_business_database_does_not_create_the_event_database(lab, tmp_path):
-    """原来先建事件库、再查业务库:退出码 2 说「什么都没做」,事件库文件却已经建出来了(email_poller 是先查的)。"""
+    """先查业务库、再建事件库:退出码 2 说「什么都没做」,事件库文件也就真的没建出来(和 email_poller 一样)。"""
     missing, fresh = tmp_path / "gone.db", tmp_path / "fresh-events.db"
     r = run(["cron_jobs.py", "scan"], {**lab, "BIZ_DB": str(missing), "EVENTS_DB": str(fresh)})
     assert (r.returncode, r.stdout, r.stderr) == (2, "", f"业务库不存在:{missing}(先运行 uv run python store.py 建库)\n")
@@ -387,8 +387,8 @@ WATCH_LIST = [
 
 
 def test_report_counts_notify_items_apart_from_the_approval_rate_of_their_category(any_lab):
-    """通知类待办只能 ignore(看过即可)。原来记成 ignore,每一条都把它那一类的「原样批准率」往下拉;
-    现在单独一行,类别里只算有草稿可批的待办。"""
+    """通知类待办只能 ignore(看过即可)。它单独一行,类别里只算有草稿可批的待办;
+    算进 ignore 的话,每一条都把它那一类的「原样批准率」往下拉。"""
     for ticket, category, action in (("T1002", "refund", "accept"), ("T1010", "refund", "notify"),
                                      ("M51677e", "bug", "notify")):
         execute("INSERT INTO review_log (ticket_id, category, draft, final, action, feedback, created_at) "
@@ -414,15 +414,15 @@ def test_report_shows_queue_depth_inbox_wait_dead_letters_outcomes_per_category_
     monkeypatch.setenv("INBOX_ALERT_HOURS", "72")
     assert cron_jobs.build_report(moment=moment).splitlines()[3] == (
         "收件箱里等得最久的:evt_T1012_created,已等 48.1 小时(收件箱共 2 条)")
-    # 等了 48 小时 5 分(48.08),打印的是 48.1:原来按没舍入的数比,说「已等 48.1 小时」,却不提醒
+    # 等了 48 小时 5 分(48.08),打印的是 48.1:按打印的数比,说「已等 48.1 小时」就要提醒
     monkeypatch.setenv("INBOX_ALERT_HOURS", "48.1")
     assert cron_jobs.build_report(moment=moment).splitlines()[3] == (
         "收件箱里等得最久的:evt_T1012_created,已等 48.1 小时(超过 48.1 小时,该提醒值班的人了)(收件箱共 2 条)")
 
 
 def test_report_lists_at_most_report_max_dead_lines_dead_letters_one_line_each(lab, monkeypatch):
-    """API key 半夜过期,一早 25 条积压全在死信里,原因还是好几行的:原来一条条全列出来(日报翻不到底,发给 Slack 的
-    也超过一条消息的长度),多行的原因还把日报拆成了不像死信的几行。现在每条一行(原因的第一行),最多
+    """API key 半夜过期,一早 25 条积压全在死信里,原因还是好几行的:全列出来的话日报翻不到底(发给 Slack 的
+    也超过一条消息的长度),多行的原因还把日报拆成不像死信的几行。所以每条一行(原因的第一行),最多
     REPORT_MAX_DEAD_LINES 条(默认 20),其余的说还有几条、去哪里看。"""
     for i in range(25):
         add_event_with(f"evt_T{2000 + i}_created", f"T{2000 + i}", "dead",
@@ -446,7 +446,7 @@ def test_report_lists_at_most_report_max_dead_lines_dead_letters_one_line_each(l
 def test_report_flags_a_category_whose_edit_rate_jumped_this_week_although_its_history_hides_it(any_lab,
                                                                                                   monkeypatch):
     """课文自测 6:某一类 edit 率一周里从 10% 涨到 40%。全部历史合起来只是 15 张里 3 张(20%),
-    原来日报只有这个数;现在另算最近 REPORT_RECENT_DAYS 天,和之前比,涨得多就提醒。"""
+    只看这个数看不出来;日报另算最近 REPORT_RECENT_DAYS 天,和之前比,涨得多就提醒。"""
     moment = datetime(2026, 11, 30, 1, 5, tzinfo=timezone.utc)
     old, recent = store.stamp(moment - timedelta(days=30)), store.stamp(moment - timedelta(days=2))
     reviews = ([("refund", "edit" if i == 0 else "accept", old) for i in range(10)]
@@ -535,8 +535,8 @@ def test_report_is_posted_to_slack_as_text(slack_env):
 
 
 def test_the_report_shows_in_slack_as_it_is_printed_and_a_customers_message_id_cannot_ping_the_channel(slack_env):
-    """Slack 把 & < > 当控制字符:邮件的 Message-ID 是客户写的,原来 <!channel> 原样发过去,通知了整个频道;
-    <20261122090112.zw01@example.com> 这样平常的也丢了尖括号、成了链接,和事件表对不上。现在写成 &lt; &gt; &amp;,
+    """Slack 把 & < > 当控制字符:邮件的 Message-ID 是客户写的,<!channel> 原样发过去会通知整个频道;
+    <20261122090112.zw01@example.com> 这样平常的也会丢了尖括号、成了链接,和事件表对不上。所以写成 &lt; &gt; &amp;,
     Slack 里显示的和终端打印的一字不差;终端里照旧是原文。"""
     add_event_with("<!channel> & co", "T1012", "waiting_human", updated_at="2026-11-01T01:00:00.000000+00:00")
     r, received = report_to_slack(slack_env)
@@ -549,8 +549,8 @@ def test_the_report_shows_in_slack_as_it_is_printed_and_a_customers_message_id_c
 
 
 def test_a_socks_proxy_in_the_environment_is_used_and_named_when_it_is_not_running(slack_env):
-    """Clash 之类「复制终端代理命令」设的 all_proxy=socks5://…:原来 httpx 没有 socksio,日报打印完接着一段 ImportError
-    的 traceback;现在走这个代理,代理没开时一行说明,说出是哪个代理。"""
+    """Clash 之类「复制终端代理命令」设的 all_proxy=socks5://…:走这个代理(装着 socksio),日报打印完不会接着一段 ImportError
+    的 traceback;代理没开时一行说明,说出是哪个代理。"""
     proxy = f"socks5://127.0.0.1:{closed_port()}"
     env = {**slack_env, "all_proxy": proxy, "ALL_PROXY": proxy, "NO_PROXY": "", "no_proxy": "",
            "SLACK_WEBHOOK_URL": "https://hooks.slack.invalid/services/T000/B000/SECRETTOKEN"}
@@ -623,7 +623,7 @@ def test_slack_failure_is_reported_after_the_report_exits_non_zero_and_never_han
         "http 500": f"日报没有发到 Slack:Slack({where})拒绝了日报:HTTP 500 invalid_payload",
         "refused": f"日报没有发到 Slack:连不上 Slack({where}):[Errno 111] Connection refused(检查 SLACK_WEBHOOK_URL 和网络)",
         "no answer": f"日报没有发到 Slack:发送到 Slack({where})超时:1 秒没有回应",
-        # 对方一直在挤字节,每一次读都不超时:原来要等到它挤完(这里 200 秒)
+        # 对方一直在挤字节,每一次读都不超时:不能等到它挤完(这里 200 秒)
         "trickle": f"日报没有发到 Slack:发送到 Slack({where})超时:1 秒没有回应",
     }[case]
     assert r.stderr == expected + "\n"

@@ -20,6 +20,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import email_poller
+import mail_imap
+import mail_text
 import store
 import store_biz
 import store_events
@@ -195,7 +197,7 @@ def test_broken_mail_is_reported_with_its_reason_flagged_for_a_human_and_others_
 
 def test_a_mail_the_email_library_chokes_on_is_reported_with_the_library_error_and_flagged(imap_env, imap_server):
     """email 库自己抛异常的邮件(这里是 RFC 2231 写法的 filename*= 参数里夹着 NUL 字节,email 库拿它当编码名去解码时
-    抛 ValueError;模糊测试里碰到过。charset 里夹着 NUL 的原来也是这样,现在换着字符集解,见下面的测试):
+    抛 ValueError;模糊测试里碰到过。charset 里夹着 NUL 的另行换着字符集解,见下面的测试):
     和别的坏信一样一行原因、标已读加星标,其他邮件照常,退出码 1。"""
     choking = mail("<nul@example.com>", "zhang.wei@example.com", "发票", "发票开错了。").replace(
         b"Content-Transfer-Encoding: 8bit", b"Content-Transfer-Encoding: 8bit\nContent-Disposition: inline; "
@@ -211,7 +213,7 @@ def test_a_mail_the_email_library_chokes_on_is_reported_with_the_library_error_a
 
 
 def test_a_mail_without_a_sender_address_is_reported_with_the_phone_number_in_its_from_masked(imap_env, imap_server):
-    """From 头里没有地址、只有名字和手机号:原因里带的 From 头先打码再打到 stderr(原来手机号原样进了 cron 的日志)。
+    """From 头里没有地址、只有名字和手机号:原因里带的 From 头先打码再打到 stderr(手机号不能原样进 cron 的日志)。
     这封信和别的坏信一样标已读加星标留给人看,其他邮件照常。"""
     imap_server.append(mail("<nofrom@example.com>", "张伟 13812345678", "发票", "发票开错了。"), ZHANG)
     r = run(["email_poller.py"], imap_env)
@@ -227,8 +229,8 @@ def test_a_mail_without_a_sender_address_is_reported_with_the_phone_number_in_it
 
 def test_a_mail_cut_inside_its_headers_is_flagged_not_stored_and_its_full_copy_later_becomes_the_ticket(imap_env,
                                                                                                        imap_server):
-    """邮箱里的一封信只有前 300 个字节(投递中断),截在半行邮件头「Content-T」上:原来它成了一张正文是「Content-T」的工单,
-    退出码 0;完整的那封后来到了,Message-ID 一样,只说 duplicate,客户写的内容就丢了。现在它和别的坏信一样:
+    """邮箱里的一封信只有前 300 个字节(投递中断),截在半行邮件头「Content-T」上。防的是:它成了一张正文是「Content-T」的工单,
+    退出码 0;完整的那封再来时 Message-ID 一样,只说 duplicate,客户写的内容就丢了。它和别的坏信一样:
     一行原因、标已读加星标留给人看、不入库,其他邮件照常;完整的那封到了照常建工单,正文是客户写的。"""
     full = sample("01_utf8_plain.eml")
     imap_server.append(full[:300], LI)
@@ -255,8 +257,8 @@ def test_a_mail_cut_inside_its_headers_is_flagged_not_stored_and_its_full_copy_l
 
 def test_mails_whose_message_ids_differ_only_in_chinese_characters_are_two_tickets_not_duplicates(imap_env,
                                                                                                   imap_server):
-    """Message-ID 里直接写着 UTF-8 字节(<工单三@…>):原来非 ASCII 的字节一律变成 U+FFFD,字节数一样的两封信得到
-    同一个事件 id,都说 duplicate、标了已读,退出码 0,两封客户来信就这么丢了。现在和别的邮件头一样解码。"""
+    """Message-ID 里直接写着 UTF-8 字节(<工单三@…>):和别的邮件头一样解码。防的是:非 ASCII 的字节一律变成 U+FFFD,
+    字节数一样的两封信得到同一个事件 id,都说 duplicate、标了已读,退出码 0,两封客户来信就这么丢了。"""
     a, b = "<工单三@example.com>", "<退款四@example.com>"
     imap_server.append(mail(a, "zhang.wei@example.com", "第三封", "发票开错了。"),
                        mail(b, "li.na@example.com", "第四封", "我要退款。"))
@@ -408,8 +410,8 @@ def test_offline_storage_failure_says_to_rerun_and_the_rerun_heals(lab, tmp_path
 
 
 def test_an_eml_file_that_cannot_be_read_is_one_line_and_the_other_files_are_still_stored(lab, tmp_path):
-    """文件在,但读不了(这里用 /proc/self/mem:谁读都是 EIO,root 也一样):原来前面的文件存好之后整个崩掉,
-    后面的不处理、只有一段 Traceback。现在说是哪个文件、为什么,其余照常,退出码 1。"""
+    """文件在,但读不了(这里用 /proc/self/mem:谁读都是 EIO,root 也一样):说是哪个文件、为什么,其余照常,
+    退出码 1。防的是:前面的文件存好之后整个崩掉,后面的不处理、只有一段 Traceback。"""
     (tmp_path / "a.eml").write_bytes(ZHANG)
     (tmp_path / "b.eml").write_bytes(LI)
     a, b = f"{tmp_path}/a.eml", f"{tmp_path}/b.eml"
@@ -424,8 +426,8 @@ def test_an_eml_file_that_cannot_be_read_is_one_line_and_the_other_files_are_sti
 
 
 def test_a_dangling_mail_link_in_a_folder_is_reported_and_the_other_files_are_still_stored(lab, tmp_path):
-    """目录里的 a.eml 是符号链接,指向的文件已经被移走:原来不声不响地跳过(汇总里也看不出少了一封)。
-    现在和读不了的文件一样:一行说是哪个文件、指向哪里,其余照常,退出码 1;把文件放回去再跑,它就入库了。"""
+    """目录里的 a.eml 是符号链接,指向的文件已经被移走:不能不声不响地跳过(汇总里看不出少了一封)。
+    它和读不了的文件一样:一行说是哪个文件、指向哪里,其余照常,退出码 1;把文件放回去再跑,它就入库了。"""
     gone = tmp_path / "moved-away.eml"
     (tmp_path / "a.eml").symlink_to(gone)
     (tmp_path / "b.eml").write_bytes(LI)
@@ -491,9 +493,9 @@ def test_missing_mailbox_folder_is_reported(imap_env, imap_server):
 
 
 def test_chinese_folder_names_are_sent_in_modified_utf7(imap_env, imap_server):
-    assert email_poller.mailbox_name("~peter/mail/台北/日本語") == '"~peter/mail/&U,BTFw-/&ZeVnLIqe-"'  # RFC 3501 的例子
-    assert email_poller.mailbox_name("客服 收件箱") == '"&W6JnDQ- &ZTZO9nux-"'
-    assert email_poller.mailbox_name("INBOX") == "INBOX"
+    assert mail_imap.mailbox_name("~peter/mail/台北/日本語") == '"~peter/mail/&U,BTFw-/&ZeVnLIqe-"'  # RFC 3501 的例子
+    assert mail_imap.mailbox_name("客服 收件箱") == '"&W6JnDQ- &ZTZO9nux-"'
+    assert mail_imap.mailbox_name("INBOX") == "INBOX"
     imap = imap_server.client()
     try:
         assert imap.create('"&W6JnDQ- &ZTZO9nux-"')[0] == "OK"
@@ -533,14 +535,14 @@ def test_server_that_never_answers_times_out_instead_of_hanging(imap_env):
      "打开邮箱文件夹 INBOX 时和 IMAP 服务器 127.0.0.1:{port} 的连接断了:command: SELECT => socket error: EOF"),
     (b"UID SEARCH", False, "收信中途出错:command: UID => socket error: EOF;已处理 0 封,没标已读的下次再收"),
     (b"UID FETCH", False, "收信中途出错:command: UID => socket error: EOF;已处理 0 封,没标已读的下次再收"),
-    # 对方重置了连接(防火墙、服务器重启):socket 错误的 args[0] 只是错误号,原来说成「收信中途出错:104」
+    # 对方重置了连接(防火墙、服务器重启):socket 错误的 args[0] 只是错误号,要说原因,不说「收信中途出错:104」
     (b" LOGIN ", True, "登录 IMAP 服务器 127.0.0.1:{port} 时连接断了:Connection reset by peer"),
     (b"UID SEARCH", True, "收信中途出错:Connection reset by peer;已处理 0 封,没标已读的下次再收"),
     (b"UID FETCH", True, "收信中途出错:Connection reset by peer;已处理 0 封,没标已读的下次再收"),
 ], ids=["login", "select", "search", "fetch", "login-reset", "search-reset", "fetch-reset"])
 def test_connection_lost_before_a_mail_is_read_is_one_clear_line_and_nothing_is_stored(imap_env, imap_server, cut_at,
                                                                                         reset, message):
-    """原来登录、选文件夹时连接断了,说成「检查 IMAP_USER 和 IMAP_PASSWORD」「检查 IMAP_MAILBOX」。"""
+    """登录、选文件夹时连接断了,说的是连接断了,不是「检查 IMAP_USER 和 IMAP_PASSWORD」「检查 IMAP_MAILBOX」。"""
     imap_server.append(ZHANG)
     front = Front(imap_server.port, cut_at=cut_at, reset=reset)
     try:
@@ -570,8 +572,8 @@ def test_connection_lost_while_marking_a_stored_mail_read_loses_nothing_and_the_
 
 
 def test_output_closed_early_exits_141_quietly_and_the_next_run_picks_up_every_mail(imap_env, imap_server):
-    """email_poller.py | head -1,head 先走了:写标准输出时的 BrokenPipeError 原来被当成邮箱出错,
-    说「收信中途出错:32」、退出码 3。现在和 --eml 一样安静退出,退出码 141。已经存好、还没标已读的那封
+    """email_poller.py | head -1,head 先走了:写标准输出时的 BrokenPipeError 不是邮箱出错
+    (不说「收信中途出错:32」、退出码 3):和 --eml 一样安静退出,退出码 141。已经存好、还没标已读的那封
     下次是 duplicate,没收的下次照常收,一封都不丢。"""
     from test_config import into_a_closed_pipe
 
@@ -593,7 +595,7 @@ def test_output_closed_early_exits_141_quietly_and_the_next_run_picks_up_every_m
     ({"IMAP_PASSWORD": ""}, "缺少邮箱设置:IMAP_PASSWORD(写进环境变量或 .env;IMAP_PASSWORD 填邮箱的授权码)"),
     ({"IMAP_SSL": "yes"}, "IMAP_SSL 只能是 1(SSL 直连,默认)或 0(明文),现在是 'yes'"),
     ({"IMAP_SSL": "1", "IMAP_CAFILE": "/nonexistent/ca.pem"}, "IMAP_CAFILE 指的 CA 证书文件不存在:/nonexistent/ca.pem"),
-    # 原来明文连接时悄悄不用它:以为设了 CA 就加密了,密码却是明文发的
+    # 明文连接时不能悄悄不用它:以为设了 CA 就加密了,密码却是明文发的
     ({"IMAP_SSL": "0", "IMAP_CAFILE": str(LAB / "crontab.example")},
      "IMAP_CAFILE 只在 IMAP_SSL=1(SSL 直连)时用得上;IMAP_SSL=0 是明文连接,密码不加密、也不校验证书。"
      "用自建邮箱的私有 CA 时把 IMAP_SSL 设成 1"),
@@ -604,12 +606,12 @@ def test_output_closed_early_exits_141_quietly_and_the_next_run_picks_up_every_m
      f"IMAP_CAFILE 不是能用的 CA 证书文件:{LAB / 'crontab.example'}(NO_CERTIFICATE_OR_CRL_FOUND)"),
     # 在、是文件,读的时候出错(没有读权限也走这里;测试以 root 运行,权限挡不住,用读出来就是 I/O 错误的文件)
     ({"IMAP_SSL": "1", "IMAP_CAFILE": "/proc/self/mem"}, "IMAP_CAFILE 读不了:/proc/self/mem(Input/output error)"),
-    # idna 编不出来的主机名:原来是 traceback、退出码 1
+    # idna 编不出来的主机名:一行说明,不是 traceback、退出码 1
     ({"IMAP_HOST": "imap..example.com"}, "IMAP_HOST='imap..example.com' 不是合法的主机名:有一段是空的(连着两个点、"
                                           "以点开头)或者超过 63 个字符"),
     ({"IMAP_HOST": "a" * 64 + ".example.com"}, f"IMAP_HOST={'a' * 64 + '.example.com'!r} 不是合法的主机名:有一段是空的"
                                                "(连着两个点、以点开头)或者超过 63 个字符"),
-    # 照邮箱帮助页抄来的写法:原来是「连不上 IMAP 服务器 imap://imap.qq.com:993:域名解析失败」、退出码 3,像是暂时的
+    # 照邮箱帮助页抄来的写法:是设置错,不是「连不上 IMAP 服务器…:域名解析失败」、退出码 3(像是暂时的)
     ({"IMAP_HOST": "imap://imap.qq.com"}, "IMAP_HOST='imap://imap.qq.com' 只写主机名,不带 imap:// 前缀:"
                                           "写成 IMAP_HOST=imap.qq.com,端口写进 IMAP_PORT"),
     ({"IMAP_HOST": "imaps://imap.qq.com:993/"}, "IMAP_HOST='imaps://imap.qq.com:993/' 只写主机名,不带 imaps:// 前缀:"
@@ -638,7 +640,7 @@ def test_bad_settings_are_named_and_nothing_is_stored(imap_env, imap_server, cha
 ])
 def test_a_non_ascii_imap_user_or_password_is_a_setting_error_that_never_shows_the_password(imap_env, imap_server,
                                                                                             change, message):
-    """原来登录时 imaplib 抛 UnicodeEncodeError,只打出一句「…:ascii;…」、退出码 3,像是邮箱那头的问题。"""
+    """防的是:登录时 imaplib 抛 UnicodeEncodeError,只打出一句「…:ascii;…」、退出码 3,像是邮箱那头的问题。"""
     imap_server.append(ZHANG)
     r = run(["email_poller.py"], {**imap_env, **change})
     assert (r.returncode, r.stdout, r.stderr) == (2, "", message + "\n")
@@ -666,10 +668,10 @@ def make_ca_and_server_cert(tmp: Path) -> tuple[Path, Path, Path]:
 def test_ssl_context_verifies_the_server_and_trusts_imap_cafile(tmp_path):
     if not shutil.which("openssl"):
         pytest.skip("没有 openssl 命令,造不了测试 CA")
-    default = email_poller.ssl_context()
+    default = mail_imap.ssl_context()
     assert (default.check_hostname, default.verify_mode) == (True, ssl.CERT_REQUIRED)
     ca, _, _ = make_ca_and_server_cert(tmp_path)
-    private = email_poller.ssl_context(str(ca))
+    private = mail_imap.ssl_context(str(ca))
     assert (private.check_hostname, private.verify_mode) == (True, ssl.CERT_REQUIRED)
     assert {"commonName": "CloudLedger Test CA"} in [dict(x[0] for x in c["subject"]) for c in private.get_ca_certs()]
     assert {"commonName": "CloudLedger Test CA"} not in [dict(x[0] for x in c["subject"]) for c in default.get_ca_certs()]
@@ -830,8 +832,8 @@ def test_offline_samples_cover_charsets_encodings_html_and_missing_message_id(an
 
 
 def test_a_mail_with_nul_bytes_in_its_message_id_and_text_becomes_a_ticket_and_reaches_the_inbox(any_lab, tmp_path):
-    """Message-ID 就是事件 id:里面夹着 NUL 时,PostgreSQL 不收,这封信原来每次都「存储失败」、永远收不进来;
-    正文里的 NUL 进了 checkpoint 也一样写不进去。现在 id 去掉不可打印的字符,主题和正文去掉 NUL 再进业务库
+    """Message-ID 就是事件 id:里面夹着 NUL 时,PostgreSQL 不收,这封信会每次都「存储失败」、永远收不进来;
+    正文里的 NUL 进了 checkpoint 也一样写不进去。所以 id 去掉不可打印的字符,主题和正文去掉 NUL 再进业务库
     (业务库在 PostgreSQL 里时也存不了它),进图时再清掉别的控制字符。"""
     (tmp_path / "nul.eml").write_bytes(mail("<a\x00b@example.com>", "zhang.wei@example.com", "发票\x00开错了",
                                             "发票抬头\x00写错了,麻烦重开。"))
@@ -862,10 +864,10 @@ def test_missing_message_id_gives_the_same_id_from_imap_and_from_the_eml_file(im
 @pytest.mark.parametrize("args, message", [
     (["--eml", "samples/01_utf8_plain.eml", "samples/nope.eml"], "找不到文件或目录:samples/nope.eml"),
     (["--eml", "tests"], "目录里没有 .eml 文件:tests"),
-    # 原来是 traceback、退出码 1(没有读或进入权限的目录也走这一支;测试以 root 运行,权限挡不住它)
+    # 一行说明,不是 traceback、退出码 1(没有读或进入权限的目录也走这一支;测试以 root 运行,权限挡不住它)
     (["--eml", "samples/01_utf8_plain.eml", "x" * 300 + ".eml"], f"读不了 {'x' * 300}.eml:File name too long"),
-    (["--eml", "/dev/null"], "不是普通文件或目录:/dev/null"),  # 原来说「找不到」,可它明明在
-    # --eml "$DIR",变量是空的:Path("") 是当前目录,原来在 samples/ 里这样跑,那里的信全成了工单
+    (["--eml", "/dev/null"], "不是普通文件或目录:/dev/null"),  # 不说「找不到」:它明明在
+    # --eml "$DIR",变量是空的:Path("") 是当前目录,在 samples/ 里这样跑的话,那里的信会全成工单
     (["--eml", "samples/01_utf8_plain.eml", ""], "--eml 给的路径是空的(要读当前目录,写 --eml .)"),
 ])
 def test_offline_bad_paths_are_rejected_before_anything_is_stored(lab, args, message):
@@ -881,7 +883,7 @@ def test_an_empty_eml_path_in_a_folder_of_mails_stores_none_of_them(lab):
 
 
 def test_eml_given_twice_reads_the_files_of_both(lab):
-    """argparse 原来只留最后一次的 --eml:第一次给的信不声不响地没收,退出码还是 0。"""
+    """--eml 写两次,两次给的都读。防的是:argparse 只留最后一次的,第一次给的信不声不响地没收,退出码还是 0。"""
     r = run(["email_poller.py", "--eml", "samples/01_utf8_plain.eml", "--eml=samples/02_gbk_base64.eml"], lab)
     assert (r.returncode, r.stderr) == (0, "")
     assert r.stdout.splitlines() == [f"{ticket_of(sample_id('01_utf8_plain.eml'))}  samples/01_utf8_plain.eml",
@@ -891,7 +893,7 @@ def test_eml_given_twice_reads_the_files_of_both(lab):
 
 
 def test_different_mails_whose_message_id_is_an_empty_pair_of_brackets_are_not_duplicates(lab, tmp_path):
-    """「Message-ID: <>」当成没有 Message-ID(按整封信的 sha1):原来第二封说 duplicate,IMAP 上还会被标成已读、就丢了。"""
+    """「Message-ID: <>」当成没有 Message-ID(按整封信的 sha1):否则第二封说 duplicate,IMAP 上还会被标成已读、就丢了。"""
     for name, body in (("a.eml", "第一封:凭证导出失败。"), ("b.eml", "第二封:发票抬头写错了。")):
         (tmp_path / name).write_bytes(mail("<>", "zhang.wei@example.com", "问题", body))
     r = run(["email_poller.py", "--eml", str(tmp_path)], lab)
@@ -914,8 +916,8 @@ def test_a_folder_named_like_a_mail_is_not_read_as_one(lab, tmp_path):
 
 
 def test_a_folder_scan_finds_mail_files_whatever_the_case_of_their_extension(lab, tmp_path):
-    """a.EML、b.Eml(Windows、Outlook 导出的文件常是大写扩展名):直接给文件时照收,给目录时原来却说
-    「目录里没有 .eml 文件」、退出码 2。现在目录里的扩展名也不分大小写;别的文件、名字像 x.EML 的子目录照样不算。"""
+    """a.EML、b.Eml(Windows、Outlook 导出的文件常是大写扩展名):直接给文件时照收,给目录时也不能说
+    「目录里没有 .eml 文件」、退出码 2:目录里的扩展名也不分大小写;别的文件、名字像 x.EML 的子目录照样不算。"""
     (tmp_path / "a.EML").write_bytes(ZHANG)
     (tmp_path / "b.Eml").write_bytes(LI)
     (tmp_path / "notes.txt").write_text("不是邮件")
@@ -932,8 +934,8 @@ def test_a_folder_scan_finds_mail_files_whatever_the_case_of_their_extension(lab
 
 def test_eml_files_whose_names_are_not_utf8_are_named_with_byte_escapes_and_stored_on_a_strict_utf8_output(lab,
                                                                                                            tmp_path):
-    """Windows 压缩包解出来的文件名常是 GBK 字节(导出.eml、工单.eml),不是 UTF-8:原来原样打印,标准输出是严格的 UTF-8 时
-    UnicodeEncodeError 崩掉,每次重跑都崩在同一个文件上,后面的文件永远存不进去。现在不是 UTF-8 的字节写成 \\xNN,
+    """Windows 压缩包解出来的文件名常是 GBK 字节(导出.eml、工单.eml),不是 UTF-8:原样打印的话,标准输出是严格的 UTF-8 时
+    UnicodeEncodeError 崩掉,每次重跑都崩在同一个文件上,后面的文件永远存不进去。所以不是 UTF-8 的字节写成 \\xNN,
     标准输出、标准错误都是这样。"""
     folder = os.fsencode(tmp_path)
     (tmp_path / "b.eml").write_bytes(LI)
@@ -980,7 +982,7 @@ def broken_beside_a_good_one(env: dict, folder, raw: bytes, reason: str) -> str:
     # multipart 截在第一段的边界之前(只剩 This is a multi-part message…)
     ("06_multipart_alternative.eml", sample("06_multipart_alternative.eml").index(b"------=_Part_6_alt\n"),
      "multipart 邮件里找不到分段的边界(邮件被截断或损坏?)"),
-    # 单段的正文截在中间、留下了痕迹的(原来都存成正文缺一截的工单;后两种存下的是乱码和「<di」)
+    # 单段的正文截在中间、留下了痕迹的(存下的话是正文缺一截的工单;后两种存下的是乱码和「<di」)
     ("02_gbk_base64.eml", sample("02_gbk_base64.eml").index(b"6rXEt9HT") + 3,
      "正文的 base64 长度不对,后面缺了一截(邮件被截断或损坏?)"),
     ("01_utf8_plain.eml", sample("01_utf8_plain.eml").index("凭证".encode()) + 1,
@@ -993,9 +995,9 @@ def broken_beside_a_good_one(env: dict, folder, raw: bytes, reason: str) -> str:
         "base64-length", "utf8-half-character", "qp-half-escape", "html-half-tag"])
 def test_a_cut_eml_file_is_reported_and_not_stored_so_the_full_file_later_becomes_the_ticket(lab, tmp_path, name,
                                                                                              cut_at, reason):
-    """文件只存下了前半截(复制中断、磁盘写满):原来截在邮件头里的存成一张正文是半行邮件头的工单,multipart 截在中间的
-    存成正文不全的工单,退出码 0;完整的文件后来再收,Message-ID 一样,只说 duplicate,客户写的内容就丢了。
-    现在一行原因、不入库,其他文件照常,退出码 1;再收完整的文件时照常建工单,正文是客户写的。"""
+    """文件只存下了前半截(复制中断、磁盘写满)。防的是:截在邮件头里的存成一张正文是半行邮件头的工单,multipart 截在中间的
+    存成正文不全的工单,退出码 0;完整的文件再收时,Message-ID 一样,只说 duplicate,客户写的内容就丢了。
+    它一行原因、不入库,其他文件照常,退出码 1;再收完整的文件时照常建工单,正文是客户写的。"""
     t3 = broken_beside_a_good_one(lab, tmp_path, sample(name)[:cut_at], reason)
     assert biz_rows(MAIL_TICKETS) == [(t3, "C002", "扣款", "又被扣了一次款。", "open")]
     assert [e[0] for e in rows(EVENTS)] == ["<t3@example.com>"]
@@ -1052,9 +1054,9 @@ def test_two_mails_whose_ticket_ids_collide_get_separate_tickets(lab, tmp_path):
 
 def test_a_message_id_over_200_characters_is_stored_under_its_sha1_and_the_mails_after_it_still_come_in(any_lab,
                                                                                                         tmp_path):
-    """事件 id 就是 Message-ID,可 PostgreSQL 主键索引的一行最多 2704 字节:4000 个字的 Message-ID 原来在 PostgreSQL 上
+    """事件 id 就是 Message-ID,可 PostgreSQL 主键索引的一行最多 2704 字节:4000 个字的 Message-ID 原样在 PostgreSQL 上
     每次都存不进去,还被当成「数据库暂时用不了」,每一轮都停在它上面,后面的信永远收不进来(SQLite 上却存得进去)。
-    现在超过 200 个字(webhook 收的 id 也最长这么多)就用这个头原始字节的 sha1,两种库一样。"""
+    超过 200 个字(webhook 收的 id 也最长这么多)就用这个头原始字节的 sha1,两种库一样。"""
     # 不能是 abab… 这样重复的:PostgreSQL 会先压缩再进索引,压得下就存进去了。十六进制的 sha256 压不下
     long_id = "<" + "".join(hashlib.sha256(str(i).encode()).hexdigest() for i in range(63)) + "@example.com>"
     (tmp_path / "a.eml").write_bytes(mail(long_id, "zhang.wei@example.com", "长 id", "发票开错了。"))
@@ -1076,8 +1078,8 @@ def test_a_message_id_over_200_characters_is_stored_under_its_sha1_and_the_mails
 
 
 def test_a_charset_that_decodes_to_lone_surrogates_is_decoded_another_way_and_the_mail_is_stored(lab, tmp_path):
-    """utf-7 的 +2AA-、unicode_escape 的 \\ud800 解出来是落单的代理项,utf-8 编不出来:原来这封信每次都「存储失败」、
-    保持未读、不标星,cron 每分钟退出码 1。现在这样的解法算解不通,接着试 utf-8。"""
+    """utf-7 的 +2AA-、unicode_escape 的 \\ud800 解出来是落单的代理项,utf-8 编不出来:防的是这封信每次都「存储失败」、
+    保持未读、不标星,cron 每分钟退出码 1。这样的解法算解不通,接着试 utf-8。"""
     (tmp_path / "a.eml").write_bytes(b"Message-ID: <u7@example.com>\nFrom: zhang.wei@example.com\n"
                                      b"Subject: =?utf-7?Q?+2AA-?=\nContent-Type: text/plain; charset=utf-7\n\n"
                                      b"hi +2AA- there\n")
@@ -1094,8 +1096,8 @@ def test_a_charset_that_decodes_to_lone_surrogates_is_decoded_another_way_and_th
 
 
 def test_a_from_address_with_control_characters_is_broken_mail_the_same_on_both_databases(any_lab, tmp_path):
-    """From 的地址里夹着 NUL:原来 PostgreSQL 上查客户时报 DataError,这封信每次都「存储失败」、保持未读;
-    SQLite 上却说「不是已知客户」、标已读。现在两种库都是坏信:一行原因(打过码),其余照常,退出码 1。"""
+    """From 的地址里夹着 NUL:不当坏信的话,PostgreSQL 上查客户时报 DataError,这封信每次都「存储失败」;
+    SQLite 上却说「不是已知客户」、标已读。两种库都是坏信:一行原因(打过码),其余照常,退出码 1。"""
     t3 = broken_beside_a_good_one(any_lab, tmp_path, mail("<nul-from@example.com>", "zh\x00ang.wei@example.com", "发票",
                                                           "发票开错了。"),
                                   "发件人地址里有控制字符(From: 'zh\\x***@example.com')")
@@ -1105,8 +1107,8 @@ def test_a_from_address_with_control_characters_is_broken_mail_the_same_on_both_
 
 def test_a_different_mail_with_a_stored_message_id_is_a_duplicate_that_adds_no_ticket_for_scan_to_queue(lab,
                                                                                                         tmp_path):
-    """同一个 Message-ID、别的发件人和内容:原来说 duplicate,却先建了一张没有事件的工单(工单号撞了就加长),
-    过些天定时扫描把它当成久未回复的工单入队,草稿还为久等道歉。现在事件已经有了就不建工单。"""
+    """同一个 Message-ID、别的发件人和内容:说 duplicate,不建工单。防的是:先建了一张没有事件的工单(工单号撞了就加长),
+    过些天定时扫描把它当成久未回复的工单入队,草稿还为久等道歉。"""
     (tmp_path / "1.eml").write_bytes(mail("<same@example.com>", "zhang.wei@example.com", "第一封", "张伟的问题"))
     (tmp_path / "2.eml").write_bytes(mail("<same@example.com>", "li.na@example.com", "第二封", "李娜的问题"))
     r = run(["email_poller.py", "--eml", str(tmp_path)], lab)
@@ -1125,8 +1127,8 @@ def test_a_different_mail_with_a_stored_message_id_is_a_duplicate_that_adds_no_t
 
 
 def test_a_message_id_shaped_like_a_cron_event_id_cannot_take_that_days_stale_reminder(lab, tmp_path):
-    """邮件的事件 id 和定时任务的 cron:stale:<工单>:<日期> 在同一张表里:原来 Message-ID 写成这个样子的信占了这个 id,
-    这天 T1007 就不提醒了(「今天已经入过队」)。现在不是 <…> 形式的 Message-ID 加上尖括号,占不了。"""
+    """邮件的事件 id 和定时任务的 cron:stale:<工单>:<日期> 在同一张表里:不是 <…> 形式的 Message-ID 加上尖括号,占不了
+    这个 id。防的是:Message-ID 写成这个样子的信占了它,这天 T1007 就不提醒了(「今天已经入过队」)。"""
     today = store.now()[:10]
     (tmp_path / "a.eml").write_bytes(mail(f"cron:stale:T1007:{today}", "zhang.wei@example.com", "催一下", "还没处理。"))
     mid = f"<cron:stale:T1007:{today}>"
@@ -1177,12 +1179,12 @@ FORWARDED = ("Content-Type: message/rfc822\nContent-Disposition: attachment\n\n"
 
 
 @pytest.mark.parametrize("layout, body", [
-    # 一段话、一张截图、又一段话:原来只留第一段
+    # 一段话、一张截图、又一段话:几段都留下
     (multipart("mixed", "Content-Type: text/plain; charset=utf-8\n\n导出报表时报错,截图如下:",
                "Content-Type: image/png\nContent-Disposition: inline\nContent-Transfer-Encoding: base64\n\niVBORw0KGgo=",
                "Content-Type: text/plain; charset=utf-8\n\n换了浏览器也一样。"),
      "导出报表时报错,截图如下:\n换了浏览器也一样。"),
-    # 只有 HTML、附了一封转发的信:原来存下的是那封转发的信
+    # 只有 HTML、附了一封转发的信:存下的是这封信自己的话,不是那封转发的信
     (multipart("mixed", "Content-Type: text/html; charset=utf-8\n\n<p>请看下面这封对账单,金额不对。</p>", FORWARDED),
      "请看下面这封对账单,金额不对。"),
     # 自己一个字没写、只转发了一封:用转发的那封
@@ -1190,7 +1192,7 @@ FORWARDED = ("Content-Type: message/rfc822\nContent-Disposition: attachment\n\n"
     # alternative 里纯文本和 HTML 是同一段话:只要一份
     (multipart("alternative", "Content-Type: text/plain; charset=utf-8\n\n发票抬头错了。",
                "Content-Type: text/html; charset=utf-8\n\n<p>发票抬头错了。</p>"), "发票抬头错了。"),
-    # 没写 </head> 的 HTML(HTML5 里合法):原来整段正文当成 head 跳过,存下一张空工单
+    # 没写 </head> 的 HTML(HTML5 里合法):正文不能当成 head 跳过
     ("Content-Type: text/html; charset=utf-8\n\n<html><head><title>x</title><body><p>导出报表失败</p></body></html>\n",
      "导出报表失败"),
 ])
@@ -1219,7 +1221,7 @@ def poll_one(imap_env: dict, imap_server: ImapServer, raw: bytes, message_id: st
 def test_html_mail_whose_head_is_never_closed_becomes_a_ticket_with_the_customers_text(imap_env, imap_server, html,
                                                                                         body):
     """HTML5 里 </head>、<body> 都可以不写:head 碰到不属于它的标签(<p>、<div>)或者 title、style、script 以外的文字
-    就结束了。原来一直跳到 </head> 或 <body>,客户写的话全被跳过,存下一张空工单、标了已读。"""
+    就结束了。防的是:一直跳到 </head> 或 <body>,客户写的话全被跳过,存下一张空工单、标了已读。"""
     raw = mail("<html-head@example.com>", "zhang.wei@example.com", "发票", html).replace(b"text/plain", b"text/html")
     poll_one(imap_env, imap_server, raw, "<html-head@example.com>", body)
 
@@ -1231,8 +1233,8 @@ def test_html_mail_whose_head_is_never_closed_becomes_a_ticket_with_the_customer
 ], ids=["inline-filename", "inline-type-name", "type-name-only"])
 def test_a_text_attachment_marked_inline_whose_last_character_is_cut_is_not_broken_mail_nor_part_of_the_body(
         imap_env, imap_server, attachment):
-    """带文件名的段是附件,即使标的是 inline(Apple Mail 的附件都这样):附件里的日志最后一个字被截了半个,原来整封信
-    说成「无法解析:正文的最后一个字不完整」、标已读加星标,永远建不了工单。现在照常建工单,正文只有客户写的话。"""
+    """带文件名的段是附件,即使标的是 inline(Apple Mail 的附件都这样):附件里的日志最后一个字被截了半个,整封信
+    也不会说成「无法解析:正文的最后一个字不完整」:照常建工单,正文只有客户写的话。"""
     log = base64.b64encode("2026-11-30 导出凭证失败:连接超时".encode()[:-1]).decode()
     raw = (HEAD + multipart("mixed", "Content-Type: text/plain; charset=utf-8\n\n导出报表时报错,日志附上。",
                             f"{attachment}\nContent-Transfer-Encoding: base64\n\n{log}")).encode()
@@ -1242,7 +1244,7 @@ def test_a_text_attachment_marked_inline_whose_last_character_is_cut_is_not_brok
 @pytest.mark.parametrize("text", ["你好", "你好啊", "发票抬头错了,麻烦重开"])
 @pytest.mark.parametrize("charset", ["gb2312", "gbk"])
 def test_utf8_bytes_labelled_gbk_are_read_as_utf8_not_as_garble_or_a_cut_mail(charset, text):
-    """标着 gbk、字节却是 UTF-8(base64,末尾没有换行):原来「你好」存成「浣犲ソ」,「你好啊」被当成
+    """标着 gbk、字节却是 UTF-8(base64,末尾没有换行):按 UTF-8 解。防的是「你好」存成「浣犲ソ」,「你好啊」被当成
     「最后一个字不完整」拒收。真的 GBK 照旧按 GBK 解。"""
     for raw_text, encoding in ((text, "utf-8"), (text, "gbk")):
         raw = (HEAD + f"Content-Type: text/plain; charset={charset}\nContent-Transfer-Encoding: base64\n\n").encode()
@@ -1251,16 +1253,16 @@ def test_utf8_bytes_labelled_gbk_are_read_as_utf8_not_as_garble_or_a_cut_mail(ch
 
 
 @pytest.mark.parametrize("tail, kept", [
-    ("退款请打到 6222 0212 3456 7890 谢谢", "退款请打到 "),  # 卡号:原来截下前 14 位
-    ("请回电13812345678", "请回电"),  # 原来留下「请回电1381234」
+    ("退款请打到 6222 0212 3456 7890 谢谢", "退款请打到 "),  # 卡号:不截下前 14 位
+    ("请回电13812345678", "请回电"),  # 不留下「请回电1381234」
     ("请回电 138-1234-5678 谢谢", "请回电 "),
     ("邮箱 zhang.wei@example.com 谢谢", "邮箱 "),
     ("回电１３８１２３４５６７８", "回电"),  # 输入法打出的全角数字
     ("回电 138 - 1234 - 5678", "回电 "),
 ])
 def test_a_long_mail_is_cut_before_a_phone_card_or_address_not_through_it(tail, kept):
-    """正文只留前 MAX_BODY_CHARS 个字、主题只留前 MAX_SUBJECT_CHARS 个字:截断处原来可以落在卡号、手机号中间,
-    剩下的半截脱敏认不出来(整个号码才认得出),原样进了提示词和 checkpoint。现在退到这一串的开头。"""
+    """正文只留前 MAX_BODY_CHARS 个字、主题只留前 MAX_SUBJECT_CHARS 个字:截断处落在卡号、手机号中间时
+    退到这一串的开头:剩下的半截脱敏认不出来(整个号码才认得出),会原样进提示词和 checkpoint。"""
     def cut_inside_the_number(limit: int) -> str:
         return "好" * (limit - len(kept) - 5) + tail  # 截断处在号码的第 5 个字之后
     subject, body = cut_inside_the_number(email_poller.MAX_SUBJECT_CHARS), cut_inside_the_number(email_poller.MAX_BODY_CHARS)
@@ -1280,7 +1282,7 @@ def test_a_long_mail_that_is_not_cut_inside_a_number_keeps_exactly_the_first_max
 
 @pytest.mark.parametrize("charset", ["iso-8859-1", "ISO-8859-1", "latin1"])
 def test_a_mail_labelled_latin_1_with_windows_1252_quotes_dashes_and_euro_reads_them(charset):
-    """Outlook 发的信标着 iso-8859-1,字节却是 Windows-1252:原来弯引号、破折号、€ 解成看不见的控制字符
+    """Outlook 发的信标着 iso-8859-1,字节却是 Windows-1252:按 cp1252 解。防的是弯引号、破折号、€ 解成看不见的控制字符
     (「invoice \x80100」,模型看到的是 100),原样进了工单。cp1252 没定义的字节(0x81)照声明的 latin-1 解,不会成了中文乱码。"""
     text = "The \u201cExport\u201d button fails \u2013 caf\u00e9 invoice \u20ac100"
     head = (HEAD + f"Content-Type: text/plain; charset={charset}\nContent-Transfer-Encoding: 8bit\n\n").encode()
@@ -1293,14 +1295,14 @@ def test_a_mail_labelled_latin_1_with_windows_1252_quotes_dashes_and_euro_reads_
     ("<META HTTP-EQUIV='Content-Type' CONTENT='text/html; charset=gbk'>", "gbk", "发票抬头错了,麻烦重开"),
 ])
 def test_an_html_mail_without_a_declared_charset_is_decoded_by_its_meta_charset(meta, encoding, text):
-    """Content-Type 里没写字符集的 HTML 信,字符集写在 <meta> 里:原来 Big5 的「發票抬頭錯了」按 GB18030 解成了乱码。"""
+    """Content-Type 里没写字符集的 HTML 信,字符集写在 <meta> 里:按它解,Big5 的「發票抬頭錯了」不会按 GB18030 解成乱码。"""
     raw = (HEAD + "Content-Type: text/html\n\n").encode() + (
         f"<html><head>{meta}</head><body><p>{text}</p></body></html>\n").encode(encoding)
     assert email_poller.parse(raw)["body"] == text
 
 
 def test_the_cells_of_an_html_table_are_kept_apart():
-    """客户贴进来的订单表格:原来格子粘在一起(「订单号A1001」「金额¥99.00」),模型读不出哪个是订单号。"""
+    """客户贴进来的订单表格:格子不能粘在一起(「订单号A1001」「金额¥99.00」),模型读不出哪个是订单号。"""
     html = ("<html><body><p>这两笔扣了两次:</p><table><tr><th>订单号</th><th>金额</th></tr>"
             "<tr><td>A1001</td><td>99.00</td></tr><tr><td>A1002</td><td>199.00</td></tr></table></body></html>")
     raw = (HEAD + "Content-Type: text/html; charset=utf-8\n\n" + html + "\n").encode()
@@ -1314,7 +1316,7 @@ def test_mail_without_a_sender_address_cannot_be_parsed():
 
 def test_a_display_name_with_an_unquoted_comma_still_finds_the_customer(lab, tmp_path):
     """「From: Zhang, Wei <Zhang.Wei@Example.com>」:显示名里的逗号没加引号(规矩上要加,有的邮件程序不加)。
-    原来 parseaddr 只看到「Zhang」,这封信成了「找不到发件人地址」的坏信,退出码 1,客户的信没建工单。
+    防的是:parseaddr 只看到「Zhang」,这封信成了「找不到发件人地址」的坏信,退出码 1,客户的信没建工单。
     两个不同的地址时说不清是谁发的,照旧是坏信,什么都不存。"""
     good = tmp_path / "comma.eml"
     good.write_bytes(mail("<comma@example.com>", "Zhang, Wei <Zhang.Wei@Example.com>", "发票开错了", "麻烦重开。"))
@@ -1341,7 +1343,7 @@ def test_body_is_cut_at_2000_characters():
 
 
 def test_a_subject_is_cut_at_200_characters_and_a_missing_one_is_stored_as_no_subject(lab, tmp_path):
-    """工单原文是「主题:正文」,整个进模型:原来正文只留 2000 字,主题却多长都照存(30 万字的主题照样进了模型)。
+    """工单原文是「主题:正文」,整个进模型:正文只留 2000 字,主题也有上限(否则 30 万字的主题照样进模型)。
     没有主题的信,工单主题是「(无主题)」,收件箱那一条不会只剩「客户反映:」。"""
     (tmp_path / "a.eml").write_bytes(mail("<long-subject@x>", "zhang.wei@example.com", "发票" * 3000, "请重开发票。"))
     (tmp_path / "b.eml").write_bytes(mail("<no-subject@x>", "zhang.wei@example.com", "  ", "凭证导出失败。"))
@@ -1380,7 +1382,7 @@ def test_every_cut_inside_a_samples_header_block_is_broken_mail_and_headers_with
 @pytest.mark.parametrize("name", sorted(EXPECTED_SAMPLES))
 def test_every_cut_inside_a_samples_body_is_refused_or_keeps_a_clean_beginning_of_the_body(name):
     """正文截在任何一个字节上:要么说是截断的坏信,要么存下的正文是完整正文的开头 —— 截在一行末尾、两个字之间的
-    单段正文看不出来,但存下的不会是乱码、半个转义、半个标签。原来 quoted-printable 截在「=C」上解出一串乱码,
+    单段正文看不出来,但存下的不会是乱码、半个转义、半个标签。防的是 quoted-printable 截在「=C」上解出一串乱码,
     HTML 截在「<di」上把「<di」当成正文。"""
     raw = sample(name)
     body = EXPECTED_SAMPLES[name][3]
@@ -1419,7 +1421,7 @@ def parses_or_is_broken_mail(raw: bytes) -> None:
     assert set(parsed) == {"message_id", "from", "subject", "body"}
     assert parsed["message_id"] and "@" in parsed["from"] and parsed["subject"] and len(parsed["body"]) <= 2000
     # 存得进两种库:事件 id 不超过 200 个字,哪一项都没有落单的代理项,地址里没有控制字符
-    assert len(parsed["message_id"]) <= 200 and not any(email_poller.SURROGATES.search(v) for v in parsed.values())
+    assert len(parsed["message_id"]) <= 200 and not any(mail_text.SURROGATES.search(v) for v in parsed.values())
     assert not any(unicodedata.category(c) == "Cc" for c in parsed["from"])
 
 
@@ -1432,7 +1434,7 @@ def test_any_bytes_either_parse_or_raise_broken_mail_never_anything_else(raw):
 @settings(max_examples=300, deadline=None)
 @given(st.text(max_size=300), st.text(max_size=500))
 def test_any_subject_and_body_text_either_parse_or_raise_broken_mail_never_anything_else(subject, body):
-    """上一个测试的邮件头后面大多没有空行,现在那样的信都当截断的坏信;这里带上空行和正文,解析成功的那一支也照样查。"""
+    """上一个测试的邮件头后面大多没有空行,那样的信都当截断的坏信;这里带上空行和正文,解析成功的那一支也照样查。"""
     parses_or_is_broken_mail(("From: a@b.cn\nSubject: " + subject + "\n\n" + body).encode())
 
 
@@ -1450,7 +1452,7 @@ def test_complaint_mail_becomes_a_notification_that_only_allows_ignore(lab):
     assert listing.stdout.splitlines() == [
         f"{ticket}  【通知】[bug] 工单提到「投诉到」,Agent 没有起草回复,请主管看一下",
         "        工单:银行流水导入报错一直没人管:银行流水导入报错的问题提了一个月都没解决,再没人处理,我要投诉到消费者协会。",
-        "        周婷",  # 署名另起一行:也缩进在这条待办下面(原来顶格,像是下一条)
+        "        周婷",  # 署名另起一行:也缩进在这条待办下面(顶格的话像是下一条)
         "        只能 ignore(看过即可)",
     ]
 
@@ -1491,7 +1493,7 @@ def test_bad_command_line_exits_2_with_usage_and_nothing_is_stored(imap_env, ima
 
 def refuse(monkeypatch, command: str, uid: str | None = None):
     """让 imaplib 收到服务器对 UID <command>(只对这一封 uid,或者每一封)回的 NO(不是断线)。pymap 不会回这种 NO。
-    返回原来的 IMAP4.uid,服务器「恢复」时换回去。"""
+    返回真正的 IMAP4.uid,服务器「恢复」时换回去。"""
     real_uid = imaplib.IMAP4.uid
 
     def refusing(self, cmd, *args):
@@ -1525,7 +1527,7 @@ def test_a_mail_the_server_will_not_mark_read_is_reported_and_the_mails_after_it
                                                                                                monkeypatch, capsys):
     """服务器对某一封的 UID STORE 回 NO(不是断线):工单和事件已经存好,只是没能标已读。说是哪一封,其他照常,
     汇总多一项「标已读失败」,退出码 1;这封下次收到时是 duplicate,不会多一张工单。
-    原来整轮停在这一封、退出码 3:服务器一直不让标它的话,它后面的信永远收不到。"""
+    防的是:整轮停在这一封、退出码 3,服务器一直不让标它的话,它后面的信永远收不到。"""
     imap_server.append(ZHANG, LI)
     for k, v in imap_env.items():
         monkeypatch.setenv(k, v)
@@ -1550,8 +1552,8 @@ def test_a_mail_the_server_will_not_mark_read_is_reported_and_the_mails_after_it
 
 def test_a_mail_the_server_refuses_to_hand_over_stays_unseen_and_the_other_mails_go_on(imap_env, imap_server,
                                                                                        monkeypatch, capsys):
-    """服务器对某一封的 UID FETCH 回 NO(不是断线):原来悄悄跳过,退出码 0、「本次收取 0 封」,像是没有新信。
-    现在说是哪一封、服务器怎么说,这封保持未读,其他照常;汇总多一项「读取失败」,退出码 1。下次运行补上。"""
+    """服务器对某一封的 UID FETCH 回 NO(不是断线):不能悄悄跳过(退出码 0、「本次收取 0 封」,像是没有新信),
+    要说是哪一封、服务器怎么说,这封保持未读,其他照常;汇总多一项「读取失败」,退出码 1。下次运行补上。"""
     imap_server.append(ZHANG, LI)
     for k, v in imap_env.items():
         monkeypatch.setenv(k, v)
@@ -1588,8 +1590,8 @@ def run_behind(front: "Front", imap_env: dict, **env: str) -> subprocess.Complet
 
 
 def test_a_fetch_refused_after_part_of_its_answer_does_not_pass_that_mail_off_as_the_next_one(imap_env, imap_server):
-    """服务器已经送出了 101 的内容,最后却回 NO。imaplib 留着这半截回答,下一封 FETCH 时一起交出来:原来 101 的内容
-    存在了 UID 102 名下,102 标了已读、从没存过 —— 丢了一封信。现在每封只认 UID 对得上的那份。"""
+    """服务器已经送出了 101 的内容,最后却回 NO。imaplib 留着这半截回答,下一封 FETCH 时一起交出来。每封只认 UID 对得上的那份;
+    防的是 101 的内容存在 UID 102 名下,102 标了已读、从没存过 —— 丢了一封信。"""
     imap_server.append(ZHANG, LI)
     once = []
 
@@ -1613,7 +1615,7 @@ def test_a_fetch_refused_after_part_of_its_answer_does_not_pass_that_mail_off_as
 
 
 def test_a_search_answer_without_its_search_line_counts_as_no_unseen_mail(imap_env, imap_server):
-    """规矩上服务器总要回一行 * SEARCH(没有结果时是空的);没回的,原来是 AttributeError 的 traceback。"""
+    """规矩上服务器总要回一行 * SEARCH(没有结果时是空的);没回的当作没有未读邮件,不是 AttributeError 的 traceback。"""
     imap_server.append(ZHANG)
     r = run_behind(Front(imap_server.port, answer=lambda line, sent: b"" if line.startswith(b"* SEARCH") else line),
                    imap_env)
@@ -1622,7 +1624,7 @@ def test_a_search_answer_without_its_search_line_counts_as_no_unseen_mail(imap_e
 
 
 def test_a_read_only_folder_is_named_as_such_not_as_a_dropped_connection(imap_env, imap_server):
-    """imaplib 把 [READ-ONLY] 报成 readonly,它是 abort(断线)的子类:原来说「连接断了」。"""
+    """imaplib 把 [READ-ONLY] 报成 readonly,它是 abort(断线)的子类:说的是只能读,不是「连接断了」。"""
     imap_server.append(ZHANG)
     r = run_behind(Front(imap_server.port, answer=lambda line, sent: line.replace(b"[READ-WRITE]", b"[READ-ONLY]")),
                    imap_env)
@@ -1688,20 +1690,20 @@ def test_a_host_name_that_does_not_resolve_is_one_clear_line(imap_env):
 ], ids=["inline-filename", "type-name-only", "beside-a-picture"])
 def test_a_mail_whose_only_text_is_an_inline_part_with_a_file_name_keeps_that_text_as_its_body(imap_env, imap_server,
                                                                                               layout):
-    """有的邮件程序把正文也写成「inline; filename=note.txt」:原来带文件名的一律当附件,整封信正文为空,
-    照常建了一张空工单、标了已读,客户写的话悄悄丢了。别处一个字都没有时,这样的段就是正文。"""
+    """有的邮件程序把正文也写成「inline; filename=note.txt」:带文件名的一律当附件的话,整封信正文为空,
+    照常建一张空工单、标已读,客户写的话悄悄丢了。别处一个字都没有时,这样的段就是正文。"""
     poll_one(imap_env, imap_server, (HEAD + layout).encode(), "<parts@example.com>", "发票抬头写错了,麻烦重开。")
 
 
 def test_a_text_part_explicitly_marked_attachment_is_still_not_the_body():
-    """明说是 attachment 的仍然是附件:这封信客户一个字没写,正文是空的(和以前一样)。"""
+    """明说是 attachment 的仍然是附件:这封信客户一个字没写,正文是空的。"""
     raw = (HEAD + "Content-Type: text/plain; charset=utf-8\nContent-Disposition: attachment; filename=export.log\n\n"
                   "2026-11-30 导出凭证失败\n").encode()
     assert email_poller.parse(raw)["body"] == ""
 
 
 def test_a_multipart_mail_without_a_boundary_is_broken_mail_not_an_empty_ticket(lab, tmp_path):
-    """Content-Type 是 multipart/mixed,却没写 boundary:原来分不出各段,正文为空,照常建了一张空工单、退出码 0。"""
+    """Content-Type 是 multipart/mixed,却没写 boundary:分不出各段,是坏信;不能照常建一张空工单、退出码 0。"""
     raw = (HEAD + "Content-Type: multipart/mixed\n\n--b1\nContent-Type: text/plain; charset=utf-8\n\n"
                   "发票抬头写错了。\n--b1--\n").encode()
     t3 = broken_beside_a_good_one(lab, tmp_path, raw, "multipart 邮件没有写分段的边界(Content-Type 里没有 boundary),"
@@ -1712,8 +1714,8 @@ def test_a_multipart_mail_without_a_boundary_is_broken_mail_not_an_empty_ticket(
 
 def test_a_charset_name_with_a_nul_and_a_codec_that_raises_are_decoded_another_way_and_the_mail_is_stored(lab,
                                                                                                          tmp_path):
-    """charset="utf-8\\0" 解码时是 ValueError(名字里有 NUL),主题里的 =?idna?…?= 是 UnicodeError:原来都没接住,
-    整封信成了「无法解析:ValueError: embedded null character」、标已读加星标,没建工单。现在和不认识的字符集一样换着试。"""
+    """charset="utf-8\\0" 解码时是 ValueError(名字里有 NUL),主题里的 =?idna?…?= 是 UnicodeError:和不认识的字符集一样换着试。
+    防的是:整封信成了「无法解析:ValueError: embedded null character」、标已读加星标,没建工单。"""
     (tmp_path / "a.eml").write_bytes(b"Message-ID: <nul-cs@example.com>\nFrom: zhang.wei@example.com\n"
                                      b"Subject: =?idna?Q?=E5=8F=91=E7=A5=A8?=\n"
                                      b'Content-Type: text/plain; charset="utf-8\x00"\n\n'
@@ -1748,8 +1750,8 @@ def body_made_nil(uid: bytes):
 
 
 def test_a_fetch_that_says_ok_but_gives_no_mail_is_reported_unreadable_and_the_mail_stays_unseen(imap_env, imap_server):
-    """服务器对 UID FETCH 回 OK,这一封却是「BODY[] NIL」:原来和「这期间被别的客户端删了」一样悄悄跳过,退出码 0,
-    每次都跳过,这封信永远收不进来也没人知道。现在报「取信失败」、保持未读,其他的照常,退出码 1。"""
+    """服务器对 UID FETCH 回 OK,这一封却是「BODY[] NIL」:报「取信失败」、保持未读,其他的照常,退出码 1。
+    防的是:和「这期间被别的客户端删了」一样悄悄跳过,退出码 0,每次都跳过,这封信永远收不进来也没人知道。"""
     imap_server.append(ZHANG, LI)
     r = run_behind(Front(imap_server.port, answer=body_made_nil(b"101")), imap_env)
     t3 = ticket_of("<t3@example.com>")
