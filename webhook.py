@@ -16,7 +16,7 @@
 也什么都不存:回 4xx 的话上游会一直重试;这种事件只检查 id 和 type,不看 data。
 事件库写不进去时 503(什么都没存,上游照常重试即可)。
 
-写库不在这个进程里做:启动时拉起一个写库子进程(event_writer.py),同一时刻到达的一批事件交给它放进一个事务、
+写库不在这个进程里做:启动时拉起一个写库子进程(webhook_writer.py),同一时刻到达的一批事件交给它放进一个事务、
 一次落盘(组提交),提交成功后这一批请求才各自回 202。所以回了 202 的事件,断电也还在。
 写库进程被杀了,它读走了、没来得及回话的那一批回 503(可能已经提交了),下一批到来时重新拉起一个;它在两批之间
 没了的话,交过去它没读到的那一批直接交给新拉起的一个,照常回 202。webhook 退出(哪怕被 kill -9)时它也跟着退出。
@@ -42,7 +42,7 @@ from fastapi.responses import JSONResponse
 from starlette.requests import ClientDisconnect
 
 import config
-import event_writer
+import webhook_writer
 import store
 
 DEFAULT_SECRET = "dev-secret-change-me"
@@ -60,7 +60,7 @@ BODY_TIMEOUT_S = 30
 MAX_BATCH = 500               # 个;一次组提交最多写多少个事件
 MAX_BATCH_CHARS = 8 * 1024 * 1024  # 字符;一批的请求体加起来最多这么长(一个 1 MiB 的请求体也能自己成一批)
 WRITER_EXIT_TIMEOUT_S = 10    # 秒;关服务时等写库进程写完最后一批、退出,超时就杀掉
-WRITER = Path(__file__).with_name("event_writer.py")
+WRITER = Path(__file__).with_name("webhook_writer.py")
 TICKET_ID = re.compile(r"[A-Za-z0-9_-]{1,64}", re.ASCII)
 TIMESTAMP = re.compile(r"-?\d{1,18}", re.ASCII)  # 13 位的毫秒时间戳也认得出来,好说清楚
 
@@ -70,7 +70,7 @@ class StoreUnavailable(Exception):
 
 
 class GroupCommitter:
-    """把事件交给写库进程(event_writer.py)成批写。同一时刻只有一批在写,写的时候到达的请求排队,
+    """把事件交给写库进程(webhook_writer.py)成批写。同一时刻只有一批在写,写的时候到达的请求排队,
     等这一批提交完,排着的一起成为下一批。所有的活都在事件循环里做,不另开线程。"""
 
     def __init__(self) -> None:
@@ -80,14 +80,14 @@ class GroupCommitter:
         self.pump: asyncio.Task | None = None
         self.stopping = False
         self.stdin_copy: int | None = None  # 写库进程输入管道写端的副本,见 _spawn
-        # 秒;交给写库进程的一批,等它回话最多等这么久(event_writer.batch_time_limit_s(),start() 时按 BUSY_TIMEOUT_S 算)。
+        # 秒;交给写库进程的一批,等它回话最多等这么久(webhook_writer.batch_time_limit_s(),start() 时按 BUSY_TIMEOUT_S 算)。
         # 过了还没回话(多半是和 PostgreSQL 之间的网络不通了、服务器不回话,它卡在读 socket 上):杀掉它,这一批回 503
         # (可能已经提交,上游重发时得到 duplicate),下一批拉起新的。原来一直等:这一批和后面排着的请求都没有回答,
         # 连关服务都卡在等它
         self.answer_timeout_s = 0.0
 
     async def start(self) -> None:
-        self.answer_timeout_s = event_writer.batch_time_limit_s()
+        self.answer_timeout_s = webhook_writer.batch_time_limit_s()
         self.pending, self.stopping, self.wake = [], False, asyncio.Event()
         await self._spawn()
         self.pump = asyncio.create_task(self._run())

@@ -4,7 +4,7 @@ r"""webhook 的写库进程:从标准输入一行读一批事件,放进一个事
 想看它怎么工作,可以手动喂一批(一行一个 JSON 数组,每个事件是 [event_id, 来源, 类型, 原始请求体];
 EVENTS_DB 指向一个临时库、DATABASE_URL 清空(设着的话写的是 PostgreSQL,EVENTS_DB 不管用),
 别把演示事件写进真的事件表,worker 会去处理它):
-    echo '[["evt_demo", "webhook", "ticket.created", "{\"data\": {\"ticket_id\": \"T1012\"}}"]]' | DATABASE_URL= EVENTS_DB=/tmp/writer-demo.db uv run python event_writer.py
+    echo '[["evt_demo", "webhook", "ticket.created", "{\"data\": {\"ticket_id\": \"T1012\"}}"]]' | DATABASE_URL= EVENTS_DB=/tmp/writer-demo.db uv run python webhook_writer.py
 你会看到 {"new": [true]};再跑一遍是 {"new": [false]}(已经在库里了)。写不进去时回 {"error": "<异常类型>: <信息>"},
 进程不退出,接着读下一批。
 
