@@ -259,20 +259,16 @@ app = FastAPI(title="CloudLedger webhook", lifespan=lifespan)
 app.add_middleware(StartupErrorInOneLine)
 
 
-def fail(status: int, detail: str) -> HTTPException:
-    return HTTPException(status_code=status, detail=detail)
-
-
 def check_timestamp(ts: str) -> None:
     if not TIMESTAMP.fullmatch(ts):
-        raise fail(400, "bad signature header")
+        raise HTTPException(400, "bad signature header")
     age = time.time() - int(ts)
     if age > TOLERANCE_S:
-        raise fail(400, "timestamp too old")
+        raise HTTPException(400, "timestamp too old")
     if age < -TOLERANCE_S:
         if abs(time.time() - int(ts) / 1000) <= TOLERANCE_S:  # 上游用的是毫秒(JavaScript 的 Date.now()):常见的接错
-            raise fail(400, "timestamp is in milliseconds: send unix seconds")
-        raise fail(400, "timestamp too far in the future")
+            raise HTTPException(400, "timestamp is in milliseconds: send unix seconds")
+        raise HTTPException(400, "timestamp too far in the future")
 
 
 def signed_timestamps(header: str) -> list[tuple[str, list[bytes]]]:
@@ -284,7 +280,7 @@ def signed_timestamps(header: str) -> list[tuple[str, list[bytes]]]:
     for part in header.split(","):
         key, sep, value = part.strip().partition("=")
         if not sep:
-            raise fail(400, "bad signature header")
+            raise HTTPException(400, "bad signature header")
         if key == "t":
             groups.append((value, before_any_t))
             before_any_t = []
@@ -292,7 +288,7 @@ def signed_timestamps(header: str) -> list[tuple[str, list[bytes]]]:
             (groups[-1][1] if groups else before_any_t).append(value.lower().encode())
     groups = [(ts, signatures) for ts, signatures in groups if signatures]
     if not groups:
-        raise fail(400, "bad signature header")
+        raise HTTPException(400, "bad signature header")
     return groups
 
 
@@ -305,7 +301,7 @@ def verify_cloudledger(raw: bytes, header: str, secret: str) -> None:
             expected = hmac.new(secret.encode(), f"{ts}.".encode() + raw, hashlib.sha256).hexdigest().encode()
             if any(hmac.compare_digest(expected, s) for s in signatures):
                 return
-            raise fail(401, "bad signature")
+            raise HTTPException(401, "bad signature")
         except HTTPException as e:
             errors.append(e)
     raise errors[0]
@@ -334,19 +330,19 @@ def check_secret() -> None:
 
 def verify_standard(raw: bytes, msg_id: str | None, ts: str | None, header: str, secret: str) -> None:
     if not msg_id or ts is None:
-        raise fail(400, "bad signature header")
+        raise HTTPException(400, "bad signature header")
     check_timestamp(ts)
     signed = f"{msg_id}.{ts}.".encode() + raw
     try:
         key = standard_webhooks_key(secret)
     except ValueError as e:  # 启动后才改坏了环境变量:不会发生在正常部署里,但也别崩
-        raise fail(500, str(e)) from None
+        raise HTTPException(500, str(e)) from None
     expected = base64.b64encode(hmac.new(key, signed, hashlib.sha256).digest())
     candidates = [value.encode() for version, _, value in (e.partition(",") for e in header.split()) if version == "v1"]
     if not candidates:
-        raise fail(400, "bad signature header")
+        raise HTTPException(400, "bad signature header")
     if not any(hmac.compare_digest(expected, c) for c in candidates):
-        raise fail(401, "bad signature")
+        raise HTTPException(401, "bad signature")
 
 
 def verify(request: Request, raw: bytes) -> None:
@@ -359,7 +355,7 @@ def verify(request: Request, raw: bytes) -> None:
     elif signed := headers.getlist("webhook-signature"):
         verify_standard(raw, headers.get("webhook-id"), headers.get("webhook-timestamp"), " ".join(signed), secret)
     else:
-        raise fail(400, "missing signature header (X-CloudLedger-Signature or webhook-signature)")
+        raise HTTPException(400, "missing signature header (X-CloudLedger-Signature or webhook-signature)")
 
 
 def body_timeout_s() -> float:
@@ -369,54 +365,54 @@ def body_timeout_s() -> float:
 async def read_body(request: Request) -> bytes:
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
-        raise fail(413, f"body larger than {MAX_BODY_BYTES} bytes")
+        raise HTTPException(413, f"body larger than {MAX_BODY_BYTES} bytes")
     chunks, size, limit = [], 0, body_timeout_s()
     try:
         async with asyncio.timeout(limit):
             async for chunk in request.stream():
                 size += len(chunk)
                 if size > MAX_BODY_BYTES:
-                    raise fail(413, f"body larger than {MAX_BODY_BYTES} bytes")
+                    raise HTTPException(413, f"body larger than {MAX_BODY_BYTES} bytes")
                 chunks.append(chunk)
     except TimeoutError:
-        raise fail(408, f"body not received within {limit:g} seconds") from None
+        raise HTTPException(408, f"body not received within {limit:g} seconds") from None
     except ClientDisconnect:
         # 上游发到一半断开(它那边超时了,稍后会重发):没人收这个回答,日志里一行 400 就够,什么都没存。
         # 原来一整段 traceback(Exception in ASGI application),盯着日志报警的会以为服务出了错
-        raise fail(400, "client disconnected before the whole body arrived") from None
+        raise HTTPException(400, "client disconnected before the whole body arrived") from None
     return b"".join(chunks)
 
 
 def parse_event(raw: bytes) -> dict:
     if raw.startswith(b"\xef\xbb\xbf"):  # JSON 不许带 BOM(RFC 8259 §8.1);原来说「不是 UTF-8」,可它是
-        raise fail(400, "body starts with a byte order mark: send UTF-8 JSON without it")
+        raise HTTPException(400, "body starts with a byte order mark: send UTF-8 JSON without it")
     try:
         event = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError):
-        raise fail(400, "body is not UTF-8 JSON") from None
+        raise HTTPException(400, "body is not UTF-8 JSON") from None
     except RecursionError:  # 合法的 JSON,只是嵌套了上千层([[[[…]]]]):原来也说「不是 JSON」
-        raise fail(400, "body is nested too deeply") from None
+        raise HTTPException(400, "body is nested too deeply") from None
     except ValueError:  # 是合法的 JSON,但里面的整数超过了 Python 肯转换的位数(int 和 str 互转的上限,默认 4300)
-        raise fail(400, f"body has an integer longer than {sys.get_int_max_str_digits()} digits") from None
+        raise HTTPException(400, f"body has an integer longer than {sys.get_int_max_str_digits()} digits") from None
     if not isinstance(event, dict):
-        raise fail(400, "body must be a JSON object with id, type and data.ticket_id")
+        raise HTTPException(400, "body must be a JSON object with id, type and data.ticket_id")
     if not isinstance(event.get("id"), str) or not 0 < len(event["id"]) <= 200:
-        raise fail(400, "id must be a non-empty string (at most 200 characters)")
+        raise HTTPException(400, "id must be a non-empty string (at most 200 characters)")
     if not event["id"].isprintable():
         # JSON 的 \ud800、\u0000 解出来是落不了库的字符(SQLite 编不成 UTF-8,PostgreSQL 的 text 不收 NUL):
         # 放过去的话同一批组提交整批失败,和它一起到的好事件也都回 503
         # 不间断空格、零宽字符这类看不见的也不收(isprintable 为假):事件 id 要在终端、日志里认得出来
-        raise fail(400, "id must be printable: no control, invisible or non-ASCII space characters, no unpaired surrogates")
+        raise HTTPException(400, "id must be printable: no control, invisible or non-ASCII space characters, no unpaired surrogates")
     if event["id"] != event["id"].strip():
         # 空格这类看得见的空白(isprintable 为真):只有空格的 id 在日志里是空的,前后带空格的和不带的成了两个事件
-        raise fail(400, "id must not start or end with whitespace")
+        raise HTTPException(400, "id must not start or end with whitespace")
     if event["id"].startswith(store.OTHER_SOURCE_ID_PREFIXES):
         # 三个来源共用一个 event_id 唯一键:原来一个签名对的请求用一封信的 Message-ID 或 cron:stale:… 当 id,
         # 就让那封信成了 duplicate(标了已读、不建工单)、那天的提醒不再入队
-        raise fail(400, "id must not start with " + ", ".join(store.OTHER_SOURCE_ID_PREFIXES)
+        raise HTTPException(400, "id must not start with " + ", ".join(store.OTHER_SOURCE_ID_PREFIXES)
                    + " (those are the ids of mail and cron events)")
     if not isinstance(event.get("type"), str):
-        raise fail(400, "type must be a string")
+        raise HTTPException(400, "type must be a string")
     return event
 
 
@@ -430,9 +426,9 @@ async def receive(request: Request):
     data = event.get("data")
     ticket_id = data.get("ticket_id") if isinstance(data, dict) else None
     if not isinstance(ticket_id, str) or not TICKET_ID.fullmatch(ticket_id):
-        raise fail(400, "data.ticket_id must be a string of letters, digits, _ or - (at most 64)")
+        raise HTTPException(400, "data.ticket_id must be a string of letters, digits, _ or - (at most 64)")
     try:
         is_new = await committer.add((event["id"], "webhook", event["type"], raw.decode("utf-8")))
     except StoreUnavailable as e:  # 事件库写不进去(磁盘满、库被锁太久、写库进程没了……):让上游稍后重试
-        raise fail(503, f"event store unavailable ({e}), retry later") from None
+        raise HTTPException(503, f"event store unavailable ({e}), retry later") from None
     return Response(ACCEPTED[is_new], status_code=202, media_type="application/json")
