@@ -328,10 +328,8 @@ def check_secret() -> None:
         raise SystemExit(str(e)) from None
 
 
-def verify_standard(raw: bytes, msg_id: str | None, ts: str | None, header: str, secret: str) -> None:
-    if not msg_id or ts is None:
-        raise HTTPException(400, "bad signature header")
-    check_timestamp(ts)
+def verify_standard(raw: bytes, msg_id: str, ts: str, header: str, secret: str) -> None:
+    """Standard Webhooks 的签名;webhook-id / webhook-timestamp 已经由 verify() 查过。"""
     signed = f"{msg_id}.{ts}.".encode() + raw
     try:
         key = standard_webhooks_key(secret)
@@ -353,7 +351,11 @@ def verify(request: Request, raw: bytes) -> None:
     if signed := headers.getlist("x-cloudledger-signature"):
         verify_cloudledger(raw, ",".join(signed), secret)
     elif signed := headers.getlist("webhook-signature"):
-        verify_standard(raw, headers.get("webhook-id"), headers.get("webhook-timestamp"), " ".join(signed), secret)
+        msg_id, ts = headers.get("webhook-id"), headers.get("webhook-timestamp")
+        if not msg_id or ts is None:
+            raise HTTPException(400, "bad signature header")
+        check_timestamp(ts)
+        verify_standard(raw, msg_id, ts, " ".join(signed), secret)
     else:
         raise HTTPException(400, "missing signature header (X-CloudLedger-Signature or webhook-signature)")
 
