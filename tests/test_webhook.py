@@ -29,6 +29,7 @@ from fastapi.testclient import TestClient
 import send_webhook
 import store
 import webhook
+import webhook_commit
 
 SECRET = "test-secret"
 URL = "/hooks/cloudledger"
@@ -350,7 +351,7 @@ def test_many_concurrent_deliveries_are_group_committed_and_each_answered(client
     ("MAX_BATCH_CHARS", 10, 1),  # 一个请求体就比上限长:照样自己成一批,不会卡住
 ])
 def test_a_group_commit_batch_stays_within_its_event_and_size_limits(client, monkeypatch, limit, value, most):
-    monkeypatch.setattr(webhook, limit, value)
+    monkeypatch.setattr(webhook_commit, limit, value)
     sizes = batches_written(monkeypatch, hold_until_pending=20)
     answers = send_concurrently(client, [body_for(f"T{2000 + i}") for i in range(40)])
     assert answers == [{"accepted": True, "duplicate": False}] * 40
@@ -761,7 +762,7 @@ def test_a_writer_that_cannot_be_started_answers_503_and_nothing_is_stored(clien
 def test_a_writer_answering_garbage_answers_503_and_nothing_is_stored(client, monkeypatch, tmp_path):
     garbage = tmp_path / "garbage_writer.py"
     garbage.write_text("import sys\nfor line in sys.stdin:\n    print('not json', flush=True)\n", encoding="utf-8")
-    monkeypatch.setattr(webhook, "WRITER", garbage)
+    monkeypatch.setattr(webhook_commit, "WRITER", garbage)
     stop_writer()
     body = body_for("T1012")
     r = post(client, body, send_webhook.sign(body, SECRET))
