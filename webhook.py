@@ -22,7 +22,6 @@
 没了的话,交过去它没读到的那一批直接交给新拉起的一个,照常回 202。webhook 退出(哪怕被 kill -9)时它也跟着退出。
 """
 import asyncio
-import base64
 import hashlib
 import hmac
 import json
@@ -38,6 +37,7 @@ from starlette.requests import ClientDisconnect
 
 import config
 import webhook_commit
+import webhook_sign
 import store
 
 DEFAULT_SECRET = "dev-secret-change-me"
@@ -117,31 +117,10 @@ def check_timestamp(ts: str) -> None:
         raise HTTPException(400, "timestamp too far in the future")
 
 
-def signed_timestamps(header: str) -> list[tuple[str, list[bytes]]]:
-    """签名头里的 (t, 它的那几个 v1)。换密钥期间上游每把密钥各签一行,两行的 t 可能差一秒(正好跨过一秒),
-    代理合成一行后是「t=…,v1=…, t=…,v1=…」:每个 v1 归它前面那个 t(一行里 v1 写在 t 前面的,归这一行的 t)。
-    原来只留最后一个 t,拿它核对所有签名:新密钥那行在前时,它自己明明对,却回 401。"""
-    groups: list[tuple[str, list[bytes]]] = []
-    before_any_t: list[bytes] = []
-    for part in header.split(","):
-        key, sep, value = part.strip().partition("=")
-        if not sep:
-            raise HTTPException(400, "bad signature header")
-        if key == "t":
-            groups.append((value, before_any_t))
-            before_any_t = []
-        elif key == "v1":  # 十六进制不分大小写:上游用大写字母写的是同一个签名(原来回 401)
-            (groups[-1][1] if groups else before_any_t).append(value.lower().encode())
-    groups = [(ts, signatures) for ts, signatures in groups if signatures]
-    if not groups:
-        raise HTTPException(400, "bad signature header")
-    return groups
-
-
 def verify_cloudledger(raw: bytes, header: str, secret: str) -> None:
     """任意一个 t 在时间窗里、它的某个 v1 对得上就行;都不行时回第一个 t 的错误(只有一个 t 时和原来一样:先查时间戳)。"""
     errors = []
-    for ts, signatures in signed_timestamps(header):
+    for ts, signatures in webhook_sign.signed_timestamps(header):
         try:
             check_timestamp(ts)
             expected = hmac.new(secret.encode(), f"{ts}.".encode() + raw, hashlib.sha256).hexdigest().encode()
@@ -153,40 +132,12 @@ def verify_cloudledger(raw: bytes, header: str, secret: str) -> None:
     raise errors[0]
 
 
-def standard_webhooks_key(secret: str) -> bytes:
-    """Standard Webhooks 的密钥字节:whsec_ 开头按规范 base64 解码,否则就是字符串本身的字节。"""
-    if secret.startswith("whsec_"):
-        try:
-            key = base64.b64decode(secret[len("whsec_"):], validate=True)
-        except ValueError:
-            raise ValueError("配置错误:WEBHOOK_SECRET 以 whsec_ 开头,但后面不是合法的 base64") from None
-        if not key:  # 空密钥算出来的签名谁都能伪造
-            raise ValueError("配置错误:WEBHOOK_SECRET 是 whsec_,后面没有密钥")
-        return key
-    return secret.encode()
-
-
 def check_secret() -> None:
     """WEBHOOK_SECRET 写错了(whsec_ 后面不是 base64、或者是空的)以 SystemExit("配置错误:…") 退出。"""
     try:
-        standard_webhooks_key(config.get("WEBHOOK_SECRET", DEFAULT_SECRET))
+        webhook_sign.standard_webhooks_key(config.get("WEBHOOK_SECRET", DEFAULT_SECRET))
     except ValueError as e:
         raise SystemExit(str(e)) from None
-
-
-def verify_standard(raw: bytes, msg_id: str, ts: str, header: str, secret: str) -> None:
-    """Standard Webhooks 的签名;webhook-id / webhook-timestamp 已经由 verify() 查过。"""
-    signed = f"{msg_id}.{ts}.".encode() + raw
-    try:
-        key = standard_webhooks_key(secret)
-    except ValueError as e:  # 启动后才改坏了环境变量:不会发生在正常部署里,但也别崩
-        raise HTTPException(500, str(e)) from None
-    expected = base64.b64encode(hmac.new(key, signed, hashlib.sha256).digest())
-    candidates = [value.encode() for version, _, value in (e.partition(",") for e in header.split()) if version == "v1"]
-    if not candidates:
-        raise HTTPException(400, "bad signature header")
-    if not any(hmac.compare_digest(expected, c) for c in candidates):
-        raise HTTPException(401, "bad signature")
 
 
 def verify(request: Request, raw: bytes) -> None:
@@ -201,7 +152,7 @@ def verify(request: Request, raw: bytes) -> None:
         if not msg_id or ts is None:
             raise HTTPException(400, "bad signature header")
         check_timestamp(ts)
-        verify_standard(raw, msg_id, ts, " ".join(signed), secret)
+        webhook_sign.verify_standard(raw, msg_id, ts, " ".join(signed), secret)
     else:
         raise HTTPException(400, "missing signature header (X-CloudLedger-Signature or webhook-signature)")
 
