@@ -74,16 +74,21 @@ app = FastAPI(title="CloudLedger webhook", lifespan=lifespan)
 app.add_middleware(webhook_startup.StartupErrorInOneLine)
 
 
-def check_timestamp(ts: str) -> None:
-    if not TIMESTAMP.fullmatch(ts):
-        raise HTTPException(400, "bad signature header")
-    age = time.time() - int(ts)
-    if age > TOLERANCE_S:
-        raise HTTPException(400, "timestamp too old")
-    if age < -TOLERANCE_S:
-        if abs(time.time() - int(ts) / 1000) <= TOLERANCE_S:  # 上游用的是毫秒(JavaScript 的 Date.now()):常见的接错
-            raise HTTPException(400, "timestamp is in milliseconds: send unix seconds")
-        raise HTTPException(400, "timestamp too far in the future")
+def verify(request: Request, raw: bytes) -> None:
+    secret = config.get("WEBHOOK_SECRET", DEFAULT_SECRET)
+    headers = request.headers
+    # 签名头可能有好几行(换密钥期间上游每把密钥各写一行):和代理合成一行(RFC 9110 §5.3)一样对待,任意一个签名对上就行。
+    # 原来只看第一行:新密钥的签名在第二行时回 401,合成一行时却回 202
+    if signed := headers.getlist("x-cloudledger-signature"):
+        verify_cloudledger(raw, ",".join(signed), secret)
+    elif signed := headers.getlist("webhook-signature"):
+        msg_id, ts = headers.get("webhook-id"), headers.get("webhook-timestamp")
+        if not msg_id or ts is None:
+            raise HTTPException(400, "bad signature header")
+        check_timestamp(ts)
+        webhook_sign.verify_standard(raw, msg_id, ts, " ".join(signed), secret)
+    else:
+        raise HTTPException(400, "missing signature header (X-CloudLedger-Signature or webhook-signature)")
 
 
 def verify_cloudledger(raw: bytes, header: str, secret: str) -> None:
@@ -101,29 +106,16 @@ def verify_cloudledger(raw: bytes, header: str, secret: str) -> None:
     raise errors[0]
 
 
-def check_secret() -> None:
-    """WEBHOOK_SECRET 写错了(whsec_ 后面不是 base64、或者是空的)以 SystemExit("配置错误:…") 退出。"""
-    try:
-        webhook_sign.standard_webhooks_key(config.get("WEBHOOK_SECRET", DEFAULT_SECRET))
-    except ValueError as e:
-        raise SystemExit(str(e)) from None
-
-
-def verify(request: Request, raw: bytes) -> None:
-    secret = config.get("WEBHOOK_SECRET", DEFAULT_SECRET)
-    headers = request.headers
-    # 签名头可能有好几行(换密钥期间上游每把密钥各写一行):和代理合成一行(RFC 9110 §5.3)一样对待,任意一个签名对上就行。
-    # 原来只看第一行:新密钥的签名在第二行时回 401,合成一行时却回 202
-    if signed := headers.getlist("x-cloudledger-signature"):
-        verify_cloudledger(raw, ",".join(signed), secret)
-    elif signed := headers.getlist("webhook-signature"):
-        msg_id, ts = headers.get("webhook-id"), headers.get("webhook-timestamp")
-        if not msg_id or ts is None:
-            raise HTTPException(400, "bad signature header")
-        check_timestamp(ts)
-        webhook_sign.verify_standard(raw, msg_id, ts, " ".join(signed), secret)
-    else:
-        raise HTTPException(400, "missing signature header (X-CloudLedger-Signature or webhook-signature)")
+def check_timestamp(ts: str) -> None:
+    if not TIMESTAMP.fullmatch(ts):
+        raise HTTPException(400, "bad signature header")
+    age = time.time() - int(ts)
+    if age > TOLERANCE_S:
+        raise HTTPException(400, "timestamp too old")
+    if age < -TOLERANCE_S:
+        if abs(time.time() - int(ts) / 1000) <= TOLERANCE_S:  # 上游用的是毫秒(JavaScript 的 Date.now()):常见的接错
+            raise HTTPException(400, "timestamp is in milliseconds: send unix seconds")
+        raise HTTPException(400, "timestamp too far in the future")
 
 
 @app.post("/hooks/cloudledger", status_code=202)
@@ -142,3 +134,11 @@ async def receive(request: Request):
     except webhook_commit.StoreUnavailable as e:  # 事件库写不进去(磁盘满、库被锁太久、写库进程没了……):让上游稍后重试
         raise HTTPException(503, f"event store unavailable ({e}), retry later") from None
     return Response(ACCEPTED[is_new], status_code=202, media_type="application/json")
+
+
+def check_secret() -> None:
+    """WEBHOOK_SECRET 写错了(whsec_ 后面不是 base64、或者是空的)以 SystemExit("配置错误:…") 退出。"""
+    try:
+        webhook_sign.standard_webhooks_key(config.get("WEBHOOK_SECRET", DEFAULT_SECRET))
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
