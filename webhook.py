@@ -3,23 +3,12 @@
 运行:uv run uvicorn webhook:app --port 8139
 你会看到 uvicorn 的启动日志;每收到一个请求,发送方拿到例如 202 {"accepted": true, "duplicate": false}。
 
-两种签名都认:
-- 课文的格式(照 Stripe):X-CloudLedger-Signature: t=<unix 秒>,v1=<hex>,HMAC-SHA256(密钥, "{t}." + 原始请求体)。
-  一个头里可以有几个 v1=(换密钥期间上游用新旧密钥各签一份),任意一个对上就行;v0= 之类别的方案忽略。
-- Standard Webhooks:webhook-id / webhook-timestamp / webhook-signature: v1,<base64> …,
-  签的是 "{id}.{timestamp}." + 原始请求体;密钥以 whsec_ 开头时按规范先 base64 解码,否则按原样的字节用。
-
-坏请求一律回清楚的 JSON 错误,什么都不存:签名头缺失或格式不对 400,时间戳超出 ±300 秒 400,
-签名不对 401,请求体不是带 id/type/data.ticket_id 的 JSON 对象 400(里面的整数超过 4300 位也是 400),
-请求体超过 1 MiB 413,WEBHOOK_BODY_TIMEOUT_S(30 秒)里没收完 408;
-签名对、但 type 不是 ticket.created(上游订阅了别的事件)时回 202 {"accepted": false, "reason": "ignored type"},
-也什么都不存:回 4xx 的话上游会一直重试;这种事件只检查 id 和 type,不看 data。
-事件库写不进去时 503(什么都没存,上游照常重试即可)。
-
-写库不在这个进程里做:启动时拉起一个写库子进程(webhook_writer.py),同一时刻到达的一批事件交给它放进一个事务、
-一次落盘(组提交),提交成功后这一批请求才各自回 202。所以回了 202 的事件,断电也还在。
-写库进程被杀了,它读走了、没来得及回话的那一批回 503(可能已经提交了),下一批到来时重新拉起一个;它在两批之间
-没了的话,交过去它没读到的那一批直接交给新拉起的一个,照常回 202。webhook 退出(哪怕被 kill -9)时它也跟着退出。
+这个文件按课文的顺序:密钥和时间窗、app、verify()、receive()。课文之外的部分在旁边:
+- webhook_sign.py:换密钥期间的多个签名、Standard Webhooks 的三个请求头;
+- webhook_request.py:请求体的大小和时限、坏请求回清楚的 400(什么都不存);
+- webhook_commit.py + webhook_writer.py:组提交,同一时刻到达的一批事件在写库子进程里一个事务落盘,
+  提交成功后才各自回 202,所以回了 202 的事件断电也还在;写不进去回 503,上游照常重试;
+- webhook_startup.py:设置写错时启动失败只打一行说明。
 """
 import hashlib
 import hmac
@@ -41,7 +30,7 @@ import store
 DEFAULT_SECRET = "dev-secret-change-me"
 DEFAULT_SECRET_WARNING = (f"没有设置 WEBHOOK_SECRET,用的是课文里公开的默认密钥 {DEFAULT_SECRET}:"
                           "谁都能照着它伪造签名,上线前一定要设置(见 .env.example)")
-# cp .env.example .env 之后 WEBHOOK_SECRET 设了,值却还是这个公开的密钥:照样要提醒(原来只在没设时提醒)
+# 从 .env.example 抄来、值还是这个公开密钥时也提醒
 DEFAULT_SECRET_SET_WARNING = (f"WEBHOOK_SECRET 还是课文里公开的默认密钥 {DEFAULT_SECRET}(多半是从 .env.example 抄来的):"
                               "谁都能照着它伪造签名,上线前一定要换掉")
 TOLERANCE_S = 300             # 秒;时间戳离现在超过这么多就当重放拒掉
@@ -77,8 +66,7 @@ app.add_middleware(webhook_startup.StartupErrorInOneLine)
 def verify(request: Request, raw: bytes) -> None:
     secret = config.get("WEBHOOK_SECRET", DEFAULT_SECRET)
     headers = request.headers
-    # 签名头可能有好几行(换密钥期间上游每把密钥各写一行):和代理合成一行(RFC 9110 §5.3)一样对待,任意一个签名对上就行。
-    # 原来只看第一行:新密钥的签名在第二行时回 401,合成一行时却回 202
+    # 签名头可能有好几行(换密钥期间上游每把密钥各写一行):和代理合成一行(RFC 9110 §5.3)一样对待,任意一个签名对上就行
     if signed := headers.getlist("x-cloudledger-signature"):
         verify_cloudledger(raw, ",".join(signed), secret)
     elif signed := headers.getlist("webhook-signature"):
@@ -92,7 +80,8 @@ def verify(request: Request, raw: bytes) -> None:
 
 
 def verify_cloudledger(raw: bytes, header: str, secret: str) -> None:
-    """任意一个 t 在时间窗里、它的某个 v1 对得上就行;都不行时回第一个 t 的错误(只有一个 t 时和原来一样:先查时间戳)。"""
+    """课文的签名:HMAC-SHA256(密钥, "{t}." + 原始请求体) 的十六进制。任意一个 t 在时间窗里、它的某个 v1 对得上就行;
+    都不行时回第一个 t 的错误(只有一个 t 时就是课文的顺序:先查时间戳,再核对签名)。"""
     errors = []
     for ts, signatures in webhook_sign.signed_timestamps(header):
         try:

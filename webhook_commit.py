@@ -36,8 +36,7 @@ class GroupCommitter:
         self.stdin_copy: int | None = None  # 写库进程输入管道写端的副本,见 _spawn
         # 秒;交给写库进程的一批,等它回话最多等这么久(webhook_writer.batch_time_limit_s(),start() 时按 BUSY_TIMEOUT_S 算)。
         # 过了还没回话(多半是和 PostgreSQL 之间的网络不通了、服务器不回话,它卡在读 socket 上):杀掉它,这一批回 503
-        # (可能已经提交,上游重发时得到 duplicate),下一批拉起新的。原来一直等:这一批和后面排着的请求都没有回答,
-        # 连关服务都卡在等它
+        # (可能已经提交,上游重发时得到 duplicate),下一批拉起新的。不设上限的话,这一批、排在后面的请求和关服务都卡住
         self.answer_timeout_s = 0.0
 
     async def start(self) -> None:

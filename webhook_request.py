@@ -13,9 +13,8 @@ import config
 import store
 
 MAX_BODY_BYTES = 1024 * 1024  # 字节;正常的工单通知不到 1 KB,超过 1 MiB 的不读完就拒
-# 秒(环境变量 WEBHOOK_BODY_TIMEOUT_S);请求体要在这么久里收完,不然回 408。上游发了请求头、请求体一个字节一个字节地挤
-# (或者它那台机器半路没了、连接没关),原来这个请求一直挂着,关服务(SIGTERM)时 uvicorn 等它,服务停不下来。
-# 一个工单通知不到 1 KB,1 MiB 在慢网络上也用不了这么久
+# 秒(环境变量 WEBHOOK_BODY_TIMEOUT_S);请求体要在这么久里收完,不然回 408。上游的请求体一个字节一个字节地挤(或者它那台
+# 机器半路没了、连接没关)时,请求不会一直挂着、让关服务(SIGTERM)停不下来。1 MiB 在慢网络上也用不了这么久
 BODY_TIMEOUT_S = 30
 
 
@@ -38,20 +37,20 @@ async def read_body(request: Request) -> bytes:
     except TimeoutError:
         raise HTTPException(408, f"body not received within {limit:g} seconds") from None
     except ClientDisconnect:
-        # 上游发到一半断开(它那边超时了,稍后会重发):没人收这个回答,日志里一行 400 就够,什么都没存。
-        # 原来一整段 traceback(Exception in ASGI application),盯着日志报警的会以为服务出了错
+        # 上游发到一半断开(它那边超时了,稍后会重发):没人收这个回答,日志里一行 400 就够,什么都没存;
+        # 一整段 traceback 会让盯着日志报警的人以为服务出了错
         raise HTTPException(400, "client disconnected before the whole body arrived") from None
     return b"".join(chunks)
 
 
 def parse_event(raw: bytes) -> dict:
-    if raw.startswith(b"\xef\xbb\xbf"):  # JSON 不许带 BOM(RFC 8259 §8.1);原来说「不是 UTF-8」,可它是
+    if raw.startswith(b"\xef\xbb\xbf"):  # JSON 不许带 BOM(RFC 8259 §8.1);它是 UTF-8,要说清是 BOM
         raise HTTPException(400, "body starts with a byte order mark: send UTF-8 JSON without it")
     try:
         event = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError):
         raise HTTPException(400, "body is not UTF-8 JSON") from None
-    except RecursionError:  # 合法的 JSON,只是嵌套了上千层([[[[…]]]]):原来也说「不是 JSON」
+    except RecursionError:  # 合法的 JSON,只是嵌套了上千层([[[[…]]]])
         raise HTTPException(400, "body is nested too deeply") from None
     except ValueError:  # 是合法的 JSON,但里面的整数超过了 Python 肯转换的位数(int 和 str 互转的上限,默认 4300)
         raise HTTPException(400, f"body has an integer longer than {sys.get_int_max_str_digits()} digits") from None
@@ -68,8 +67,8 @@ def parse_event(raw: bytes) -> dict:
         # 空格这类看得见的空白(isprintable 为真):只有空格的 id 在日志里是空的,前后带空格的和不带的成了两个事件
         raise HTTPException(400, "id must not start or end with whitespace")
     if event["id"].startswith(store.OTHER_SOURCE_ID_PREFIXES):
-        # 三个来源共用一个 event_id 唯一键:原来一个签名对的请求用一封信的 Message-ID 或 cron:stale:… 当 id,
-        # 就让那封信成了 duplicate(标了已读、不建工单)、那天的提醒不再入队
+        # 三个来源共用一个 event_id 唯一键:签名对的请求拿一封信的 Message-ID 或 cron:stale:… 当 id 的话,
+        # 那封信会成了 duplicate(标了已读、不建工单)、那天的提醒不再入队
         raise HTTPException(400, "id must not start with " + ", ".join(store.OTHER_SOURCE_ID_PREFIXES)
                    + " (those are the ids of mail and cron events)")
     if not isinstance(event.get("type"), str):

@@ -11,8 +11,8 @@ from fastapi import HTTPException
 
 def signed_timestamps(header: str) -> list[tuple[str, list[bytes]]]:
     """签名头里的 (t, 它的那几个 v1)。换密钥期间上游每把密钥各签一行,两行的 t 可能差一秒(正好跨过一秒),
-    代理合成一行后是「t=…,v1=…, t=…,v1=…」:每个 v1 归它前面那个 t(一行里 v1 写在 t 前面的,归这一行的 t)。
-    原来只留最后一个 t,拿它核对所有签名:新密钥那行在前时,它自己明明对,却回 401。"""
+    代理合成一行后是「t=…,v1=…, t=…,v1=…」:每个 v1 归它前面那个 t(一行里 v1 写在 t 前面的,归这一行的 t),
+    所以哪一行在前都能核对。"""
     groups: list[tuple[str, list[bytes]]] = []
     before_any_t: list[bytes] = []
     for part in header.split(","):
@@ -22,7 +22,7 @@ def signed_timestamps(header: str) -> list[tuple[str, list[bytes]]]:
         if key == "t":
             groups.append((value, before_any_t))
             before_any_t = []
-        elif key == "v1":  # 十六进制不分大小写:上游用大写字母写的是同一个签名(原来回 401)
+        elif key == "v1":  # 十六进制不分大小写:上游用大写字母写的是同一个签名
             (groups[-1][1] if groups else before_any_t).append(value.lower().encode())
     groups = [(ts, signatures) for ts, signatures in groups if signatures]
     if not groups:
