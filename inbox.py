@@ -34,6 +34,7 @@ import re
 import socket
 import sys
 import unicodedata
+from dataclasses import dataclass
 
 import config  # 只用标准库,导入很快:先装好 Ctrl-C 的处理,再做下面慢的导入
 
@@ -282,30 +283,81 @@ def refusal(command: str, ticket_id: str, snap) -> Refused | None:
     return Refused(f"{ticket_id} 已经按意见重写了 {rounds} 次,到上限了,不能再 respond;现在可以:{ok}")
 
 
-def act(graph, command: str, ticket_id: str, text: str) -> None:
+@dataclass
+class Result:
+    """处理完一条待办的结果(resume() 返回,不打印):outcome 是图走完的结果(sent / ignored);respond 之后图又停在
+    review 上时 new_draft 是新草稿,待办留在收件箱里;note 是途中出过错、但工单已经处理完时的说明。"""
+    ticket_id: str
+    outcome: str | None = None
+    new_draft: str | None = None
+    note: str | None = None
+
+
+def resume(graph, ticket_id: str, answer: dict) -> Result:
+    """收件箱处理一条待办的唯一路径(命令行和以后的网页收件箱都调它):拿到这条待办,用人的回答(HumanResponse)
+    续跑图,按图的结果改事件状态。做不了时抛 Refused(原因说给人听);这里不打印。"""
+    command = COMMAND_OF[answer["type"]]
     waiting = store.events_by_status("waiting_human")
     ev = next((e for e in waiting if e["ticket_id"] == ticket_id), None)
     if ev is None:
         raise not_in_inbox(ticket_id, waiting)
     cfg = thread_of(ticket_id, ev["event_id"])
+    snap = take(graph, ev, cfg, command, lambda snap: refusal(command, ticket_id, snap))
+    try:
+        # sync:每个节点的结果写下了才跑下一个节点。默认的 async 在后台写、同时就往下跑:review 的结果(人的决定)
+        # 还没写下,send 可能已经写了发件箱;这时被杀,checkpoint 里 review 还停在 interrupt,下一次 list 会把已经
+        # 发出的工单再放回收件箱问人(tests/test_inbox.py 碰到过)。收件箱是人在敲命令,多等几毫秒无所谓。
+        result = graph.invoke(Command(resume=answer), cfg, durability="sync")
+    except store.unavailable_errors():
+        raise  # 数据库用不了:这时也改不了事件状态,交给 main() 说一行;下次运行 tidy() 按 checkpoint 更正
+    except (Exception, KeyboardInterrupt) as e:
+        return after_failure(graph, ev, cfg, e)
+    if "__interrupt__" in result:
+        store.set_status(ev["event_id"], "waiting_human", owner=store.inbox_owner())
+        item = result["__interrupt__"][0].value
+        rounds = len(snap.values.get("feedback", []))
+        if command != "respond" or len(graph.get_state(cfg).values.get("feedback", [])) == rounds:
+            # 拿到手后核对过了,按说不会到这里:图没有接受这个回答(review 又问了一次),待办原样留着,可以再处理
+            raise Refused(f"{ticket_id} 这次没有处理成:{item['description']};仍在收件箱里")
+        return Result(ticket_id, new_draft=item["action_request"]["args"]["reply"])
+    store.set_status(ev["event_id"], finished_status(result["outcome"]), owner=store.inbox_owner())
+    return Result(ticket_id, outcome=result["outcome"])
+
+
+def show_result(result: Result) -> None:
+    if result.note:
+        print(f"(途中出过错:{result.note};这张工单已经处理完了)", file=sys.stderr)
+    if result.new_draft is None:
+        print(result.ticket_id, "→", result.outcome)
+        return
+    # 新草稿有好几行(真模型常这样写)时,后面几行和 list 里一样缩进,不和下一行输出混在一起
+    first, *rest = result.new_draft.splitlines() or [""]
+    print("已按意见重写,新草稿:", "\n".join([visible(first), *(indented("", line) for line in rest)]))
+    sys.stdout.flush()  # 真的写出去了才算看过(见 show_list)
+    remember({result.ticket_id: result.new_draft})
+
+
+def take(graph, ev: dict, cfg: dict, command: str, check) -> object:
+    """拿到这条待办(事件 waiting_human → processing,别的收件箱命令和 worker 就动不了它),返回拿到后的 checkpoint。
+    拿之前、拿到之后各用 check(snapshot) 核对一次这种处理还行不行(它返回 Refused 或 None):拿到之前别人可能刚 respond
+    过 —— 草稿换了,重写次数也可能刚好到了上限。accept 还要核对这个人看过的正是这一版草稿。做不了时放回收件箱,抛 Refused。"""
+    ticket_id = ev["ticket_id"]
     snap = graph.get_state(cfg)
-    if not snap.interrupts:  # 上面查完收件箱之后,另一个收件箱命令刚把它处理完(原来是 IndexError 的 traceback)
+    if not snap.interrupts:  # 上面查完收件箱之后,另一个收件箱命令刚把它处理完
         raise taken_meanwhile(ticket_id)
-    if refused := refusal(command, ticket_id, snap):
+    if refused := check(snap):
         raise refused
     if not store.take_for_review(ev["event_id"]):
         if any(e["event_id"] == ev["event_id"] for e in store.events_by_status("waiting_human")):
             raise busy(ticket_id)  # 待办还在,是同一张工单的另一个事件在 worker 手里
         raise taken_meanwhile(ticket_id)
-    # 拿到手之后再核对一遍:上面查过之后、拿到之前,别人可能刚 respond 过 —— 草稿换了,重写次数也可能刚好到了上限。
-    # 这之后别人改不了这条待办。原来只有 accept 再核对:到上限时输掉的 respond 被图拒了,却说「已按意见重写」,意见没了
     try:
         snap = graph.get_state(cfg)
-        refused = refusal(command, ticket_id, snap)
+        refused = check(snap)
         # 没 list 过(seen 是 None)就照课文发;通知类待办没有草稿
         draft = snap.interrupts[0].value["action_request"]["args"].get("reply") if command == "accept" else None
         seen = None if draft is None else store.seen_draft(ticket_id, viewer())
-    except KeyboardInterrupt:  # 拿走了、还没开始处理:原样放回收件箱(原来是 traceback,事件留在 processing)
+    except KeyboardInterrupt:  # 拿走了、还没开始处理:原样放回收件箱
         store.set_status(ev["event_id"], "waiting_human", owner=store.inbox_owner())
         raise Refused(f"{ticket_id} 这次被中断(Ctrl-C),仍在收件箱里") from None
     if refused is None and seen is not None and seen != fingerprint(draft):
@@ -314,53 +366,34 @@ def act(graph, command: str, ticket_id: str, text: str) -> None:
     if refused:
         store.set_status(ev["event_id"], "waiting_human", owner=store.inbox_owner())
         raise refused
-    try:
-        # sync:每个节点的结果写下了才跑下一个节点。默认的 async 在后台写、同时就往下跑:review 的结果(人的决定)
-        # 还没写下,send 可能已经写了发件箱;这时被杀,checkpoint 里 review 还停在 interrupt,下一次 list 会把已经
-        # 发出的工单再放回收件箱问人(tests/test_inbox.py 碰到过)。收件箱是人在敲命令,多等几毫秒无所谓。
-        result = graph.invoke(Command(resume=answer_for(command, ticket_id, text)), cfg, durability="sync")
-    except store.unavailable_errors():
-        raise  # 数据库用不了:这时也改不了事件状态,交给 main() 说一行;下次运行 tidy() 按 checkpoint 更正
-    except (Exception, KeyboardInterrupt) as e:
-        # 出错,或者人等不及按了 Ctrl-C(respond 正在等模型重写):按 checkpoint 把事件放到该在的地方再退出。
-        # 原来 Ctrl-C 带着 traceback 退出,事件留在 processing,等 worker 当成崩溃放回
-        snap = graph.get_state(cfg)
-        status = status_of(snap)
-        interrupted = isinstance(e, KeyboardInterrupt)
-        # 重写时模型说请求不对(400/413……):交回 worker 也只是原样再错一次就进死信,还让人等它「自动再试」。直接进死信,
-        # 说清修好后怎么放回来;意见已经记在 checkpoint 里,--requeue-dead 之后从 draft 带着意见接着跑
-        dead = not interrupted and status == "pending" and is_permanent(e)
-        requeue = store.requeue_dead_command([ev["event_id"]]) if dead else None
-        owner, what = store.inbox_owner(), "被中断(Ctrl-C)" if interrupted else describe(e, requeue=requeue)
-        if dead:
-            store.set_status(ev["event_id"], "dead", what, owner=owner)
-        elif status == "pending":
-            store.hand_to_worker(ev["event_id"], owner, what)
-        elif status == "waiting_human":
-            store.set_status(ev["event_id"], status, what, owner=owner)
-        else:
-            store.set_status(ev["event_id"], status, owner=owner)
-            # 节点都走完了(回复已进发件箱 / ignore 已记下),报错的是途中某一次 checkpoint 写入:照实说结果
-            print(f"(途中出过错:{what};这张工单已经处理完了)", file=sys.stderr)
-            print(ticket_id, "→", snap.values["outcome"])
-            return
-        where = "仍在收件箱里" if status == "waiting_human" else "进了死信" if dead else "已交回 worker 续跑"
-        raise Refused(f"{ticket_id} {f'这次{what}' if interrupted else f'处理失败({what})'},{where}") from e
-    if "__interrupt__" in result:
-        store.set_status(ev["event_id"], "waiting_human", owner=store.inbox_owner())
-        item = result["__interrupt__"][0].value
-        rounds = len(snap.values.get("feedback", []))
-        if command != "respond" or len(graph.get_state(cfg).values.get("feedback", [])) == rounds:
-            # 上面核对过了,按说不会到这里:图没有接受这个回答(review 又问了一次),待办原样留着,可以再处理
-            raise Refused(f"{ticket_id} 这次没有处理成:{item['description']};仍在收件箱里")
-        # 新草稿有好几行(真模型常这样写)时,后面几行和 list 里一样缩进,不和下一行输出混在一起
-        first, *rest = item["action_request"]["args"]["reply"].splitlines() or [""]
-        print("已按意见重写,新草稿:", "\n".join([visible(first), *(indented("", line) for line in rest)]))
-        sys.stdout.flush()  # 真的写出去了才算看过(见 show_list)
-        remember({ticket_id: item["action_request"]["args"]["reply"]})
-        return
-    store.set_status(ev["event_id"], finished_status(result["outcome"]), owner=store.inbox_owner())
-    print(ticket_id, "→", result["outcome"])
+    return snap
+
+
+def after_failure(graph, ev: dict, cfg: dict, e: BaseException) -> Result:
+    """续跑图时出错,或者人等不及按了 Ctrl-C(respond 正在等模型重写):按 checkpoint 把事件放到该在的地方 ——
+    还停在 review 就留在收件箱,跑到一半就交回 worker 续跑,模型说请求不对(400/413……)就直接进死信。
+    节点都走完了(回复已进发件箱 / ignore 已记下)、报错的只是途中某一次 checkpoint 写入时,照实返回结果;
+    别的情况抛 Refused。"""
+    ticket_id = ev["ticket_id"]
+    snap = graph.get_state(cfg)
+    status = status_of(snap)
+    interrupted = isinstance(e, KeyboardInterrupt)
+    # 模型说请求不对:交回 worker 也只是原样再错一次就进死信,还让人等它「自动再试」。直接进死信,说清修好后怎么放回来;
+    # 意见已经记在 checkpoint 里,--requeue-dead 之后从 draft 带着意见接着跑
+    dead = not interrupted and status == "pending" and is_permanent(e)
+    requeue = store.requeue_dead_command([ev["event_id"]]) if dead else None
+    owner, what = store.inbox_owner(), "被中断(Ctrl-C)" if interrupted else describe(e, requeue=requeue)
+    if dead:
+        store.set_status(ev["event_id"], "dead", what, owner=owner)
+    elif status == "pending":
+        store.hand_to_worker(ev["event_id"], owner, what)
+    elif status == "waiting_human":
+        store.set_status(ev["event_id"], status, what, owner=owner)
+    else:
+        store.set_status(ev["event_id"], status, owner=owner)
+        return Result(ticket_id, outcome=snap.values["outcome"], note=what)
+    where = "仍在收件箱里" if status == "waiting_human" else "进了死信" if dead else "已交回 worker 续跑"
+    raise Refused(f"{ticket_id} {f'这次{what}' if interrupted else f'处理失败({what})'},{where}") from e
 
 
 def utf8(arg: str) -> bool:
@@ -441,7 +474,8 @@ def main(argv: list[str] | None = None) -> int:
             elif (ticket_id := typed_id(args[1])) in missing:
                 raise Refused(f"{ticket_id} 在 checkpoint 库里找不到,没有处理(见上一行)")
             else:
-                act(graph, command, ticket_id, args[2].strip() if command in NEEDS_TEXT else "")
+                text = args[2].strip() if command in NEEDS_TEXT else ""
+                show_result(resume(graph, ticket_id, answer_for(command, ticket_id, text)))
     except Refused as e:
         print(visible(str(e)), file=sys.stderr)
         return 1
