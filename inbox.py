@@ -43,6 +43,7 @@ if __name__ == "__main__":
 
 from langgraph.types import Command  # noqa: E402
 
+import inbox_show  # noqa: E402
 import store  # noqa: E402
 from agent import (FINISHED, allowed, check_settings, finished_status, interrupted_status, is_permanent,  # noqa: E402
                    max_text_chars, opened_graph, thread_of)
@@ -60,9 +61,6 @@ NEEDS_TEXT = ("edit", "respond")
 # (原来当成回复原样发给了客户;--reply=… 和 --dry_run 也是,直到这一版)
 OPTION = re.compile(r"--?(?:[A-Za-z0-9][A-Za-z0-9_-]*(?:=.*)?)?", re.S)
 END_OF_OPTIONS = "--"  # 后面的都是工单号和文字,不当选项看:工单号真的以 - 开头时(webhook 收得下 -A7 这样的)用它
-# 打到终端上之前换成 \xNN 的字符:制表符和换行以外的控制字符,包括 C1(\x9b 是终端的 CSI,客户邮件里的「\x9b8m」
-# 能把后面的字藏起来,主管在通知里正好看不见那句话)。工单原文、草稿、命令行上敲错的工单号都可能带着
-SHOWN_ESCAPED = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 # 除了 \t \n \r 之外的控制字符,也包括 C1 的 \x80–\x9f(用错编码解出来的 Word、Windows-1252 文字常带着,
 # \x9b 还是终端的 CSI):原来只拦 \x00–\x1f 和 \x7f,C1 的原样发给了客户
 CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
@@ -73,13 +71,8 @@ class Refused(Exception):
 
 
 def usage(problem: str) -> int:
-    print(f"{visible(problem)}\n用法:{USAGE}", file=sys.stderr)
+    print(f"{inbox_show.visible(problem)}\n用法:{USAGE}", file=sys.stderr)
     return 2
-
-
-def visible(text: str) -> str:
-    """打到终端上的文字:SHOWN_ESCAPED 里的字符写成 \\xNN,看得见、也不会被终端当成命令。"""
-    return SHOWN_ESCAPED.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
 
 
 def restart_command(tickets) -> str:
@@ -189,11 +182,6 @@ def restart(tickets: list[str], missing: set[str]) -> None:
         raise Refused(f"{'、'.join(gone)} 刚被另一个收件箱命令交回 worker 了,这次没有再动")
 
 
-def indented(label: str, text: str) -> str:
-    """「        标签:正文」;正文有好几行(邮件工单、真模型的草稿)时,后面几行也缩进,不和下一条待办混在一起。"""
-    return "\n".join(f"        {label if i == 0 else ''}{visible(line)}" for i, line in enumerate(text.splitlines() or [""]))
-
-
 def show_list(graph, missing: set[str]) -> None:
     waiting = [e for e in store.events_by_status("waiting_human") if e["ticket_id"] not in missing]
     # 上面查完收件箱之后,另一个收件箱命令可能刚把其中一条处理完:checkpoint 里已经没有 interrupt,不列它
@@ -205,12 +193,12 @@ def show_list(graph, missing: set[str]) -> None:
     for ev, snap in snaps:
         item = snap.interrupts[0].value
         args = item["action_request"]["args"]
-        print(visible(f"{ev['ticket_id']}  {item['description']}"))
+        print(inbox_show.visible(f"{ev['ticket_id']}  {item['description']}"))
         if item["action_request"]["action"] == "notify_supervisor":
-            print(indented("工单:", args["ticket_text"]))
+            print(inbox_show.indented("工单:", args["ticket_text"]))
             print("        只能 ignore(看过即可)")
             continue
-        print(indented("草稿:", args["reply"]))
+        print(inbox_show.indented("草稿:", args["reply"]))
         shown[ev["ticket_id"]] = args["reply"]
         if not item["config"]["allow_respond"]:
             rounds = len(snap.values.get("feedback", []))
@@ -332,7 +320,7 @@ def show_result(result: Result) -> None:
         return
     # 新草稿有好几行(真模型常这样写)时,后面几行和 list 里一样缩进,不和下一行输出混在一起
     first, *rest = result.new_draft.splitlines() or [""]
-    print("已按意见重写,新草稿:", "\n".join([visible(first), *(indented("", line) for line in rest)]))
+    print("已按意见重写,新草稿:", "\n".join([inbox_show.visible(first), *(inbox_show.indented("", line) for line in rest)]))
     sys.stdout.flush()  # 真的写出去了才算看过(见 show_list)
     remember({result.ticket_id: result.new_draft})
 
@@ -477,7 +465,7 @@ def main(argv: list[str] | None = None) -> int:
                 text = args[2].strip() if command in NEEDS_TEXT else ""
                 show_result(resume(graph, ticket_id, answer_for(command, ticket_id, text)))
     except Refused as e:
-        print(visible(str(e)), file=sys.stderr)
+        print(inbox_show.visible(str(e)), file=sys.stderr)
         return 1
     except store.unavailable_errors() as e:  # 数据库重启、连接被掐断、库被锁太久
         print(f"{store.unavailable(e)},这次没有做完;稍后再试,做到一半的下次运行 inbox.py 时会按 checkpoint 更正",
