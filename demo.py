@@ -21,6 +21,7 @@ from pathlib import Path
 
 import config
 import inbox
+import inbox_seen
 import store
 import webhook
 import worker
@@ -109,7 +110,7 @@ def check_settings() -> None:
     """演示里每个程序要读的设置(webhook 密钥、worker 和图的设置、SQLite 等锁的时间),开始之前先在这里读一遍:
     哪一项写错了,一步都不跑就说是哪一项,而不是跑到用它的那一步才停下。收件箱的文字上限比演示要输入的意见、
     改好的回复还短时也一样。"""
-    for read in (store.busy_timeout_s, webhook.check_secret, worker.read_settings, inbox.viewer):
+    for read in (store.busy_timeout_s, webhook.check_secret, worker.read_settings, inbox_seen.viewer):
         read()
     longest = max(len(FEEDBACK), len(EDITED))
     if (limit := inbox.max_text_chars()) < longest:  # 不然跑到 respond 那一步才被收件箱拒绝,T1012 已经发出去了

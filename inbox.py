@@ -27,11 +27,8 @@ restart 之后每张工单一行「T1012 已交回 worker 从头起草(…)」,w
 几个人共用收件箱时(INBOX_USER 区分是谁,见 .env.example):list 和 respond 记下你看到的是哪一版草稿,accept 只发
 你看到的那一版;没 list 过就 accept(课文的用法)照常发。
 """
-import getpass
-import hashlib
 import os
 import re
-import socket
 import sys
 import unicodedata
 from dataclasses import dataclass
@@ -43,14 +40,13 @@ if __name__ == "__main__":
 
 from langgraph.types import Command  # noqa: E402
 
+import inbox_seen  # noqa: E402
 import inbox_show  # noqa: E402
 import store  # noqa: E402
 from agent import (FINISHED, allowed, check_settings, finished_status, interrupted_status, is_permanent,  # noqa: E402
                    max_text_chars, opened_graph, thread_of)
 from llm import describe, mask_pii  # noqa: E402
 
-INBOX_USER = ""  # 谁在用收件箱(几个人共用时区分);空 = 「登录名@主机名」
-SEEN_WAIT_S = 0.5  # 秒;list 记「你看到的是哪一版」时最多等别人的写锁这么久,等不到就不记(accept 时会请你再 list),list 照常显示
 
 USAGE = __doc__.split("运行:")[1].split("你会看到")[0].rstrip()
 ALIASES = {"approve": "accept", "reject": "ignore"}  # LangChain 1.x HumanInTheLoopMiddleware 的叫法
@@ -79,30 +75,6 @@ def restart_command(tickets) -> str:
     """提示里让人照着敲的 restart 命令;有以 - 开头的工单号时写在 -- 后面。"""
     ids = sorted(tickets)
     return f"uv run python inbox.py restart {'-- ' if any(t.startswith('-') for t in ids) else ''}{' '.join(ids)}"
-
-
-def viewer() -> str:
-    """谁在用收件箱:INBOX_USER;没设就是「登录名@主机名」。"""
-    if name := config.get("INBOX_USER", INBOX_USER):
-        return name
-    try:
-        login = getpass.getuser()
-    except (OSError, KeyError):  # 容器里没有这个 uid 的账号、也没设 USER 之类的变量
-        login = "?"
-    return f"{login}@{socket.gethostname()}"
-
-
-def fingerprint(draft: str) -> str:
-    return hashlib.sha256(draft.encode()).hexdigest()
-
-
-def remember(drafts: dict[str, str]) -> None:
-    """记下这个人刚看到的草稿({工单号: 草稿全文})。记不下(库被别人锁着、连不上)就算了:accept 时按上一次记下的
-    那一版核对,对不上就请人再 list —— 只会多问一次,不会发出这个人没看过的版本。"""
-    try:
-        store.mark_seen(viewer(), {t: fingerprint(d) for t, d in drafts.items()}, SEEN_WAIT_S)
-    except store.unavailable_errors():
-        pass
 
 
 def status_of(snap) -> str:
@@ -208,7 +180,7 @@ def show_list(graph, missing: set[str]) -> None:
     # 就不记了:没送到人眼前的草稿不能算看过(见文件末尾)。写进了管道、对面读没读完,这里不知道(head 一次读走
     # 一整块再丢掉后面的,管道里也看不出剩下多少):这时整个列表都算看过,文件开头的说明里写了
     sys.stdout.flush()
-    remember(shown)
+    inbox_seen.remember(shown)
 
 
 def answer_for(command: str, ticket_id: str, text: str) -> dict:
@@ -322,7 +294,7 @@ def show_result(result: Result) -> None:
     first, *rest = result.new_draft.splitlines() or [""]
     print("已按意见重写,新草稿:", "\n".join([inbox_show.visible(first), *(inbox_show.indented("", line) for line in rest)]))
     sys.stdout.flush()  # 真的写出去了才算看过(见 show_list)
-    remember({result.ticket_id: result.new_draft})
+    inbox_seen.remember({result.ticket_id: result.new_draft})
 
 
 def take(graph, ev: dict, cfg: dict, command: str, check) -> object:
@@ -344,11 +316,11 @@ def take(graph, ev: dict, cfg: dict, command: str, check) -> object:
         refused = check(snap)
         # 没 list 过(seen 是 None)就照课文发;通知类待办没有草稿
         draft = snap.interrupts[0].value["action_request"]["args"].get("reply") if command == "accept" else None
-        seen = None if draft is None else store.seen_draft(ticket_id, viewer())
+        seen = None if draft is None else store.seen_draft(ticket_id, inbox_seen.viewer())
     except KeyboardInterrupt:  # 拿走了、还没开始处理:原样放回收件箱
         store.set_status(ev["event_id"], "waiting_human", owner=store.inbox_owner())
         raise Refused(f"{ticket_id} 这次被中断(Ctrl-C),仍在收件箱里") from None
-    if refused is None and seen is not None and seen != fingerprint(draft):
+    if refused is None and seen is not None and seen != inbox_seen.fingerprint(draft):
         refused = Refused(f"{ticket_id} 的草稿在你上次看过之后被改写了(有人 respond 过),这次没有发;"
                           "先 uv run python inbox.py list 看看新草稿,再决定")
     if refused:
