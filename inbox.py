@@ -31,7 +31,6 @@ import os
 import re
 import sys
 import unicodedata
-from dataclasses import dataclass
 
 import config  # 只用标准库,导入很快:先装好 Ctrl-C 的处理,再做下面慢的导入
 
@@ -42,10 +41,12 @@ from langgraph.types import Command  # noqa: E402
 
 import inbox_seen  # noqa: E402
 import inbox_show  # noqa: E402
+import inbox_take  # noqa: E402
 import store  # noqa: E402
-from agent import (FINISHED, allowed, check_settings, finished_status, interrupted_status, is_permanent,  # noqa: E402
-                   max_text_chars, opened_graph, thread_of)
-from llm import describe, mask_pii  # noqa: E402
+from agent import (allowed, check_settings, finished_status, interrupted_status, max_text_chars,  # noqa: E402
+                   opened_graph, thread_of)
+from inbox_take import Refused, Result  # noqa: E402
+from llm import mask_pii  # noqa: E402
 
 
 USAGE = __doc__.split("运行:")[1].split("你会看到")[0].rstrip()
@@ -62,10 +63,6 @@ END_OF_OPTIONS = "--"  # 后面的都是工单号和文字,不当选项看:工�
 CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
 
 
-class Refused(Exception):
-    """这次处理做不了,原因说给人听;退出码 1。"""
-
-
 def usage(problem: str) -> int:
     print(f"{inbox_show.visible(problem)}\n用法:{USAGE}", file=sys.stderr)
     return 2
@@ -77,19 +74,10 @@ def restart_command(tickets) -> str:
     return f"uv run python inbox.py restart {'-- ' if any(t.startswith('-') for t in ids) else ''}{' '.join(ids)}"
 
 
-def status_of(snap) -> str:
-    """按 checkpoint,事件该是什么状态:停在收件箱 / 做完了 / 跑到一半停了(交回 worker 从停下的节点续跑)。"""
-    if snap.interrupts:
-        return "waiting_human"
-    if snap.values.get("outcome") in FINISHED:
-        return finished_status(snap.values["outcome"])
-    return "pending"
-
-
 def reconcile(graph, ev: dict) -> str | None:
     """事件状态和 checkpoint 对不上时(上次收件箱命令做到一半崩了),按 checkpoint 改正事件状态。
     返回改成的状态;对得上就返回 None。"""
-    status = status_of(graph.get_state(thread_of(ev["ticket_id"])))
+    status = inbox_take.status_of(graph.get_state(thread_of(ev["ticket_id"])))
     if status == ev["status"]:
         return None
     if status == "waiting_human":
@@ -142,7 +130,7 @@ def restart(tickets: list[str], missing: set[str]) -> None:
         if any(e["ticket_id"] == ticket_id for e in waiting):
             raise Refused(f"{ticket_id} 的 checkpoint 还在,不用 restart:直接 accept / edit / respond / ignore;"
                           "这次什么都没有动")
-        raise not_in_inbox(ticket_id, waiting)
+        raise inbox_take.not_in_inbox(ticket_id, waiting)
     moved = set(store.restart_waiting([e["event_id"] for e in waiting if e["ticket_id"] in tickets]))
     gone = []
     for ticket_id in tickets:
@@ -193,37 +181,11 @@ def answer_for(command: str, ticket_id: str, text: str) -> dict:
     return {"type": ANSWER_TYPE[command], "args": None}
 
 
-def busy(ticket_id: str) -> Refused:
-    return Refused(f"{ticket_id} 正在被处理(另一个收件箱命令或 worker),稍后再 list 看看")
-
-
-def taken_meanwhile(ticket_id: str) -> Refused:
-    return Refused(f"{ticket_id} 刚被另一个收件箱命令拿走处理了,稍后再 list 看看")
-
-
-def not_in_inbox(ticket_id: str, waiting: list[dict]) -> Refused:
-    """这张工单没有等人处理的事件:说清楚它在哪(正在处理、死信),或者工单号是不是写错了大小写。"""
-    if any(e["ticket_id"] == ticket_id for e in store.events_by_status("processing")):
-        return busy(ticket_id)
-    if dead := [e for e in store.events_by_status("dead") if e["ticket_id"] == ticket_id]:
-        ids = [e["event_id"] for e in dead]
-        why = (dead[-1]["last_error"] or "没有记下原因").splitlines()[0]
-        return Refused(f"{ticket_id} 的事件 {' '.join(ids)} 在死信队列里({why}),没有进收件箱;"
-                       f"查清原因后运行 {store.requeue_dead_command(ids)} 放回队列")
-    hint = next((f";是不是 {e['ticket_id']}?" for e in waiting if loose(e["ticket_id"]) == loose(ticket_id)), "")
-    return Refused(f"{ticket_id} 不在收件箱里(已经处理过,或者还没轮到 worker){hint}")
-
-
 def typed_id(arg: str) -> str:
     """命令行上敲的(多半是复制来的)工单号:去掉两头的空白和夹在里面看不见的格式字符(零宽空格、BOM、软连字符……,
     Unicode 的 Cf 类)。从聊天软件、网页、存成带 BOM 的文件里复制来的工单号常带着它们:原来 list 刚列出 T1041,
     accept 却说「T1041 不在收件箱里」,看上去一模一样。工单号本身不会有这些字符(webhook 只收字母数字 _ -)。"""
     return "".join(c for c in arg if unicodedata.category(c) != "Cf").strip()
-
-
-def loose(ticket_id: str) -> str:
-    """比「是不是写错了」时用:不分大小写、不分全角半角(中文输入法全角模式下敲的 Ｔ１０４１ 也认得出是 T1041)。"""
-    return unicodedata.normalize("NFKC", ticket_id).casefold()
 
 
 REDRAFTS_OFF = "起草时 MAX_REDRAFTS=0,没有按意见重写这一项"
@@ -243,16 +205,6 @@ def refusal(command: str, ticket_id: str, snap) -> Refused | None:
     return Refused(f"{ticket_id} 已经按意见重写了 {rounds} 次,到上限了,不能再 respond;现在可以:{ok}")
 
 
-@dataclass
-class Result:
-    """处理完一条待办的结果(resume() 返回,不打印):outcome 是图走完的结果(sent / ignored);respond 之后图又停在
-    review 上时 new_draft 是新草稿,待办留在收件箱里;note 是途中出过错、但工单已经处理完时的说明。"""
-    ticket_id: str
-    outcome: str | None = None
-    new_draft: str | None = None
-    note: str | None = None
-
-
 def resume(graph, ticket_id: str, answer: dict) -> Result:
     """收件箱处理一条待办的唯一路径(命令行和以后的网页收件箱都调它):拿到这条待办,用人的回答(HumanResponse)
     续跑图,按图的结果改事件状态。做不了时抛 Refused(原因说给人听);这里不打印。"""
@@ -260,9 +212,9 @@ def resume(graph, ticket_id: str, answer: dict) -> Result:
     waiting = store.events_by_status("waiting_human")
     ev = next((e for e in waiting if e["ticket_id"] == ticket_id), None)
     if ev is None:
-        raise not_in_inbox(ticket_id, waiting)
+        raise inbox_take.not_in_inbox(ticket_id, waiting)
     cfg = thread_of(ticket_id, ev["event_id"])
-    snap = take(graph, ev, cfg, command, lambda snap: refusal(command, ticket_id, snap))
+    snap = inbox_take.take(graph, ev, cfg, command, lambda snap: refusal(command, ticket_id, snap))
     try:
         # sync:每个节点的结果写下了才跑下一个节点。默认的 async 在后台写、同时就往下跑:review 的结果(人的决定)
         # 还没写下,send 可能已经写了发件箱;这时被杀,checkpoint 里 review 还停在 interrupt,下一次 list 会把已经
@@ -271,7 +223,7 @@ def resume(graph, ticket_id: str, answer: dict) -> Result:
     except store.unavailable_errors():
         raise  # 数据库用不了:这时也改不了事件状态,交给 main() 说一行;下次运行 tidy() 按 checkpoint 更正
     except (Exception, KeyboardInterrupt) as e:
-        return after_failure(graph, ev, cfg, e)
+        return inbox_take.after_failure(graph, ev, cfg, e)
     if "__interrupt__" in result:
         store.set_status(ev["event_id"], "waiting_human", owner=store.inbox_owner())
         item = result["__interrupt__"][0].value
@@ -295,65 +247,6 @@ def show_result(result: Result) -> None:
     print("已按意见重写,新草稿:", "\n".join([inbox_show.visible(first), *(inbox_show.indented("", line) for line in rest)]))
     sys.stdout.flush()  # 真的写出去了才算看过(见 show_list)
     inbox_seen.remember({result.ticket_id: result.new_draft})
-
-
-def take(graph, ev: dict, cfg: dict, command: str, check) -> object:
-    """拿到这条待办(事件 waiting_human → processing,别的收件箱命令和 worker 就动不了它),返回拿到后的 checkpoint。
-    拿之前、拿到之后各用 check(snapshot) 核对一次这种处理还行不行(它返回 Refused 或 None):拿到之前别人可能刚 respond
-    过 —— 草稿换了,重写次数也可能刚好到了上限。accept 还要核对这个人看过的正是这一版草稿。做不了时放回收件箱,抛 Refused。"""
-    ticket_id = ev["ticket_id"]
-    snap = graph.get_state(cfg)
-    if not snap.interrupts:  # 上面查完收件箱之后,另一个收件箱命令刚把它处理完
-        raise taken_meanwhile(ticket_id)
-    if refused := check(snap):
-        raise refused
-    if not store.take_for_review(ev["event_id"]):
-        if any(e["event_id"] == ev["event_id"] for e in store.events_by_status("waiting_human")):
-            raise busy(ticket_id)  # 待办还在,是同一张工单的另一个事件在 worker 手里
-        raise taken_meanwhile(ticket_id)
-    try:
-        snap = graph.get_state(cfg)
-        refused = check(snap)
-        # 没 list 过(seen 是 None)就照课文发;通知类待办没有草稿
-        draft = snap.interrupts[0].value["action_request"]["args"].get("reply") if command == "accept" else None
-        seen = None if draft is None else store.seen_draft(ticket_id, inbox_seen.viewer())
-    except KeyboardInterrupt:  # 拿走了、还没开始处理:原样放回收件箱
-        store.set_status(ev["event_id"], "waiting_human", owner=store.inbox_owner())
-        raise Refused(f"{ticket_id} 这次被中断(Ctrl-C),仍在收件箱里") from None
-    if refused is None and seen is not None and seen != inbox_seen.fingerprint(draft):
-        refused = Refused(f"{ticket_id} 的草稿在你上次看过之后被改写了(有人 respond 过),这次没有发;"
-                          "先 uv run python inbox.py list 看看新草稿,再决定")
-    if refused:
-        store.set_status(ev["event_id"], "waiting_human", owner=store.inbox_owner())
-        raise refused
-    return snap
-
-
-def after_failure(graph, ev: dict, cfg: dict, e: BaseException) -> Result:
-    """续跑图时出错,或者人等不及按了 Ctrl-C(respond 正在等模型重写):按 checkpoint 把事件放到该在的地方 ——
-    还停在 review 就留在收件箱,跑到一半就交回 worker 续跑,模型说请求不对(400/413……)就直接进死信。
-    节点都走完了(回复已进发件箱 / ignore 已记下)、报错的只是途中某一次 checkpoint 写入时,照实返回结果;
-    别的情况抛 Refused。"""
-    ticket_id = ev["ticket_id"]
-    snap = graph.get_state(cfg)
-    status = status_of(snap)
-    interrupted = isinstance(e, KeyboardInterrupt)
-    # 模型说请求不对:交回 worker 也只是原样再错一次就进死信,还让人等它「自动再试」。直接进死信,说清修好后怎么放回来;
-    # 意见已经记在 checkpoint 里,--requeue-dead 之后从 draft 带着意见接着跑
-    dead = not interrupted and status == "pending" and is_permanent(e)
-    requeue = store.requeue_dead_command([ev["event_id"]]) if dead else None
-    owner, what = store.inbox_owner(), "被中断(Ctrl-C)" if interrupted else describe(e, requeue=requeue)
-    if dead:
-        store.set_status(ev["event_id"], "dead", what, owner=owner)
-    elif status == "pending":
-        store.hand_to_worker(ev["event_id"], owner, what)
-    elif status == "waiting_human":
-        store.set_status(ev["event_id"], status, what, owner=owner)
-    else:
-        store.set_status(ev["event_id"], status, owner=owner)
-        return Result(ticket_id, outcome=snap.values["outcome"], note=what)
-    where = "仍在收件箱里" if status == "waiting_human" else "进了死信" if dead else "已交回 worker 续跑"
-    raise Refused(f"{ticket_id} {f'这次{what}' if interrupted else f'处理失败({what})'},{where}") from e
 
 
 def utf8(arg: str) -> bool:
