@@ -19,8 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import agent
 import config
-import inbox
 import inbox_seen
 import store
 import webhook
@@ -113,7 +113,7 @@ def check_settings() -> None:
     for read in (store.busy_timeout_s, webhook.check_secret, worker.read_settings, inbox_seen.viewer):
         read()
     longest = max(len(FEEDBACK), len(EDITED))
-    if (limit := inbox.max_text_chars()) < longest:  # 不然跑到 respond 那一步才被收件箱拒绝,T1012 已经发出去了
+    if (limit := agent.max_text_chars()) < longest:  # 不然跑到 respond 那一步才被收件箱拒绝,T1012 已经发出去了
         raise SystemExit(f"配置错误:INBOX_MAX_TEXT_CHARS={limit} 比演示要输入的文字({longest} 个字)还短")
 
 

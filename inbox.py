@@ -27,10 +27,7 @@ restart 之后每张工单一行「T1012 已交回 worker 从头起草(…)」,w
 几个人共用收件箱时(INBOX_USER 区分是谁,见 .env.example):list 和 respond 记下你看到的是哪一版草稿,accept 只发
 你看到的那一版;没 list 过就 accept(课文的用法)照常发。
 """
-import os
-import re
 import sys
-import unicodedata
 
 import config  # 只用标准库,导入很快:先装好 Ctrl-C 的处理,再做下面慢的导入
 
@@ -39,12 +36,13 @@ if __name__ == "__main__":
 
 from langgraph.types import Command  # noqa: E402
 
+import inbox_args  # noqa: E402
 import inbox_repair  # noqa: E402
 import inbox_seen  # noqa: E402
 import inbox_show  # noqa: E402
 import inbox_take  # noqa: E402
 import store  # noqa: E402
-from agent import allowed, check_settings, finished_status, max_text_chars, opened_graph, thread_of  # noqa: E402
+from agent import allowed, check_settings, finished_status, opened_graph, thread_of  # noqa: E402
 from inbox_take import Refused, Result  # noqa: E402
 from llm import mask_pii  # noqa: E402
 
@@ -53,14 +51,6 @@ USAGE = __doc__.split("运行:")[1].split("你会看到")[0].rstrip()
 ALIASES = {"approve": "accept", "reject": "ignore"}  # LangChain 1.x HumanInTheLoopMiddleware 的叫法
 ANSWER_TYPE = {"accept": "accept", "edit": "edit", "respond": "response", "ignore": "ignore"}
 COMMAND_OF = {v: k for k, v in ANSWER_TYPE.items()}
-NEEDS_TEXT = ("edit", "respond")
-# -f、--force、--dry-run、--dry_run、--reply=…:像选项的一个词(带空格、不带「=」的就是文字);单独的 - 和 --
-# (原来当成回复原样发给了客户;--reply=… 和 --dry_run 也是,直到这一版)
-OPTION = re.compile(r"--?(?:[A-Za-z0-9][A-Za-z0-9_-]*(?:=.*)?)?", re.S)
-END_OF_OPTIONS = "--"  # 后面的都是工单号和文字,不当选项看:工单号真的以 - 开头时(webhook 收得下 -A7 这样的)用它
-# 除了 \t \n \r 之外的控制字符,也包括 C1 的 \x80–\x9f(用错编码解出来的 Word、Windows-1252 文字常带着,
-# \x9b 还是终端的 CSI):原来只拦 \x00–\x1f 和 \x7f,C1 的原样发给了客户
-CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
 
 
 def usage(problem: str) -> int:
@@ -105,13 +95,6 @@ def answer_for(command: str, ticket_id: str, text: str) -> dict:
     if command == "respond":
         return {"type": "response", "args": mask_pii(text)}
     return {"type": ANSWER_TYPE[command], "args": None}
-
-
-def typed_id(arg: str) -> str:
-    """命令行上敲的(多半是复制来的)工单号:去掉两头的空白和夹在里面看不见的格式字符(零宽空格、BOM、软连字符……,
-    Unicode 的 Cf 类)。从聊天软件、网页、存成带 BOM 的文件里复制来的工单号常带着它们:原来 list 刚列出 T1041,
-    accept 却说「T1041 不在收件箱里」,看上去一模一样。工单号本身不会有这些字符(webhook 只收字母数字 _ -)。"""
-    return "".join(c for c in arg if unicodedata.category(c) != "Cf").strip()
 
 
 REDRAFTS_OFF = "起草时 MAX_REDRAFTS=0,没有按意见重写这一项"
@@ -175,50 +158,6 @@ def show_result(result: Result) -> None:
     inbox_seen.remember({result.ticket_id: result.new_draft})
 
 
-def utf8(arg: str) -> bool:
-    """命令行里的字节不是 UTF-8 时(GBK 终端里打的字),Python 把它们解码成代理字符 \\udcxx:存不进库,发出去是乱码。"""
-    try:
-        arg.encode()
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
-def blank(text: str) -> bool:
-    """没有一个看得见的字:只有空白(含全角空格)、控制字符、零宽字符(\\u200b、\\ufeff 这类格式字符)。"""
-    return all(c.isspace() or unicodedata.category(c) in ("Cc", "Cf", "Zs", "Zl", "Zp") for c in text)
-
-
-def bad_argument(command: str, args: list[str], options_end: int) -> str | None:
-    """命令行参数哪里不对(说给人听的一句);都对就返回 None。在碰数据库之前做完。
-    args 里已经去掉了 --;options_end 是它原来的位置(没有 -- 时是 len(args)),之后的不当选项看。"""
-    for arg in args[1:options_end]:
-        if OPTION.fullmatch(arg):
-            return (f"不认识的选项:{arg}(inbox.py 只有 -h / --help 一个选项;工单号或文字真的以 - 开头时,"
-                    "写在 -- 后面,比如 inbox.py accept -- -A7)")
-    if command == "list":
-        return "list 不带参数" if len(args) > 1 else None
-    if len(args) < 2 or blank(args[1]):
-        return f"{args[0]} 需要工单号"
-    if command == "restart":  # 可以一次给好几张(list 的提示里就是这样给的)
-        return next((f"restart 的工单号不能是空的(第 {i} 个)" for i, a in enumerate(args[1:], 1) if blank(a)), None)
-    if command in NEEDS_TEXT and (len(args) < 3 or blank(args[2])):
-        return f"{args[0]} 需要第三个参数:{'改好的回复全文' if command == 'edit' else '给 Agent 的意见'}(不能为空)"
-    if len(args) > (3 if command in NEEDS_TEXT else 2):
-        return f"{args[0]} 的参数太多了;文字里有空格时请用引号括起来"
-    # 数的是交给图的那份(respond 的意见先打码,卡号打码后多三四个字):图的 review 按同一个数再查一遍,
-    # 这里放过、那边拒绝的话,人得到的是一句摸不着头脑的「没有处理成」
-    handed = (mask_pii(args[2]) if command == "respond" else args[2]) if command in NEEDS_TEXT else ""
-    if len(handed.strip()) > (limit := max_text_chars()):
-        after_masking = "(手机号、卡号之类打码之后)" if handed != args[2] else ""
-        return (f"{args[0]} 的文字有 {len(handed.strip())} 个字{after_masking},最多 {limit} 个(INBOX_MAX_TEXT_CHARS):"
-                "多半是多粘贴了一段;什么都没有改")
-    if command in NEEDS_TEXT and (bad := next((c for c in args[2] if CONTROL.fullmatch(c)), None)):
-        return (f"{args[0]} 的文字里有控制字符 \\x{ord(bad):02x}(多半是复制粘贴或按错键带进来的),"
-                "客户那边看到的会是乱码;删掉再试")
-    return None
-
-
 def main(argv: list[str] | None = None) -> int:
     if argv is None:  # 从命令行运行:导入做完了,Ctrl-C 换回 KeyboardInterrupt(act() 按 checkpoint 收拾,见 config.run)
         config.interrupts_as_usual()
@@ -226,17 +165,17 @@ def main(argv: list[str] | None = None) -> int:
     if not args:
         return usage("缺少子命令")
     # 「--」之后的都是工单号和文字(Unix 命令的老规矩):以 - 开头的工单号(-A7)、以 -- 开头的回复也能处理
-    options_end = args.index(END_OF_OPTIONS, 1) if END_OF_OPTIONS in args[1:] else len(args)
+    options_end = args.index(inbox_args.END_OF_OPTIONS, 1) if inbox_args.END_OF_OPTIONS in args[1:] else len(args)
     if "-h" in args[:options_end] or "--help" in args[:options_end]:  # 在 -- 之前哪个位置都算:不会把 --help 当成工单号或回复发出去
         print(f"用法:{USAGE}")
         return 0
-    if not all(utf8(arg) for arg in args):
+    if not all(inbox_args.utf8(arg) for arg in args):
         return usage("参数里有不是 UTF-8 的字节:终端的编码多半不是 UTF-8(比如 GBK),什么都没有改;把终端改成 UTF-8 再试")
     command = ALIASES.get(args[0], args[0])
     if command not in ("list", "restart") and command not in ANSWER_TYPE:
         return usage(f"不认识的子命令:{args[0]}")
     args = args[:options_end] + args[options_end + 1:]
-    if problem := bad_argument(command, args, options_end):
+    if problem := inbox_args.bad_argument(command, args, options_end):
         return usage(problem)
 
     check_settings()  # 配置错了现在就退出:待办还没被拿走,不会卡在 processing
@@ -249,11 +188,11 @@ def main(argv: list[str] | None = None) -> int:
                 if missing:
                     return 1  # 有待办没列出来:脚本里分得清
             elif command == "restart":
-                inbox_repair.restart(list(dict.fromkeys(typed_id(a) for a in args[1:])), missing)
-            elif (ticket_id := typed_id(args[1])) in missing:
+                inbox_repair.restart(list(dict.fromkeys(inbox_args.typed_id(a) for a in args[1:])), missing)
+            elif (ticket_id := inbox_args.typed_id(args[1])) in missing:
                 raise Refused(f"{ticket_id} 在 checkpoint 库里找不到,没有处理(见上一行)")
             else:
-                text = args[2].strip() if command in NEEDS_TEXT else ""
+                text = args[2].strip() if command in inbox_args.NEEDS_TEXT else ""
                 show_result(resume(graph, ticket_id, answer_for(command, ticket_id, text)))
     except Refused as e:
         print(inbox_show.visible(str(e)), file=sys.stderr)
