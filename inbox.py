@@ -53,6 +53,52 @@ ANSWER_TYPE = {"accept": "accept", "edit": "edit", "respond": "response", "ignor
 COMMAND_OF = {v: k for k, v in ANSWER_TYPE.items()}
 
 
+def main(argv: list[str] | None = None) -> int:
+    if argv is None:  # 从命令行运行:导入做完了,Ctrl-C 换回 KeyboardInterrupt(act() 按 checkpoint 收拾,见 config.run)
+        config.interrupts_as_usual()
+    args = sys.argv[1:] if argv is None else argv
+    if not args:
+        return usage("缺少子命令")
+    # 「--」之后的都是工单号和文字(Unix 命令的老规矩):以 - 开头的工单号(-A7)、以 -- 开头的回复也能处理
+    options_end = args.index(inbox_args.END_OF_OPTIONS, 1) if inbox_args.END_OF_OPTIONS in args[1:] else len(args)
+    if "-h" in args[:options_end] or "--help" in args[:options_end]:  # 在 -- 之前哪个位置都算:不会把 --help 当成工单号或回复发出去
+        print(f"用法:{USAGE}")
+        return 0
+    if not all(inbox_args.utf8(arg) for arg in args):
+        return usage("参数里有不是 UTF-8 的字节:终端的编码多半不是 UTF-8(比如 GBK),什么都没有改;把终端改成 UTF-8 再试")
+    command = ALIASES.get(args[0], args[0])
+    if command not in ("list", "restart") and command not in ANSWER_TYPE:
+        return usage(f"不认识的子命令:{args[0]}")
+    args = args[:options_end] + args[options_end + 1:]
+    if problem := inbox_args.bad_argument(command, args, options_end):
+        return usage(problem)
+
+    check_settings()  # 配置错了现在就退出:待办还没被拿走,不会卡在 processing
+    try:
+        store.init()
+        with opened_graph(durable=True) as graph:  # 人的决定等落盘之后才发信
+            missing = inbox_repair.tidy(graph, say_missing=command != "restart")
+            if command == "list":
+                show_list(graph, missing)
+                if missing:
+                    return 1  # 有待办没列出来:脚本里分得清
+            elif command == "restart":
+                inbox_repair.restart(list(dict.fromkeys(inbox_args.typed_id(a) for a in args[1:])), missing)
+            elif (ticket_id := inbox_args.typed_id(args[1])) in missing:
+                raise Refused(f"{ticket_id} 在 checkpoint 库里找不到,没有处理(见上一行)")
+            else:
+                text = args[2].strip() if command in inbox_args.NEEDS_TEXT else ""
+                show_result(resume(graph, ticket_id, answer_for(command, ticket_id, text)))
+    except Refused as e:
+        print(inbox_show.visible(str(e)), file=sys.stderr)
+        return 1
+    except store.unavailable_errors() as e:  # 数据库重启、连接被掐断、库被锁太久
+        print(f"{store.unavailable(e)},这次没有做完;稍后再试,做到一半的下次运行 inbox.py 时会按 checkpoint 更正",
+              file=sys.stderr)
+        return 1
+    return 0
+
+
 def usage(problem: str) -> int:
     print(f"{inbox_show.visible(problem)}\n用法:{USAGE}", file=sys.stderr)
     return 2
@@ -95,23 +141,6 @@ def answer_for(command: str, ticket_id: str, text: str) -> dict:
     if command == "respond":
         return {"type": "response", "args": mask_pii(text)}
     return {"type": ANSWER_TYPE[command], "args": None}
-
-
-REDRAFTS_OFF = "起草时 MAX_REDRAFTS=0,没有按意见重写这一项"
-
-
-def refusal(command: str, ticket_id: str, snap) -> Refused | None:
-    """这条待办(snap 停在它的 interrupt 上)现在不接受 command 时的拒绝:通知类待办、重写到了上限;接受时是 None。"""
-    item = snap.interrupts[0].value
-    kinds = allowed(item)
-    if ANSWER_TYPE[command] in kinds:
-        return None
-    ok = " / ".join(COMMAND_OF[k] for k in kinds)
-    if item["action_request"]["action"] == "notify_supervisor":
-        return Refused(f"{ticket_id} 是通知类待办,Agent 没有起草回复,不能 {command};只能 {ok}(看过即可)")
-    if not (rounds := len(snap.values.get("feedback", []))):  # 原来说「已经按意见重写了 0 次,到上限了」
-        return Refused(f"{ticket_id} {REDRAFTS_OFF},不能 respond;现在可以:{ok}")
-    return Refused(f"{ticket_id} 已经按意见重写了 {rounds} 次,到上限了,不能再 respond;现在可以:{ok}")
 
 
 def resume(graph, ticket_id: str, answer: dict) -> Result:
@@ -158,50 +187,21 @@ def show_result(result: Result) -> None:
     inbox_seen.remember({result.ticket_id: result.new_draft})
 
 
-def main(argv: list[str] | None = None) -> int:
-    if argv is None:  # 从命令行运行:导入做完了,Ctrl-C 换回 KeyboardInterrupt(act() 按 checkpoint 收拾,见 config.run)
-        config.interrupts_as_usual()
-    args = sys.argv[1:] if argv is None else argv
-    if not args:
-        return usage("缺少子命令")
-    # 「--」之后的都是工单号和文字(Unix 命令的老规矩):以 - 开头的工单号(-A7)、以 -- 开头的回复也能处理
-    options_end = args.index(inbox_args.END_OF_OPTIONS, 1) if inbox_args.END_OF_OPTIONS in args[1:] else len(args)
-    if "-h" in args[:options_end] or "--help" in args[:options_end]:  # 在 -- 之前哪个位置都算:不会把 --help 当成工单号或回复发出去
-        print(f"用法:{USAGE}")
-        return 0
-    if not all(inbox_args.utf8(arg) for arg in args):
-        return usage("参数里有不是 UTF-8 的字节:终端的编码多半不是 UTF-8(比如 GBK),什么都没有改;把终端改成 UTF-8 再试")
-    command = ALIASES.get(args[0], args[0])
-    if command not in ("list", "restart") and command not in ANSWER_TYPE:
-        return usage(f"不认识的子命令:{args[0]}")
-    args = args[:options_end] + args[options_end + 1:]
-    if problem := inbox_args.bad_argument(command, args, options_end):
-        return usage(problem)
+REDRAFTS_OFF = "起草时 MAX_REDRAFTS=0,没有按意见重写这一项"
 
-    check_settings()  # 配置错了现在就退出:待办还没被拿走,不会卡在 processing
-    try:
-        store.init()
-        with opened_graph(durable=True) as graph:  # 人的决定等落盘之后才发信
-            missing = inbox_repair.tidy(graph, say_missing=command != "restart")
-            if command == "list":
-                show_list(graph, missing)
-                if missing:
-                    return 1  # 有待办没列出来:脚本里分得清
-            elif command == "restart":
-                inbox_repair.restart(list(dict.fromkeys(inbox_args.typed_id(a) for a in args[1:])), missing)
-            elif (ticket_id := inbox_args.typed_id(args[1])) in missing:
-                raise Refused(f"{ticket_id} 在 checkpoint 库里找不到,没有处理(见上一行)")
-            else:
-                text = args[2].strip() if command in inbox_args.NEEDS_TEXT else ""
-                show_result(resume(graph, ticket_id, answer_for(command, ticket_id, text)))
-    except Refused as e:
-        print(inbox_show.visible(str(e)), file=sys.stderr)
-        return 1
-    except store.unavailable_errors() as e:  # 数据库重启、连接被掐断、库被锁太久
-        print(f"{store.unavailable(e)},这次没有做完;稍后再试,做到一半的下次运行 inbox.py 时会按 checkpoint 更正",
-              file=sys.stderr)
-        return 1
-    return 0
+
+def refusal(command: str, ticket_id: str, snap) -> Refused | None:
+    """这条待办(snap 停在它的 interrupt 上)现在不接受 command 时的拒绝:通知类待办、重写到了上限;接受时是 None。"""
+    item = snap.interrupts[0].value
+    kinds = allowed(item)
+    if ANSWER_TYPE[command] in kinds:
+        return None
+    ok = " / ".join(COMMAND_OF[k] for k in kinds)
+    if item["action_request"]["action"] == "notify_supervisor":
+        return Refused(f"{ticket_id} 是通知类待办,Agent 没有起草回复,不能 {command};只能 {ok}(看过即可)")
+    if not (rounds := len(snap.values.get("feedback", []))):  # 原来说「已经按意见重写了 0 次,到上限了」
+        return Refused(f"{ticket_id} {REDRAFTS_OFF},不能 respond;现在可以:{ok}")
+    return Refused(f"{ticket_id} 已经按意见重写了 {rounds} 次,到上限了,不能再 respond;现在可以:{ok}")
 
 
 if __name__ == "__main__":
