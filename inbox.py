@@ -53,6 +53,11 @@ ANSWER_TYPE = {"accept": "accept", "edit": "edit", "respond": "response", "ignor
 COMMAND_OF = {v: k for k, v in ANSWER_TYPE.items()}
 
 
+def waiting() -> list[dict]:
+    """收件箱里的事件(status = 'waiting_human'),按到达的先后;每个带 event_id、ticket_id 等列。"""
+    return store.events_by_status("waiting_human")
+
+
 def main(argv: list[str] | None = None) -> int:
     if argv is None:  # 从命令行运行:导入做完了,Ctrl-C 换回 KeyboardInterrupt(act() 按 checkpoint 收拾,见 config.run)
         config.interrupts_as_usual()
@@ -105,7 +110,7 @@ def usage(problem: str) -> int:
 
 
 def show_list(graph, missing: set[str]) -> None:
-    waiting = [e for e in store.events_by_status("waiting_human") if e["ticket_id"] not in missing]
+    waiting = [e for e in waiting() if e["ticket_id"] not in missing]
     # 上面查完收件箱之后,另一个收件箱命令可能刚把其中一条处理完:checkpoint 里已经没有 interrupt,不列它
     # (原来是 IndexError 的 traceback)
     snaps = [(ev, snap) for ev in waiting if (snap := graph.get_state(thread_of(ev["ticket_id"]))).interrupts]
@@ -147,7 +152,7 @@ def resume(graph, ticket_id: str, answer: dict) -> Result:
     """收件箱处理一条待办的唯一路径(命令行和以后的网页收件箱都调它):拿到这条待办,用人的回答(HumanResponse)
     续跑图,按图的结果改事件状态。做不了时抛 Refused(原因说给人听);这里不打印。"""
     command = COMMAND_OF[answer["type"]]
-    waiting = store.events_by_status("waiting_human")
+    waiting = waiting()
     ev = next((e for e in waiting if e["ticket_id"] == ticket_id), None)
     if ev is None:
         raise inbox_take.not_in_inbox(ticket_id, waiting)
