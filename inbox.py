@@ -8,24 +8,14 @@
     uv run python inbox.py ignore  T1012                      # 不回(别名 reject)
     uv run python inbox.py restart T1012 [T1041 ...]          # checkpoint 库丢了的待办:交回 worker 从头起草(会再调一次模型)
 
-你会看到:list 每条待办两行(工单号 + [类别] 概括,下一行是草稿;草稿有几行就缩进着接几行);重写到上限的多一行
-说明只能做什么;通知类待办下一行是工单原文,再一行「只能 ignore(看过即可)」;没有待办时一行「收件箱是空的」。
-处理后一行结果,例如 T1012 → sent;respond 之后是「已按意见重写,新草稿: …」,待办留在收件箱里;
-restart 之后每张工单一行「T1012 已交回 worker 从头起草(…)」,worker 再跑一次它就又回到收件箱。
--h / --help 打印用法(写在哪个位置都算)。出错时:工单不在收件箱里(事件进了死信队列的,说出原因和放回队列的命令;
-工单号大小写不对的,问「是不是 T1012?」)、这条待办不允许这种处理、要 restart 的待办 checkpoint 还在、数据库暂时用不了、要 accept 的草稿在你上次
-看过之后被别人 respond 改写了 → 说明原因,退出码 1;命令写错 → 用法,退出码 2,什么都不动。命令写错也包括:
---force 这样的选项(只有 -h / --help)、只有空白 / 零宽字符 / 控制字符的文字、文字里夹着制表符和换行以外的控制字符、
-超过 INBOX_MAX_TEXT_CHARS(默认 2000)个字的文字、
-不是 UTF-8 的参数(终端的编码是 GBK 之类)。以「-」开头、后面还有别的字的回复(「- 第一步:…」)照常是文字;
-以 - 开头的工单号(-A7)或者像选项的文字(--reply=…)写在 -- 后面:inbox.py accept -- -A7。
-工单原文、草稿、敲错的工单号里的控制字符(\x9b 这类终端命令)显示成 \x9b,不交给终端执行。
-输出被提前关掉(list | head)时不打 traceback,退出码 141(和被 SIGPIPE 结束的命令一样),这次不记你看到了哪一版。
-只是列表不长、整个都写进了管道时,list 看不出 head 只显示了前几行:整个列表都算你看过(要看全部,别接 head)。
-启动时(导入要三四秒)按 Ctrl-C:一行「已中断(Ctrl-C):什么都还没动」,退出码 130。
+你会看到:list 每条待办两行(工单号 + [类别] 概括,下一行是草稿);没有待办时一行「收件箱是空的」。处理后一行结果,
+例如 T1012 → sent;respond 之后是「已按意见重写,新草稿: …」,待办留在收件箱里。做不了时说明原因,退出码 1;
+命令写错时打印用法,退出码 2,什么都不动。
 
-几个人共用收件箱时(INBOX_USER 区分是谁,见 .env.example):list 和 respond 记下你看到的是哪一版草稿,accept 只发
-你看到的那一版;没 list 过就 accept(课文的用法)照常发。
+这个文件按课文的顺序:waiting()、main()、list、四种回答、resume()(graph.invoke(Command(resume=…)) 就在这里),
+然后是练习 4、练习 5。课文之外的部分在旁边:inbox_take.py(拿到待办、两个命令抢同一条、出错时放回)、
+inbox_repair.py(上次做到一半的残局、restart)、inbox_seen.py(几个人共用时只发看过的那一版)、
+inbox_args.py(命令行参数检查)、inbox_show.py(终端上安全地显示)。
 """
 import sys
 
@@ -59,7 +49,7 @@ def waiting() -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    if argv is None:  # 从命令行运行:导入做完了,Ctrl-C 换回 KeyboardInterrupt(act() 按 checkpoint 收拾,见 config.run)
+    if argv is None:  # 从命令行运行:导入做完了,Ctrl-C 换回 KeyboardInterrupt(resume() 按 checkpoint 收拾,见 config.run)
         config.interrupts_as_usual()
     args = sys.argv[1:] if argv is None else argv
     if not args:
@@ -112,7 +102,6 @@ def usage(problem: str) -> int:
 def show_list(graph, missing: set[str]) -> None:
     waiting = [e for e in waiting() if e["ticket_id"] not in missing]
     # 上面查完收件箱之后,另一个收件箱命令可能刚把其中一条处理完:checkpoint 里已经没有 interrupt,不列它
-    # (原来是 IndexError 的 traceback)
     snaps = [(ev, snap) for ev in waiting if (snap := graph.get_state(thread_of(ev["ticket_id"]))).interrupts]
     if not snaps and not missing:
         print("收件箱是空的")
@@ -132,8 +121,8 @@ def show_list(graph, missing: set[str]) -> None:
             why = f"已按意见重写 {rounds} 次,到上限了" if rounds else REDRAFTS_OFF
             print(f"        {why}:只能 {' / '.join(COMMAND_OF[k] for k in allowed(item))}")
     # 先让人看到;记下看到了哪一版可能要等一会儿锁。输出被提前关掉(list | head)时这里抛 BrokenPipeError,
-    # 就不记了:没送到人眼前的草稿不能算看过(见文件末尾)。写进了管道、对面读没读完,这里不知道(head 一次读走
-    # 一整块再丢掉后面的,管道里也看不出剩下多少):这时整个列表都算看过,文件开头的说明里写了
+    # 就不记了:没送到人眼前的草稿不能算看过。写进了管道、对面读没读完,这里不知道(head 一次读走
+    # 一整块再丢掉后面的,管道里也看不出剩下多少):这时整个列表都算看过
     sys.stdout.flush()
     inbox_seen.remember(shown)
 
@@ -192,6 +181,14 @@ def show_result(result: Result) -> None:
     inbox_seen.remember({result.ticket_id: result.new_draft})
 
 
+# ---- 练习 4:review_log ----
+# 原稿、终稿、处理类型和 feedback 由 agent.py 的 send 节点写进 review_log。收件箱只把人的回答原样交给图:
+# edit 的全文成了终稿,respond 的意见(answer_for 先打码)进 feedback。
+
+
+# ---- 练习 5:通知类待办只能 ignore ----
+# 通知类待办(notify_supervisor)的 config 只允许 ignore:accept / edit 在拿走之前就被拒绝,说清楚它是通知。
+# 同一个函数也拒绝 MAX_REDRAFTS 用完之后的 respond。
 REDRAFTS_OFF = "起草时 MAX_REDRAFTS=0,没有按意见重写这一项"
 
 
@@ -204,7 +201,7 @@ def refusal(command: str, ticket_id: str, snap) -> Refused | None:
     ok = " / ".join(COMMAND_OF[k] for k in kinds)
     if item["action_request"]["action"] == "notify_supervisor":
         return Refused(f"{ticket_id} 是通知类待办,Agent 没有起草回复,不能 {command};只能 {ok}(看过即可)")
-    if not (rounds := len(snap.values.get("feedback", []))):  # 原来说「已经按意见重写了 0 次,到上限了」
+    if not (rounds := len(snap.values.get("feedback", []))):  # MAX_REDRAFTS=0:一次都没重写过
         return Refused(f"{ticket_id} {REDRAFTS_OFF},不能 respond;现在可以:{ok}")
     return Refused(f"{ticket_id} 已经按意见重写了 {rounds} 次,到上限了,不能再 respond;现在可以:{ok}")
 

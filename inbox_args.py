@@ -9,17 +9,17 @@ from agent import max_text_chars
 from llm import mask_pii
 NEEDS_TEXT = ("edit", "respond")
 # -f、--force、--dry-run、--dry_run、--reply=…:像选项的一个词(带空格、不带「=」的就是文字);单独的 - 和 --
-# (原来当成回复原样发给了客户;--reply=… 和 --dry_run 也是,直到这一版)
+# 也算:不然它们会被当成回复原样发给客户
 OPTION = re.compile(r"--?(?:[A-Za-z0-9][A-Za-z0-9_-]*(?:=.*)?)?", re.S)
 END_OF_OPTIONS = "--"  # 后面的都是工单号和文字,不当选项看:工单号真的以 - 开头时(webhook 收得下 -A7 这样的)用它
 # 除了 \t \n \r 之外的控制字符,也包括 C1 的 \x80–\x9f(用错编码解出来的 Word、Windows-1252 文字常带着,
-# \x9b 还是终端的 CSI):原来只拦 \x00–\x1f 和 \x7f,C1 的原样发给了客户
+# \x9b 还是终端的 CSI):这些字客户那边看到的是乱码
 CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
 
 
 def typed_id(arg: str) -> str:
     """命令行上敲的(多半是复制来的)工单号:去掉两头的空白和夹在里面看不见的格式字符(零宽空格、BOM、软连字符……,
-    Unicode 的 Cf 类)。从聊天软件、网页、存成带 BOM 的文件里复制来的工单号常带着它们:原来 list 刚列出 T1041,
+    Unicode 的 Cf 类)。从聊天软件、网页、存成带 BOM 的文件里复制来的工单号常带着它们:不去掉的话 list 刚列出 T1041,
     accept 却说「T1041 不在收件箱里」,看上去一模一样。工单号本身不会有这些字符(webhook 只收字母数字 _ -)。"""
     return "".join(c for c in arg if unicodedata.category(c) != "Cf").strip()
 
@@ -40,7 +40,7 @@ def blank(text: str) -> bool:
 
 def bad_argument(command: str, args: list[str], options_end: int) -> str | None:
     """命令行参数哪里不对(说给人听的一句);都对就返回 None。在碰数据库之前做完。
-    args 里已经去掉了 --;options_end 是它原来的位置(没有 -- 时是 len(args)),之后的不当选项看。"""
+    args 里已经去掉了 --;options_end 是它所在的位置(没有 -- 时是 len(args)),之后的不当选项看。"""
     for arg in args[1:options_end]:
         if OPTION.fullmatch(arg):
             return (f"不认识的选项:{arg}(inbox.py 只有 -h / --help 一个选项;工单号或文字真的以 - 开头时,"

@@ -23,11 +23,11 @@ def reconcile(graph, ev: dict) -> str | None:
         return None
     if status == "waiting_human":
         # 同一张工单的另一个事件已经在收件箱里(这个是上游又通知的一次,领它的 worker 中途没了):它算 done,和 worker
-        # 处理它时一样。原来也改成 waiting_human,同一张工单在收件箱里列两遍,日报也多算一条
+        # 处理它时一样;改成 waiting_human 的话,同一张工单在收件箱里列两遍,日报也多算一条
         status = interrupted_status(ev["ticket_id"], ev["event_id"])
     if ev["status"] == "processing" and status == "pending":
-        # 交回 worker 续跑,和 worker 放回卡住的事件一样:死掉的是 worker 时记上崩溃的标记(原来清空了 last_error,
-        # 每次都让 worker 崩溃的事件,每 list 一次就多跑一圈、多调一次模型),是收件箱命令时 worker 的尝试次数从头算
+        # 交回 worker 续跑,和 worker 放回卡住的事件一样:死掉的是 worker 时记上崩溃的标记(每次都让 worker 崩溃的
+        # 事件不会每 list 一次就多跑一圈、多调一次模型),是收件箱命令时 worker 的尝试次数从头算
         return status if store.hand_to_worker(ev["event_id"], ev["claimed_by"]) else None
     guard = {"owner": ev["claimed_by"]} if ev["status"] == "processing" else {"expect": ev["status"]}
     return status if store.set_status(ev["event_id"], status, **guard) else None
@@ -48,8 +48,8 @@ def tidy(graph, say_missing: bool = True) -> set[str]:
 
 def missing_checkpoints(graph, waiting: list[dict], say: bool = True) -> set[str]:
     """在收件箱里、checkpoint 库里却一个 checkpoint 都没有的工单。待办是 interrupt 写下之后才进收件箱的,
-    找不到只能是 CHECKPOINTS_DB(或 DATABASE_URL)指的不是 worker 起草时用的那个库。原来按「上次中途中断」把它们
-    全改成 pending,worker 在错的库里把每一条重新起草一遍;现在一条都不动,说一行。"""
+    找不到只能是 CHECKPOINTS_DB(或 DATABASE_URL)指的不是 worker 起草时用的那个库。当成「上次中途中断」改成 pending
+    的话,worker 会在错的库里把每一条重新起草一遍;所以一条都不动,说一行。"""
     missing = {e["ticket_id"] for e in waiting if graph.get_state(thread_of(e["ticket_id"])).created_at is None}
     if missing and say:  # restart 不说:人正是看了这一行才来 restart 的
         where = store._safe_url(store.database_url()) if store.dialect() == "postgres" else \
@@ -63,7 +63,7 @@ def missing_checkpoints(graph, waiting: list[dict], say: bool = True) -> set[str
 def restart(tickets: list[str], missing: set[str]) -> None:
     """checkpoint 库丢了的待办交回 worker:事件改回 pending、尝试次数从 0 算,worker 领到时 thread 是空的,
     就像新工单一样从 load 跑起(再调一次模型)。checkpoint 还在的、不在收件箱里的都不给做:一张不对,一张都不动。
-    原来这样的待办只能一直留在事件表里,list 每次都说一遍,哪个命令都处理不了。"""
+    没有 restart 的话,这样的待办只能一直留在事件表里,哪个命令都处理不了。"""
     waiting = store.events_by_status("waiting_human")
     for ticket_id in tickets:
         if ticket_id in missing:
