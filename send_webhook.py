@@ -5,11 +5,9 @@
     202 {'accepted': True, 'duplicate': False}
     202 {'accepted': True, 'duplicate': True}      ← 同一个事件第二次到,被认出是重复投递
 
-发到 WEBHOOK_URL(默认 http://127.0.0.1:8139/hooks/cloudledger),密钥是 WEBHOOK_SECRET。
-服务没起来时说明原因,退出码 1;对方回了非 2xx 时照样打印,退出码 1;请求发出去了、却超时或者连接断了时说
-webhook 可能已经存下了这个事件、再发一次是安全的(会回 duplicate: true),退出码 1;
-Ctrl-C:一行「已中断(Ctrl-C)」,退出码 130(正在等回答的那一次 webhook 可能已经存下了,再发一次是安全的);
-参数不对(工单号是空的、以 - 开头、有字母数字 _ - 以外的字符,重复次数不是正整数)或 WEBHOOK_URL 写错时说明原因,退出码 2;--help 打印用法。
+发到 WEBHOOK_URL(默认 http://127.0.0.1:8139/hooks/cloudledger),密钥是 WEBHOOK_SECRET。对方回了非 2xx、
+发不出去或者没等到回答时退出码 1,参数或 WEBHOOK_URL 写错时退出码 2,Ctrl-C 退出码 130。
+课文之外的部分在旁边:send_webhook_args.py(参数检查)、send_webhook_errors.py(发不出去时说清原因和下一步)。
 """
 import hashlib
 import hmac
@@ -63,8 +61,8 @@ def main(argv: list[str]) -> int:
     for _ in range(times):  # 上游超时重试时,同一个事件会原样再发一次
         headers = {"content-type": "application/json", "x-cloudledger-signature": sign(body, secret)}
         try:
-            # 发给本机的 webhook 不走代理:终端里设着 http_proxy / all_proxy(Clash 之类「复制终端代理命令」)时,原来
-            # 本机的请求也绕到代理上,代理没开就说「webhook 服务起来了吗?」,其实 webhook 好好的
+            # 发给本机的 webhook 不走代理:终端里设着 http_proxy / all_proxy(Clash 之类「复制终端代理命令」)时,
+            # 本机的请求绕到代理上,代理没开就会说「webhook 服务起来了吗?」,其实 webhook 好好的
             r = httpx.post(url, content=body, headers=headers, timeout=TIMEOUT_S,
                            trust_env=not config.on_this_machine(url))
         # 连不上:请求根本没发出去。InvalidURL:urlsplit 放过了、httpx 不认的少见写法
@@ -75,7 +73,7 @@ def main(argv: list[str]) -> int:
             print(send_webhook_errors.no_answer(config.hide_password(url), e, ticket_id, TIMEOUT_S), file=sys.stderr)
             return 1
         print(r.status_code, shown(r))
-        if r.is_redirect:  # 比如 WEBHOOK_URL 末尾多了一个 /:原来只打印「307 」,看不出哪里不对。不跟着跳(POST 跳过去要重发)
+        if r.is_redirect:  # 比如 WEBHOOK_URL 末尾多了一个 /:光一个「307 」看不出哪里不对。不跟着跳(POST 跳过去要重发)
             print(f"对方让改发到 {config.hide_password(r.headers.get('location', '?'))}:"
                   "把 WEBHOOK_URL 改成这个地址再发", file=sys.stderr)
         failed |= not r.is_success

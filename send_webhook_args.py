@@ -5,15 +5,15 @@ import sys
 
 from webhook import TICKET_ID
 USAGE = "用法:uv run python send_webhook.py 工单号 [重复次数,正整数]"
-MAX_TIMES = 100  # 次;模拟上游超时重试,几次就够了。原来多写几个 0 就一直发下去(试过发了两万多次才按住)
+MAX_TIMES = 100  # 次;模拟上游超时重试,几次就够了;多打了几个 0 也不会一直发下去
 
 
 def check_args(argv: list[str]) -> tuple[str, int] | int:
     """(工单号, 重复次数);参数不对时说明原因,返回退出码(--help 是 0,写错是 2)。"""
-    if "-h" in argv or "--help" in argv:  # 写在哪个位置都算(原来 T1012 -h 说「重复次数要是正整数,现在是 '-h'」)
+    if "-h" in argv or "--help" in argv:  # 写在哪个位置都算(T1012 -h 也是求助,不是重复次数)
         print(USAGE)
         return 0
-    if argv[:1] == ["--"]:  # 「后面都不是选项」的老写法:原来 -- T1012 把 T1012 当成了重复次数
+    if argv[:1] == ["--"]:  # 「后面都不是选项」的写法:-- T1012 的工单号是 T1012
         argv = argv[1:]
     if not 1 <= len(argv) <= 2:
         print(f"{'缺少工单号' if not argv else '参数太多了'}\n{USAGE}", file=sys.stderr)
