@@ -100,9 +100,9 @@ def usage(problem: str) -> int:
 
 
 def show_list(graph, missing: set[str]) -> None:
-    waiting = [e for e in waiting() if e["ticket_id"] not in missing]
+    listed = [e for e in waiting() if e["ticket_id"] not in missing]
     # 上面查完收件箱之后,另一个收件箱命令可能刚把其中一条处理完:checkpoint 里已经没有 interrupt,不列它
-    snaps = [(ev, snap) for ev in waiting if (snap := graph.get_state(thread_of(ev["ticket_id"]))).interrupts]
+    snaps = [(ev, snap) for ev in listed if (snap := graph.get_state(thread_of(ev["ticket_id"]))).interrupts]
     if not snaps and not missing:
         print("收件箱是空的")
     shown = {}
@@ -141,10 +141,10 @@ def resume(graph, ticket_id: str, answer: dict) -> Result:
     """收件箱处理一条待办的唯一路径(命令行和以后的网页收件箱都调它):拿到这条待办,用人的回答(HumanResponse)
     续跑图,按图的结果改事件状态。做不了时抛 Refused(原因说给人听);这里不打印。"""
     command = COMMAND_OF[answer["type"]]
-    waiting = waiting()
-    ev = next((e for e in waiting if e["ticket_id"] == ticket_id), None)
+    in_inbox = waiting()
+    ev = next((e for e in in_inbox if e["ticket_id"] == ticket_id), None)
     if ev is None:
-        raise inbox_take.not_in_inbox(ticket_id, waiting)
+        raise inbox_take.not_in_inbox(ticket_id, in_inbox)
     cfg = thread_of(ticket_id, ev["event_id"])
     snap = inbox_take.take(graph, ev, cfg, command, lambda snap: refusal(command, ticket_id, snap))
     try:
