@@ -27,7 +27,7 @@ import webhook_request
 import webhook_sign
 import webhook_startup
 
-# 课文的 SECRET:verify() 每个请求现读 WEBHOOK_SECRET(换密钥不用重启),没设时用这个课文里公开的默认值
+# 课文的 SECRET:verify() 每个请求用 config.get 读 WEBHOOK_SECRET,没设时用这个课文里公开的默认值
 DEFAULT_SECRET = "dev-secret-change-me"
 DEFAULT_SECRET_WARNING = (f"没有设置 WEBHOOK_SECRET,用的是课文里公开的默认密钥 {DEFAULT_SECRET}:"
                           "谁都能照着它伪造签名,上线前一定要设置(见 .env.example)")
