@@ -333,7 +333,7 @@ def report(results, rss, rounds, n, acknowledged, missing, wrong, crash, setting
         print(f"- {label}:" + "、".join(f"{r['rps']:.0f}" for r in results[kind]))
     print("\n「÷ 基线(逐轮)」:每轮用这一轮的 req/s 除以同一轮空端点的 req/s,再取各轮的中位数"
           "(同一轮里前后脚量的,机器负载的起伏大体抵消)。")
-    print("服务端 CPU 和峰值 RSS 都算上了 webhook 的写库进程(event_writer.py)。峰值 RSS 是整个运行(全部轮次)里"
+    print("服务端 CPU 和峰值 RSS 都算上了 webhook 的写库进程(webhook_writer.py)。峰值 RSS 是整个运行(全部轮次)里"
           "各进程 VmHWM 的和;新事件和重复投递是同一个 webhook。")
     client_busy = max(median(r["client_cpu"] for r in results[k]) for k in results)
     if client_busy > 0.9:

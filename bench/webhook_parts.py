@@ -4,7 +4,7 @@ BENCH_WEBHOOK_PART 选一种(每种是一个单独的 uvicorn 进程,代码就�
 - no_store:读请求体、验签、解析照常,然后直接回 202 —— 量这三步的代价;
 - await_only:同上,但先等一个在事件循环下一轮就完成的 future —— 再加上「请求挂起一次、再恢复」的代价
   (回 202 之前要等组提交落盘,请求就一定要挂起一次;FastAPI 的每层中间件都在这条协程链上)。
-和真 webhook 的差就是交给写库进程(event_writer.py)这一步:两个进程之间收发一批、SQLite 插入、落盘。
+和真 webhook 的差就是交给写库进程(webhook_writer.py)这一步:两个进程之间收发一批、SQLite 插入、落盘。
 - lesson(`bench/webhook.py --lesson`):课文的写法做基线 —— 在请求的协程里直接写 SQLite:每个请求连一次库、
   INSERT OR IGNORE、提交一次(落盘),库是 sqlite3 的默认设置(rollback journal,synchronous=FULL),写的时候整个事件循环停着等。
   写进 BENCH_LESSON_DB 这个单独的库(和真 webhook 的事件库分开,同一批新事件两边都是新的)。

@@ -15,6 +15,7 @@ from conftest import (LAB, checkpoint_bytes, cut_at, dead_owner, die_at, die_bef
 from openai_stub import OpenAIStub
 
 import inbox as inbox_mod
+import inbox_repair
 import store
 import store_biz
 import store_errors
@@ -974,7 +975,7 @@ def test_a_correction_based_on_a_stale_read_does_not_overwrite_what_another_proc
         conn.execute("UPDATE events SET status = ?, claimed_by = ?", now)
         conn.close()
         stale = {"event_id": "evt_T1012_created", "ticket_id": "T1012", "status": seen[0], "claimed_by": seen[1]}
-        assert inbox_mod.reconcile(graph, stale) is None
+        assert inbox_repair.reconcile(graph, stale) is None
     assert rows("SELECT event_id, status, claimed_by FROM events") == [("evt_T1012_created", *now)]
 
 

@@ -32,6 +32,7 @@ import store_events
 import store_sqlite
 import worker_owner
 import webhook
+import webhook_commit
 
 SECRET = "test-secret"
 URL = "/hooks/cloudledger"
@@ -353,7 +354,7 @@ def test_many_concurrent_deliveries_are_group_committed_and_each_answered(client
     ("MAX_BATCH_CHARS", 10, 1),  # 一个请求体就比上限长:照样自己成一批,不会卡住
 ])
 def test_a_group_commit_batch_stays_within_its_event_and_size_limits(client, monkeypatch, limit, value, most):
-    monkeypatch.setattr(webhook, limit, value)
+    monkeypatch.setattr(webhook_commit, limit, value)
     sizes = batches_written(monkeypatch, hold_until_pending=20)
     answers = send_concurrently(client, [body_for(f"T{2000 + i}") for i in range(40)])
     assert answers == [{"accepted": True, "duplicate": False}] * 40
@@ -764,7 +765,7 @@ def test_a_writer_that_cannot_be_started_answers_503_and_nothing_is_stored(clien
 def test_a_writer_answering_garbage_answers_503_and_nothing_is_stored(client, monkeypatch, tmp_path):
     garbage = tmp_path / "garbage_writer.py"
     garbage.write_text("import sys\nfor line in sys.stdin:\n    print('not json', flush=True)\n", encoding="utf-8")
-    monkeypatch.setattr(webhook, "WRITER", garbage)
+    monkeypatch.setattr(webhook_commit, "WRITER", garbage)
     stop_writer()
     body = body_for("T1012")
     r = post(client, body, send_webhook.sign(body, SECRET))
@@ -810,11 +811,11 @@ def test_the_writer_process_exits_with_the_webhook(lab, sig):
     assert stored() == [("evt_T1012_created", "webhook", "ticket.created", "pending", 0)]
 
 
-def test_event_writer_answers_each_batch_and_survives_a_bad_line(lab):
-    """event_writer.py 单独运行(docstring 里的命令):一行一批,一批回一行;坏的一行回 error,接着读下一行。"""
+def test_webhook_writer_answers_each_batch_and_survives_a_bad_line(lab):
+    """webhook_writer.py 单独运行(docstring 里的命令):一行一批,一批回一行;坏的一行回 error,接着读下一行。"""
     payload = json.dumps({"data": {"ticket_id": "T1012"}})
     batch = json.dumps([["evt_demo", "webhook", "ticket.created", payload]])
-    r = run(["event_writer.py"], lab, input=f"{batch}\n{batch}\nnot json\n[[1, 2]]\n")
+    r = run(["webhook_writer.py"], lab, input=f"{batch}\n{batch}\nnot json\n[[1, 2]]\n")
     assert (r.returncode, r.stderr) == (0, "")
     assert [json.loads(line) for line in r.stdout.splitlines()] == [
         {"new": [True]}, {"new": [False]},
@@ -824,23 +825,23 @@ def test_event_writer_answers_each_batch_and_survives_a_bad_line(lab):
 
 
 @pytest.mark.parametrize("where, why", [("nowhere/events.db", "目录 {dir} 不存在"), (".", "这是一个目录,不是文件")])
-def test_event_writer_with_an_unusable_events_db_says_why_and_answers_no_batch(lab, tmp_path, where, why):
+def test_webhook_writer_with_an_unusable_events_db_says_why_and_answers_no_batch(lab, tmp_path, where, why):
     """单独运行时 EVENTS_DB 指错了:一行原因、退出码 1,喂进去的那一批没有回「写好了」,也没建出目录或文件。"""
     path = tmp_path / where
     batch = json.dumps([["evt_demo", "webhook", "ticket.created", json.dumps({"data": {"ticket_id": "T1012"}})]])
-    r = run(["event_writer.py"], {**lab, "EVENTS_DB": str(path)}, input=batch + "\n")
+    r = run(["webhook_writer.py"], {**lab, "EVENTS_DB": str(path)}, input=batch + "\n")
     reason = why.format(dir=path.parent)
     assert (r.returncode, r.stdout, r.stderr) == (1, "", f"事件库打不开:EVENTS_DB={path.resolve()}({reason})\n")
     assert not (tmp_path / "nowhere").exists()
     assert rows("SELECT COUNT(*) FROM events") == [(0,)]
 
 
-def test_event_writer_demo_command_copied_from_the_file_works(lab):
-    """学员从 event_writer.py 文件开头照抄那条 echo 命令(源文件里的样子,不是 help() 渲染后的):
+def test_webhook_writer_demo_command_copied_from_the_file_works(lab):
+    """学员从 webhook_writer.py 文件开头照抄那条 echo 命令(源文件里的样子,不是 help() 渲染后的):
     以前 docstring 不是 raw 字符串,源文件里写的是 \\\\",抄下来喂进去只得到 JSONDecodeError。"""
-    line = next(l for l in (LAB / "event_writer.py").read_text().splitlines() if l.lstrip().startswith("echo "))
+    line = next(l for l in (LAB / "webhook_writer.py").read_text().splitlines() if l.lstrip().startswith("echo "))
     echo, pipe = line.strip().split(" | ")
-    assert pipe == "DATABASE_URL= EVENTS_DB=/tmp/writer-demo.db uv run python event_writer.py"
+    assert pipe == "DATABASE_URL= EVENTS_DB=/tmp/writer-demo.db uv run python webhook_writer.py"
     batch = subprocess.run(["bash", "-c", echo], capture_output=True, text=True, check=True).stdout
     # 学员设着 DATABASE_URL(README 建议写进 .env):命令开头的 DATABASE_URL= 让演示照样写进 SQLite 临时库,不进真的
     # 事件表(原来的命令没有它,演示事件进了 PostgreSQL,worker 去给 T1012 起草)。照命令设环境变量,临时库换成 lab 的
@@ -848,7 +849,7 @@ def test_event_writer_demo_command_copied_from_the_file_works(lab):
     assert assignments == {"DATABASE_URL": "", "EVENTS_DB": "/tmp/writer-demo.db"}
     env = {**lab, "DATABASE_URL": "postgresql://nobody@127.0.0.1:1/not-this-one", **assignments,
            "EVENTS_DB": lab["EVENTS_DB"]}
-    r = run(["event_writer.py"], env, input=batch + batch)  # 同一批喂两次:文件里说第二次是 false
+    r = run(["webhook_writer.py"], env, input=batch + batch)  # 同一批喂两次:文件里说第二次是 false
     assert (r.returncode, r.stdout, r.stderr) == (0, '{"new": [true]}\n{"new": [false]}\n', "")
     assert rows("SELECT event_id, ticket_id, status FROM events") == [("evt_demo", "T1012", "pending")]
 

@@ -4,7 +4,7 @@ r"""webhook 的写库进程:从标准输入一行读一批事件,放进一个事
 想看它怎么工作,可以手动喂一批(一行一个 JSON 数组,每个事件是 [event_id, 来源, 类型, 原始请求体];
 EVENTS_DB 指向一个临时库、DATABASE_URL 清空(设着的话写的是 PostgreSQL,EVENTS_DB 不管用),
 别把演示事件写进真的事件表,worker 会去处理它):
-    echo '[["evt_demo", "webhook", "ticket.created", "{\"data\": {\"ticket_id\": \"T1012\"}}"]]' | DATABASE_URL= EVENTS_DB=/tmp/writer-demo.db uv run python event_writer.py
+    echo '[["evt_demo", "webhook", "ticket.created", "{\"data\": {\"ticket_id\": \"T1012\"}}"]]' | DATABASE_URL= EVENTS_DB=/tmp/writer-demo.db uv run python webhook_writer.py
 你会看到 {"new": [true]};再跑一遍是 {"new": [false]}(已经在库里了)。写不进去时回 {"error": "<异常类型>: <信息>"},
 进程不退出,接着读下一批。
 
@@ -25,7 +25,7 @@ import store_pg
 import store_sqlite
 
 # 秒;PostgreSQL 上借连接最多等多久(见 store_pg.PG_POOL_WAIT_S)。这个进程一次只借一个,借不到就是连不上:
-# 原来等连接池默认的 30 秒,排在后面的一批再等 30 秒,请求 30–60 秒后才拿到 503,上游的发送方早就超时了
+# 连接池默认等 30 秒的话,排在后面的一批再等 30 秒,请求 30–60 秒后才拿到 503,上游的发送方早就超时了
 POOL_WAIT_S = 3.0
 BATCH_MARGIN_S = 5    # 秒;一批最多写 BUSY_TIMEOUT_S(等锁)再加这么久,见 batch_time_limit_s
 ORPHAN_CHECK_S = 1.0  # 秒;多久看一次 webhook 还在不在
@@ -54,7 +54,7 @@ def serve(lines, out, ready: bool = True) -> None:
 def exit_when_orphaned(parent: int) -> None:
     """后台线程:webhook(parent)没了(哪怕是 kill -9)以后,手上这一批再给 batch_time_limit_s() 秒写完,还没退出就结束进程。
     平时 webhook 一没,这里读到输入结束就退出了,手上的一批照样写完(上游重发时得到 duplicate);可它要是正卡在数据库里
-    (网络不通、服务器不回话),就一直读不到,原来 webhook 都退了它还挂着,成了孤儿进程。这时结束它不丢什么:
+    (网络不通、服务器不回话),就一直读不到,webhook 都退了它还挂着,成了孤儿进程。这时结束它不丢什么:
     回话已经没人收,没回 202 的事件上游会重发。webhook 还在的话,到这时也会杀掉它。"""
     grace = batch_time_limit_s()
     while os.getppid() == parent:
@@ -69,13 +69,13 @@ def main() -> int:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     threading.Thread(target=exit_when_orphaned, args=(os.getppid(),), daemon=True, name="orphan-check").start()
     store_pg.PG_POOL_WAIT_S = POOL_WAIT_S
-    out = os.fdopen(os.dup(1), "wb")  # 回复走原来的标准输出
+    out = os.fdopen(os.dup(1), "wb")  # 回复走启动时的标准输出
     os.dup2(2, 1)                     # 别处打印的东西改进标准错误,不会混进回复里
     try:
         store.init()
         ready = True
     except store_errors.unavailable_errors():  # 数据库暂时连不上(写库进程被杀后重新拉起时正好碰上):不退出,每一批回
-        ready = False                   # 「写不进去」和原因,webhook 回 503;原来每一批一段 traceback,503 里只有退出码
+        ready = False                   # 「写不进去」和原因,webhook 回 503(而不是每一批一段 traceback)
     try:
         serve(sys.stdin.buffer, out, ready)
     except BrokenPipeError:  # webhook 已经不在了:这一批已经提交,它没来得及回 202,上游重发时会得到 duplicate
