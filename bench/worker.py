@@ -124,13 +124,13 @@ class Timers:
 def child(args) -> int:
     """子进程:建好 Worker、预热,然后每收到一行 run 就 run_once() 一次,把结果打成一行 JSON。"""
     import agent
-    import llm
+    import llm_offline
     import worker
 
     timers = Timers()
     for owner, attr, name in ((store, "claim", "claim"), (store, "set_status", "set_status"),
                               (worker, "process", "process"), (store, "ticket", "ticket"),
-                              (store, "record_usage", "usage"), (llm.OfflineChatModel, "_generate", "model")):
+                              (store, "record_usage", "usage"), (llm_offline.OfflineChatModel, "_generate", "model")):
         timers.patch(owner, attr, name)
     timers.patch(worker, "handle", "handle", marks=True)
     if os.environ.get("LLM_API_KEY"):

@@ -15,7 +15,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # 单独运行(uv run python tests/openai_stub.py)时也找得到 llm.py
-from llm import offline_draft  # noqa: E402
+from llm_offline import offline_draft  # noqa: E402
 
 
 REFUSAL = "I'm sorry, I can't help with that."
