@@ -24,8 +24,9 @@ from typing_extensions import TypedDict
 
 import config as settings
 import store
-from llm import REQUEST_TOO_LARGE, deadline, deadline_s, get_llm, llm_settings, mask_pii, status_of, without_control_chars
+from llm import REQUEST_TOO_LARGE, deadline, deadline_s, get_llm, llm_settings, status_of
 from llm_offline import FEEDBACK_HEADER, classify, simplified
+from llm_pii import mask_pii, without_control_chars
 
 MAX_REDRAFTS = 3  # 轮(至少 0);一张工单最多让 Agent 按意见重写几次(每次都要再调一次模型,花钱也耗人的耐心)
 # 字(至少 200);工单原文(「主题:正文」,已脱敏)最多给模型这么多。邮件建的工单本来就不到 2201 字(主题 200 + 正文 2000);

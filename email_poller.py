@@ -76,7 +76,7 @@ META_CHARSET = re.compile(rb"<meta[^>]*?charset\s*=\s*[\"']?\s*([A-Za-z0-9_.:-]+
 META_SCAN_BYTES = 2048    # 字节;<meta> 按规矩在前 1024 字节里,多看一点
 # 截断正文、主题时,截断处落在一串字母数字里(号码可以用空格、横线分组;邮箱地址带着 . 和 @)就退到这一串的开头:
 # 原来截下半个手机号、卡号(「请回电1381234」),脱敏认不出来,原样进了提示词和 checkpoint
-# (全角数字、全角 @、输入法打出的全角横线和空格,网页复制来的不间断空格也算,和 llm.mask_pii 认的一样)
+# (全角数字、全角 @、输入法打出的全角横线和空格,网页复制来的不间断空格也算,和 llm_pii.mask_pii 认的一样)
 _RUN_CHARS = r"0-9０-９A-Za-zＡ-Ｚａ-ｚ._%+@＠\-－"
 PII_RUN = re.compile(rf"[{_RUN_CHARS}]+(?:[ \t\u00a0\u3000\-－‐‑—]+[0-9０-９][{_RUN_CHARS}]*)*")
 PII_RUN_MAX_CHARS = 100   # 字;再长的一串(网址、日志)不会是手机号、卡号、邮箱,照原样截
@@ -425,7 +425,7 @@ def own_parts(msg: Message):
 
 def masked(reason: str) -> str:
     """解析不了的原因里可能带着邮件原文(From 头里的手机号之类):打码后才打印、进日志,和 worker 写 last_error 一样。"""
-    from llm import mask_pii  # 用到才 import:llm 带着 openai、langchain,要 2 秒;每分钟一次的收信大多用不上
+    from llm_pii import mask_pii
 
     return mask_pii(reason)
 

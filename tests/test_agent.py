@@ -11,6 +11,7 @@ from openai_stub import OpenAIStub
 
 import llm
 import llm_offline
+import llm_pii
 import store
 from agent import Draft, build_prompt, opened_graph, thread_of
 
@@ -53,7 +54,7 @@ def test_offline_model_answers_structured_output_with_a_tool_call(lab):
 
 def test_offline_drafts_for_every_seed_ticket_follow_the_draft_rules(lab):
     for t in json.loads(store.SEED_FILE.read_text(encoding="utf-8"))["tickets"]:
-        state = {"ticket_id": t["id"], "ticket_text": llm.mask_pii(f"{t['subject']}:{t['body']}")}
+        state = {"ticket_id": t["id"], "ticket_text": llm_pii.mask_pii(f"{t['subject']}:{t['body']}")}
         d = llm_offline.offline_draft(build_prompt(state))
         assert len(d["reply"]) <= 150, (t["id"], d["reply"])
         assert not re.search(r"\d+\s*元|[\u00a5\uffe5]\s*\d", d["reply"]), (t["id"], d["reply"])
@@ -265,7 +266,7 @@ def test_a_lawyer_mentioned_after_the_cut_still_goes_to_the_supervisor_without_a
     ("发票金额 ¥1380,日期 2026-11-30 10:00", "发票金额 ¥1380,日期 2026-11-30 10:00"),  # 不是 PII 的数字不动
 ])
 def test_pii_in_common_written_forms_is_masked(text, masked):
-    assert llm.mask_pii(text) == masked
+    assert llm_pii.mask_pii(text) == masked
 
 
 @pytest.mark.parametrize("text, masked", [
@@ -284,7 +285,7 @@ def test_pii_in_common_written_forms_is_masked(text, masked):
 ])
 def test_full_width_at_emails_and_4_4_3_grouped_mobiles_are_masked_but_amounts_and_dates_are_not(text, masked):
     """原来「找不到发件人地址」那一行里,zhang.wei＠example.com 和 1380 0138 000 原样打进了 cron 的日志。"""
-    assert llm.mask_pii(text) == masked
+    assert llm_pii.mask_pii(text) == masked
 
 
 @pytest.mark.parametrize("text, masked", [
@@ -318,7 +319,7 @@ def test_full_width_at_emails_and_4_4_3_grouped_mobiles_are_masked_but_amounts_a
 ])
 def test_pii_typed_with_full_width_separators_is_masked(text, masked):
     """输入法全角模式打出来的「－」「　」原来不算分隔符:手机号、银行卡号原样进了模型的提示词。"""
-    assert llm.mask_pii(text) == masked
+    assert llm_pii.mask_pii(text) == masked
 
 
 @pytest.mark.parametrize("text, masked", [
@@ -346,7 +347,7 @@ def test_pii_typed_with_full_width_separators_is_masked(text, masked):
 def test_pii_with_web_form_spaces_word_hyphens_and_account_numbers_is_masked(text, masked):
     """原来这些写法原样进了模型的提示词和 checkpoint:不间断空格、制表符、连着两个空格、U+2010/2011 不算分隔符;
     对公账号(12–14 位、20 位以上)一位都不打。"""
-    assert llm.mask_pii(text) == masked
+    assert llm_pii.mask_pii(text) == masked
 
 
 @pytest.mark.parametrize("text, masked", [
@@ -362,7 +363,7 @@ def test_pii_with_web_form_spaces_word_hyphens_and_account_numbers_is_masked(tex
 def test_pii_with_invisible_characters_between_the_digits_is_masked(text, masked):
     """网页、聊天软件复制来的号码常夹着看不见的字符(零宽空格、软连字符、BOM、零宽连接符、方向标记):
     原来它们不算分隔符,号码原样进了模型的提示词和 checkpoint,模型照样读得出来。"""
-    assert llm.mask_pii(text) == masked
+    assert llm_pii.mask_pii(text) == masked
 
 
 @pytest.mark.parametrize("text, masked", [
@@ -388,7 +389,7 @@ def test_pii_with_invisible_characters_between_the_digits_is_masked(text, masked
 ])
 def test_pii_written_with_chinese_punctuation_full_width_letters_or_dots_is_masked(text, masked):
     """一次审查在真的 agent.load → draft 里看到这些写法原样进了 checkpoint 和发给模型的请求。"""
-    assert llm.mask_pii(text) == masked
+    assert llm_pii.mask_pii(text) == masked
 
 
 
@@ -416,7 +417,7 @@ def test_pii_written_with_chinese_punctuation_full_width_letters_or_dots_is_mask
 def test_card_numbers_written_next_to_other_numbers_are_each_masked_and_lists_of_small_numbers_are_not(text, masked):
     """一次审查把这几种写法发给了真的 ChatOpenAI(本机的 OpenAI 兼容服务):前一张卡、域名夹着零宽字符的邮箱原样到了
     模型那里;反过来金额列表、账期被当成卡号打掉,模型看不到要核对的数。"""
-    assert llm.mask_pii(text) == masked
+    assert llm_pii.mask_pii(text) == masked
 
 
 @pytest.mark.parametrize("junk", ["a" * 300_000, "1" * 300_000, "Ab3_-x" * 50_000, "a." * 150_000, "1 " * 150_000,
@@ -425,7 +426,7 @@ def test_masking_a_huge_unbroken_paste_takes_linear_time(junk):
     """贴进工单的一长串(日志里的 base64、几十万位数字):原来每个式子从每个位置都扫到串尾,30 万字要几分钟,
     处理线程一直占着、还不受 LLM_DEADLINE_S 管。这里 30 万字要在 3 秒内打完(原来 4 万位数字就要近 40 秒)。"""
     started = time.monotonic()
-    llm.mask_pii(junk)
+    llm_pii.mask_pii(junk)
     assert time.monotonic() - started < 3
 
 
