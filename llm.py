@@ -12,35 +12,21 @@ with_structured_output(Draft, method="function_calling"),用一次工具调用�
 import json
 import sys
 import time
-from contextlib import contextmanager
-from contextvars import ContextVar
-from dataclasses import dataclass
 from functools import lru_cache, partial
 from urllib.parse import urlsplit
 
 import openai
 
 import config
+import llm_deadline
 from llm_offline import OfflineChatModel, _announce_offline
 from llm_pii import mask_pii
 
-try:  # 服务端让等得比这更久(秒)时 openai 客户端不重试、马上抛错;是它的私有常量,换版本时可能挪走
-    from openai._constants import MAX_RETRY_AFTER_DELAY
-except ImportError:  # pragma: no cover
-    MAX_RETRY_AFTER_DELAY = 120
 
 DEFAULT_MODEL = "deepseek-flash"          # 课文用的模型;换服务时改 LLM_MODEL
 DEFAULT_BASE_URL = "https://api.deepseek.com"
 LLM_TIMEOUT_S = 60                        # 秒(0.1–3600);一次模型调用最长等多久,超时算暂时性错误
 LLM_MAX_RETRIES = 2                       # 次(0–10);客户端自己对 429/超时/连接错误/5xx 做的快速重试(带退避)
-# 秒(0.1–86400);一次起草最多花多久:每次请求、客户端的快速重试、切备用模型全算在内。
-# 只有上面两项时,最坏是 (LLM_MAX_RETRIES+1) × LLM_TIMEOUT_S,配了备用模型再翻一倍(默认 6 分钟),处理线程一直占着。
-# 比 LLM_TIMEOUT_S 小时,单次调用也只等到时限为止。150 秒够主模型等满两次 LLM_TIMEOUT_S;比 worker 的 STALE_MINUTES(默认 10 分钟)短得多,不会被当成卡住放回。
-LLM_DEADLINE_S = 150
-# 份(0.1–1);配了备用模型时,主模型(连同它自己的重试)最多用 LLM_DEADLINE_S 的这一份,剩下的留给备用模型。
-# 不留的话,默认设置下主模型挂住(每次都等满 60 秒)或者 429 让等很久时,它自己的重试就把 150 秒用完了,
-# 健康的备用模型一次都没机会试。0.5:主模型等满一次 LLM_TIMEOUT_S 再重试一小段,备用模型也有 75 秒
-LLM_PRIMARY_SHARE = 0.5
 
 
 class RequestTimeoutError(openai.APIStatusError):
@@ -121,7 +107,7 @@ def llm_settings() -> tuple:
     if not isinstance(parsed, dict):  # 它的键要并进请求体:[1]、"x" 这种合法 JSON 也不行
         raise SystemExit(f"配置错误:LLM_EXTRA_BODY 应该是 JSON 对象({{…}}):{extra_body}")
     api_key, base_url = api_key_setting("LLM_API_KEY"), config.url("LLM_BASE_URL", DEFAULT_BASE_URL)
-    share = primary_share()  # 没配备用模型时用不上,写错了也照样说出来
+    share = llm_deadline.primary_share()  # 没配备用模型时用不上,写错了也照样说出来
     fallback_model = config.get("LLM_FALLBACK_MODEL")
     fallback_url = config.url("LLM_FALLBACK_BASE_URL") or base_url
     fallback_key = api_key_setting("LLM_FALLBACK_API_KEY")
@@ -145,10 +131,6 @@ def llm_settings() -> tuple:
     )
 
 
-def primary_share() -> float:
-    return config.number("LLM_PRIMARY_SHARE", LLM_PRIMARY_SHARE, minimum=0.1, maximum=1)
-
-
 def api_key_setting(name: str) -> str:
     """API key 要放进 HTTP 头,只能是英文半角的可见字符。原来全角的「１２３」、中间的空格或换行要等到发请求时才出错
     (UnicodeEncodeError、Illegal header value),还被当成暂时性错误重试到死信;收件箱 respond 也把待办交回 worker。
@@ -164,116 +146,6 @@ def _origin(url: str) -> tuple:
     """网址里决定「是哪个服务」的部分:协议、主机、端口(路径不算,/v1 和没有 /v1 是同一个服务)。"""
     parts = urlsplit(url)
     return parts.scheme, parts.hostname, parts.port or {"http": 80, "https": 443}[parts.scheme]
-
-
-def deadline_s() -> float:
-    return config.number("LLM_DEADLINE_S", LLM_DEADLINE_S, minimum=0.1, maximum=86400)
-
-
-DEADLINE_SLACK_S = 0.1  # 秒;被时限截短的等待到点抛错时,离时限最多差这么多(计时器的粒度)
-
-
-class DeadlineExceeded(TimeoutError):
-    """一次起草用完了 LLM_DEADLINE_S。暂时性错误:worker 按退避稍后再试。"""
-
-
-@dataclass
-class _Budget:
-    ends_at: float      # time.monotonic() 的值
-    seconds: float      # 整个时限有几秒(ends_at 减去开始的时刻)
-    cut: bool = False   # 有请求因为时限被缩短了等待时间,或者干脆没发出去
-
-    def ends_for(self, share: float) -> float:
-        """只能用时限的 share 这一份的请求(配了备用模型时的主模型)到什么时候为止。"""
-        return self.ends_at - self.seconds * (1 - share)
-
-
-_budget: ContextVar[_Budget | None] = ContextVar("llm_budget", default=None)
-
-
-@contextmanager
-def deadline():
-    """with deadline(): 里的模型调用(含客户端重试、备用模型)合起来最多 LLM_DEADLINE_S 秒。
-    每次真正发请求之前,_within_deadline 把这次请求的等待时间截到时限为止;时限到了就不再发。
-    因时限而失败时抛 DeadlineExceeded(原来的错误是笼统的 Request timed out.)。
-    超出时限的只有:截短的请求超时之后、客户端下一次重试之前的那一次等待(默认设置下最多 1 秒;重试次数调大时最多 8 秒);
-    服务端要求的等待(Retry-After)和一直在发空行的响应都截到时限为止(_response_within_deadline)。
-    离线模型不发请求,不受影响。"""
-    seconds = deadline_s()
-    budget = _Budget(time.monotonic() + seconds, seconds)
-    token = _budget.set(budget)
-    try:
-        yield
-    except openai.APITimeoutError as e:
-        if not budget.cut or time.monotonic() < budget.ends_at - DEADLINE_SLACK_S:
-            # 是一次普通的超时(LLM_TIMEOUT_S),时限还没到;或者主模型用完了它那一份、备用模型很快就失败了(500、401),
-            # 抛出来的是主模型的超时:原来也说成「用完了整体时限」,时限只用了一半,人会去调大 LLM_DEADLINE_S,而不是去修备用模型
-            raise
-        backup = "、切备用模型" if config.get("LLM_FALLBACK_MODEL") else ""
-        raise DeadlineExceeded(f"起草用完了整体时限 LLM_DEADLINE_S={seconds:g} 秒(含客户端重试{backup}),"
-                               "稍后自动再试") from e
-    finally:
-        _budget.reset(token)
-
-
-def _within_deadline(request, share: float = 1.0) -> None:
-    """HTTP 客户端的请求钩子:每次真正发出请求之前调用,客户端自己的重试也一样。不在 deadline() 里时什么都不做。
-    share:这个模型只能用时限的这一份(配了备用模型时的主模型,见 LLM_PRIMARY_SHARE)。"""
-    budget = _budget.get()
-    if budget is None:
-        return
-    left = budget.ends_for(share) - time.monotonic()
-    if left <= 0:
-        budget.cut = True
-        # 抛 OpenAIError 的子类:OpenAI 客户端原样抛出,不再等待、不再重试;备用模型的请求也在这里被挡下
-        raise openai.APITimeoutError(request=request)
-    timeout = request.extensions.get("timeout") or dict.fromkeys(("connect", "read", "write", "pool"))
-    if any(v is None or v > left for v in timeout.values()):
-        budget.cut = True
-        # read 是两次收到数据之间最多等多久;模型一次性回答,整段回答就在这个时间里
-        request.extensions["timeout"] = {k: left if v is None else min(v, left) for k, v in timeout.items()}
-
-
-def _response_within_deadline(response, share: float = 1.0) -> None:
-    """HTTP 客户端的响应钩子:收到响应头之后、读响应体之前调用。两件事:
-    1. 服务端让过 N 秒再试(429 / 503 带 Retry-After)、N 超过了剩下的时限:改成只等到时限为止。OpenAI 客户端
-       照服务端说的等(最多 2 分钟;再长就不重试),原来 LLM_DEADLINE_S=3 的起草,每次重试前都等了 20 秒。
-    2. 请求钩子截短的 read 超时是「两次收到数据之间」最多等多久,管不住一直有数据来的响应:DeepSeek 忙的时候
-       先回 200,然后每隔几秒发一个空行保持连接,可以这样拖上十几分钟(原来 LLM_DEADLINE_S=3 的起草等了 15 秒;
-       等得比 STALE_MINUTES 还久的话,别的机器上的 worker 会把事件放回队列、再起草一遍)。这里让读响应体时
-       每收到一块都看一眼时限,到了就当作读超时。
-    share:同 _within_deadline。"""
-    budget = _budget.get()
-    if budget is None:
-        return
-    ends_at = budget.ends_for(share)
-    left = ends_at - time.monotonic()
-    for header, per_second in (("retry-after-ms", 1000), ("retry-after", 1)):
-        try:
-            wait = float(response.headers.get(header, "")) / per_second
-        except ValueError:
-            continue  # 没有这个头,或者写的是日期(少见):照客户端的办法
-        # 超过 MAX_RETRY_AFTER_DELAY 的,openai 客户端根本不重试、马上抛错(配额用完时常见 Retry-After: 3600):
-        # 原来也改成「等到时限为止」,客户端就照着等满整个时限(有备用模型时等满主模型那一份,75 秒)才出错
-        if left < wait <= MAX_RETRY_AFTER_DELAY:
-            budget.cut = True
-            response.headers["retry-after-ms"] = str(max(left, 0.001) * 1000)  # 客户端先看这个头
-        break
-    chunks = response.stream
-    http = sys.modules[type(response).__module__.partition(".")[0]]  # openai 用的那一份 httpx(现在的包名是 httpx2)
-
-    class WithinDeadline(http.SyncByteStream):
-        def __iter__(self):
-            for chunk in chunks:
-                if time.monotonic() > ends_at:
-                    budget.cut = True
-                    raise http.ReadTimeout("整体时限到了,响应还没收完", request=response.request)
-                yield chunk
-
-        def close(self) -> None:
-            chunks.close()
-
-    response.stream = WithinDeadline()
 
 
 def get_llm(temperature: float = 0):
@@ -294,8 +166,8 @@ def _build(temperature, api_key, model, base_url, extra_body, fallback_model, fa
         # 自己给 HTTP 客户端(openai 的默认设置),为挂上 _within_deadline、_response_within_deadline;
         # 本机的模型服务(Ollama、vLLM 开在 127.0.0.1)不走终端里设的代理(http_proxy / all_proxy):原来请求绕到代理上,
         # 代理没开时每次起草都是 APIConnectionError,看着像模型服务没起来
-        client = openai.DefaultHttpxClient(event_hooks={"request": [partial(_within_deadline, share=share)],
-                                                        "response": [partial(_response_within_deadline, share=share)]},
+        client = openai.DefaultHttpxClient(event_hooks={"request": [partial(llm_deadline._within_deadline, share=share)],
+                                                        "response": [partial(llm_deadline._response_within_deadline, share=share)]},
                                            trust_env=not config.on_this_machine(url))
         # http_socket_options=():langchain-openai 给用不上的异步客户端装 TCP keepalive 时,终端里设着代理就打一行
         # 英文 WARNING(说代理被绕过了,其实同步的这个客户端照常走代理),每次运行都进 cron.log
@@ -344,10 +216,10 @@ def _chat_classes(chat_openai: type) -> tuple[type, type, type]:
             except TRANSIENT_ERRORS as e:
                 # 备用模型接下了,事件照常成功:不说一声的话,主模型坏了一整天也没人知道(中间件笔记:失败的调用也要留痕)。
                 # 整体时限已经用完时备用模型的请求发不出去(_within_deadline),也就不说「换备用模型」
-                if (budget := _budget.get()) is not None and budget.ends_at <= time.monotonic():
+                if (budget := llm_deadline._budget.get()) is not None and budget.ends_at <= time.monotonic():
                     raise
                 what = f"{type(e).__name__}: {e}"
-                share = primary_share()
+                share = llm_deadline.primary_share()
                 if budget is not None and budget.cut and budget.ends_for(share) <= time.monotonic():
                     # 是留给它的那一份时限到了(挂住、429 让等很久):「Request timed out.」会让人以为只是一次超时
                     what = f"用完了留给它的时限(LLM_DEADLINE_S 的 LLM_PRIMARY_SHARE={share:g})"
