@@ -24,8 +24,9 @@ from typing_extensions import TypedDict
 
 import config as settings
 import store
-from llm import REQUEST_TOO_LARGE, get_llm, llm_settings, status_of
+from llm import get_llm, llm_settings
 from llm_deadline import deadline, deadline_s
+from llm_errors import REQUEST_TOO_LARGE, status_of
 from llm_offline import FEEDBACK_HEADER, classify, simplified
 from llm_pii import mask_pii, without_control_chars
 

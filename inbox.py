@@ -45,7 +45,7 @@ from langgraph.types import Command  # noqa: E402
 import store  # noqa: E402
 from agent import (FINISHED, allowed, check_settings, finished_status, interrupted_status, is_permanent,  # noqa: E402
                    max_text_chars, opened_graph, thread_of)
-from llm import describe  # noqa: E402
+from llm_errors import describe  # noqa: E402
 from llm_pii import mask_pii  # noqa: E402
 
 INBOX_USER = ""  # 谁在用收件箱(几个人共用时区分);空 = 「登录名@主机名」

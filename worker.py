@@ -44,7 +44,7 @@ import store  # noqa: E402 —— 上面先装好信号处理,再做慢的导入
 from agent import (FINISHED, PermanentError, finished_status, interrupted_status, is_permanent,  # noqa: E402
                    known_new, open_graph, thread_of)
 from agent import check_settings as graph_settings  # noqa: E402
-from llm import describe  # noqa: E402
+from llm_errors import describe  # noqa: E402
 from llm_pii import mask_pii  # noqa: E402
 
 MAX_ATTEMPTS = 3            # 次(1–20);暂时性失败最多试几次,之后进死信
