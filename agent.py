@@ -22,6 +22,7 @@ from langgraph.types import interrupt
 from pydantic import BaseModel, Field, ValidationError, field_validator
 from typing_extensions import TypedDict
 
+import agent_saver
 import config as settings
 import store
 from llm import get_llm, llm_settings
@@ -356,7 +357,7 @@ def open_graph(durable: bool = False):
     read = saver.get_tuple
 
     def get_tuple(config: RunnableConfig):
-        return None if config["configurable"].get(KNOWN_NEW) else read(config)
+        return None if config["configurable"].get(agent_saver.KNOWN_NEW) else read(config)
 
     saver.get_tuple = get_tuple  # 只在这一个对象上换,别处的 saver 不受影响
     return builder.compile(checkpointer=saver), conn
@@ -372,30 +373,10 @@ def opened_graph(durable: bool = False):
         conn.close()
 
 
-# worker 跑一张工单之前先 get_state 看它的 thread(等人?做完了?崩在半路?)。看到的是空的,就从头跑:这时在
-# configurable 里带上这个键,LangGraph 开跑时就不再把同一个 thread 读第二遍(PostgreSQL 上一次读要 1 ms 多)。
-# 这中间没有别人会写这个 thread:同一张工单同时只有一个事件在 processing(store.CLAIM_SQL),
-# 收件箱只碰停在 interrupt 的 thread。以 "__" 开头的键 LangGraph 不写进 checkpoint 的 metadata。
-KNOWN_NEW = "__known_new_thread"
-
-
-def known_new(config: dict) -> dict:
-    """同一个 config,标上「刚看过,这个 thread 还是空的」。"""
-    return {**config, "configurable": {**config["configurable"], KNOWN_NEW: True}}
-
-
-# 一次 invoke 里最多同时跑几件事。这张图每一步只有一个节点,节点本来就在调用线程里一个接一个地跑;这个数限制的是
-# LangGraph 每次 invoke 新建的后台线程池:不设时它为每个 checkpoint 写入(put / put_writes)各起一个新线程,
-# 一个事件起 3 个,起线程、等新线程拿到 GIL、几个线程抢 PostgresSaver 的锁,占了 worker 一成多的时间(py-spy 采样)。
-# 设成 1:后台只有一个线程,按提交的顺序写(LangGraph 本来就等上一个 checkpoint 写完才写下一个)。
-# 实测每个事件 SQLite 省约 0.5 ms、PostgreSQL 省约 2 ms(bench/worker.py)。
-MAX_CONCURRENCY = 1
-
-
 def thread_of(ticket_id: str, event_id: str | None = None) -> dict:
     """一张工单一个 thread。event_id 只是带给 draft 记账用,不影响 thread。
     metadata 给追踪用(课文「上线以后」:trace 的 session id 用工单号):接了 LangSmith、Langfuse 这类回调时,
     同一张工单的起草、每一轮重写、最后发送都归在一个 session 里;没接时什么都不做。"""
     return {"configurable": {"thread_id": store.thread_id(ticket_id), "event_id": event_id},
             "metadata": {"session_id": ticket_id, "langfuse_session_id": ticket_id},
-            "max_concurrency": MAX_CONCURRENCY}
+            "max_concurrency": agent_saver.MAX_CONCURRENCY}

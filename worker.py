@@ -42,7 +42,8 @@ if __name__ == "__main__":
 
 import store  # noqa: E402 —— 上面先装好信号处理,再做慢的导入
 from agent import (FINISHED, PermanentError, finished_status, interrupted_status, is_permanent,  # noqa: E402
-                   known_new, open_graph, thread_of)
+                   open_graph, thread_of)
+from agent_saver import known_new  # noqa: E402
 from agent import check_settings as graph_settings  # noqa: E402
 from llm_errors import describe  # noqa: E402
 from llm_pii import mask_pii  # noqa: E402
