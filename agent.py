@@ -186,13 +186,13 @@ DRAFT_TOOL = convert_to_openai_tool(Draft)
 _structured: dict[int, tuple] = {}
 
 
-def structured(llm):
+def structured(llm, tool: dict):
     """llm.with_structured_output(DRAFT_TOOL, method="function_calling"),每个模型对象只包一次:每张工单都重新包要多花好几毫秒。
     回答是 Draft 工具的参数(dict),没调工具时是 None。
     不用 include_raw=True:那样会多一层 RunnableParallel,每次调用都新开线程池,一张工单多花约 4 ms;
     用量改由回调 UsageMetadataCallbackHandler 收集。"""
     if id(llm) not in _structured:  # 连 llm 一起存着,它就不会被回收、id 也不会被别的对象重用
-        _structured[id(llm)] = (llm, llm.with_structured_output(DRAFT_TOOL, method="function_calling"))
+        _structured[id(llm)] = (llm, llm.with_structured_output(tool, method="function_calling"))
     return _structured[id(llm)][1]
 
 
@@ -210,7 +210,7 @@ def draft(state: TicketState, config: RunnableConfig) -> dict:
              "reply": "", "action": "notify_supervisor"}
         return {"draft": d, "first_draft": d}
     usage = UsageMetadataCallbackHandler()  # 按真正回答的模型(主模型或备用模型)累计 token
-    model = structured(get_llm())
+    model = structured(get_llm(), DRAFT_TOOL)
     try:
         with deadline():  # 重试、备用模型加在一起也不能让这张工单一直占着处理线程
             # merge_configs:节点自己的回调(追踪)也带上;只给 {"callbacks": [usage]} 会把它们整个换掉
