@@ -23,6 +23,7 @@ from pydantic import BaseModel, Field, ValidationError, field_validator
 from typing_extensions import TypedDict
 
 import agent_saver
+from agent_draft import not_a_draft, structured
 import config as settings
 import store
 from llm import get_llm, llm_settings
@@ -183,23 +184,6 @@ def build_prompt(state: TicketState) -> str:
 # 都要为追踪元数据重新生成一遍 Pydantic JSON schema,占了跑图时间的一成(bench/worker.py,py-spy 采样);
 # 发给模型的工具定义两种写法一模一样,回答由 draft() 自己用 Draft.model_validate 校验。
 DRAFT_TOOL = convert_to_openai_tool(Draft)
-_structured: dict[int, tuple] = {}
-
-
-def structured(llm, tool: dict):
-    """llm.with_structured_output(DRAFT_TOOL, method="function_calling"),每个模型对象只包一次:每张工单都重新包要多花好几毫秒。
-    回答是 Draft 工具的参数(dict),没调工具时是 None。
-    不用 include_raw=True:那样会多一层 RunnableParallel,每次调用都新开线程池,一张工单多花约 4 ms;
-    用量改由回调 UsageMetadataCallbackHandler 收集。"""
-    if id(llm) not in _structured:  # 连 llm 一起存着,它就不会被回收、id 也不会被别的对象重用
-        _structured[id(llm)] = (llm, llm.with_structured_output(tool, method="function_calling"))
-    return _structured[id(llm)][1]
-
-
-def not_a_draft(error: ValidationError) -> ValueError:
-    """「模型没有按 Draft 格式回答:哪一项:哪里不对」,一行;原来的 pydantic 错误有好几行,还带着模型的原话。"""
-    problems = ";".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in error.errors())
-    return ValueError(f"模型没有按 Draft 格式回答:{problems}")
 
 
 def draft(state: TicketState, config: RunnableConfig) -> dict:
