@@ -25,10 +25,10 @@ from typing_extensions import TypedDict
 import agent_saver
 import store
 from agent_draft import not_a_draft, structured
-from agent_prompt import FORGED_HEADER, for_the_model, max_ticket_chars
-from agent_review import answer_problem, edited_reply, max_redrafts, max_text_chars
-from llm import get_llm, llm_settings
-from llm_deadline import deadline, deadline_s
+from agent_prompt import FORGED_HEADER, for_the_model
+from agent_review import answer_problem, edited_reply, max_redrafts
+from llm import get_llm
+from llm_deadline import deadline
 from llm_errors import REQUEST_TOO_LARGE, status_of
 from llm_offline import FEEDBACK_HEADER, classify, simplified
 from llm_pii import mask_pii, without_control_chars
@@ -36,29 +36,6 @@ from llm_pii import mask_pii, without_control_chars
 NOTIFY_WORDS = ("律师", "起诉", "投诉到")  # 练习 5:出现这些词不起草,只通知主管
 NOTICE_HEAD_CHARS = 200  # 字;通知主管的待办里给人看工单原文的前这么多字(收件箱一屏看得完)
 NOTICE_CONTEXT_CHARS = 40  # 字;触发的词不在前面那段里时,再摘出它前后各这么多字
-FINISHED = ("sent", "already_sent", "ignored")
-
-
-def finished_status(outcome: str) -> str:
-    """图走完了(outcome 在 FINISHED 里),事件该是什么状态:人选了不回是 ignored,发出了(或早就发过)是 done。"""
-    return "ignored" if outcome == "ignored" else "done"
-
-
-def interrupted_status(ticket_id: str, event_id: str) -> str:
-    """thread 停在收件箱(interrupt)时,这个事件该是什么状态:这张工单已经有别的事件在收件箱里,它就是 done
-    (一张工单一个 thread,收件箱里只占一条待办;它是上游换了个 event_id 又通知的一次);没有就由它接手等人。"""
-    waiting = store.events_by_status("waiting_human")
-    return "done" if any(e["ticket_id"] == ticket_id and e["event_id"] != event_id for e in waiting) else "waiting_human"
-
-
-def check_settings() -> None:
-    """跑图要用的设置都读一遍,不对就以 SystemExit 退出。worker 领事件之前、收件箱拿走待办之前调用:
-    不然要等节点跑到一半才发现,事件停在 processing、白用一次尝试。"""
-    max_redrafts()
-    max_ticket_chars()
-    max_text_chars()
-    llm_settings()
-    deadline_s()
 
 
 class PermanentError(Exception):

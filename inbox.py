@@ -43,8 +43,8 @@ if __name__ == "__main__":
 from langgraph.types import Command  # noqa: E402
 
 import store  # noqa: E402
-from agent import (FINISHED, check_settings, finished_status, interrupted_status, is_permanent,  # noqa: E402
-                   opened_graph, thread_of)
+from agent import is_permanent, opened_graph, thread_of  # noqa: E402
+from agent_run import FINISHED, check_settings, finished_status, interrupted_status  # noqa: E402
 from agent_review import allowed, max_text_chars  # noqa: E402
 from llm_errors import describe  # noqa: E402
 from llm_pii import mask_pii  # noqa: E402

@@ -41,10 +41,10 @@ if __name__ == "__main__":
     config.handle_stop_signals(stop_while_importing, stop_while_importing)
 
 import store  # noqa: E402 —— 上面先装好信号处理,再做慢的导入
-from agent import (FINISHED, PermanentError, finished_status, interrupted_status, is_permanent,  # noqa: E402
-                   open_graph, thread_of)
+from agent import PermanentError, is_permanent, open_graph, thread_of  # noqa: E402
+from agent_run import FINISHED, finished_status, interrupted_status  # noqa: E402
+from agent_run import check_settings as graph_settings  # noqa: E402
 from agent_saver import known_new  # noqa: E402
-from agent import check_settings as graph_settings  # noqa: E402
 from llm_errors import describe  # noqa: E402
 from llm_pii import mask_pii  # noqa: E402
 
