@@ -33,28 +33,6 @@ from llm_errors import REQUEST_TOO_LARGE, status_of
 from llm_offline import FEEDBACK_HEADER, classify, simplified
 from llm_pii import mask_pii, without_control_chars
 
-NOTIFY_WORDS = ("律师", "起诉", "投诉到")  # 练习 5:出现这些词不起草,只通知主管
-NOTICE_HEAD_CHARS = 200  # 字;通知主管的待办里给人看工单原文的前这么多字(收件箱一屏看得完)
-NOTICE_CONTEXT_CHARS = 40  # 字;触发的词不在前面那段里时,再摘出它前后各这么多字
-
-
-class PermanentError(Exception):
-    """重试多少次都不会好的错误(工单不存在、payload 格式不对):worker 直接判死信。
-    kept:消息里打码时要原样留着的几段:让人照着敲的命令(放回死信的 --requeue-dead …)、提到的事件 id。"""
-
-    def __init__(self, message: str, *kept: str):
-        super().__init__(message)
-        self.kept = kept
-
-
-# 重试多少次都没用的错误:直接死信。模型说「你的请求不对」(400/404/422)、「请求太大」(413,没有单独的异常类)也算。
-# worker 起草失败、收件箱 respond 重写失败都按它分
-PERMANENT_ERRORS = (PermanentError, openai.BadRequestError, openai.NotFoundError, openai.UnprocessableEntityError)
-
-
-def is_permanent(error: Exception) -> bool:
-    return isinstance(error, PERMANENT_ERRORS) or status_of(error) == REQUEST_TOO_LARGE
-
 
 class Draft(BaseModel):
     category: Literal["refund", "billing", "invoice", "bug", "account", "other"]
@@ -84,35 +62,11 @@ class TicketState(TypedDict, total=False):
     outcome: str           # review 的决定 send / redraft / ignore;做完以后 sent / already_sent / ignored
 
 
-# ---------------------------------------------------------------- 节点
 def load(state: TicketState) -> dict:
     t = store.ticket(state["ticket_id"])
     if t is None:
         raise PermanentError(f"工单不存在:{state['ticket_id']}")
     return {"ticket_text": mask_pii(without_control_chars(f"{t['subject']}:{t['body']}")), "feedback": []}
-
-
-def needs_supervisor(text: str) -> str | None:
-    text = simplified(text)  # 繁体的「律師」「起訴」也算
-    return next((w for w in NOTIFY_WORDS if w in text), None)
-
-
-def notice_text(text: str) -> str:
-    """通知主管的待办里给人看的工单原文:前 NOTICE_HEAD_CHARS 个字;「律师」这类词在后面时,再摘出它前后一段;
-    没显示的说一共多少字。原来只截前 200 个字、不说截了:通知说「工单提到『律师』」,主管在下面却找不到这个词。"""
-    head = NOTICE_HEAD_CHARS
-    if len(text) <= head:
-        return text
-    shown, start, end = text[:head], head, head
-    word = needs_supervisor(text) or ""
-    at = simplified(text).find(word, head - len(word) + 1) if word else -1  # 前面那段里没有(或者只露出半个)
-    if at >= 0 and simplified(text).find(word) == at:
-        start = max(head, at - NOTICE_CONTEXT_CHARS)
-        end = min(len(text), at + len(word) + NOTICE_CONTEXT_CHARS)
-        shown += ("……" if start > head else "") + text[start:end]
-    if start == head and end == len(text):
-        return shown
-    return shown + ("……" if end < len(text) else "") + f"(工单共 {len(text)} 字,这里没有全部显示)"
 
 
 def build_prompt(state: TicketState) -> str:
@@ -214,15 +168,6 @@ def after_review(state: TicketState) -> Literal["review", "send", "draft", "igno
     return {"send": "send", "redraft": "draft", "ignore": "ignore"}[state["outcome"]]
 
 
-def review_row(state: TicketState) -> dict:
-    first = state.get("first_draft") or state["draft"]
-    # 通知类待办只能 ignore(看过即可),记成 notify:日报的「原样批准率」只算有草稿可批的待办(原来记成 ignore,
-    # 每一条通知都把它那一类的批准率往下拉)
-    notify = state["draft"].get("action") == "notify_supervisor"
-    return {"category": state["draft"]["category"], "draft": first["reply"], "final": state["draft"]["reply"],
-            "action": state.get("decision") or ("notify" if notify else "ignore"), "feedback": state.get("feedback", [])}
-
-
 def send(state: TicketState) -> dict:
     sent = store.record_reply(state["ticket_id"], state["draft"]["reply"], "agent+reviewer", review_row(state))
     return {"outcome": "sent" if sent else "already_sent"}
@@ -281,3 +226,62 @@ def thread_of(ticket_id: str, event_id: str | None = None) -> dict:
     return {"configurable": {"thread_id": store.thread_id(ticket_id), "event_id": event_id},
             "metadata": {"session_id": ticket_id, "langfuse_session_id": ticket_id},
             "max_concurrency": agent_saver.MAX_CONCURRENCY}
+
+
+
+# ---- 练习 2:工单不存在 → PermanentError ----
+class PermanentError(Exception):
+    """重试多少次都不会好的错误(工单不存在、payload 格式不对):worker 直接判死信。
+    kept:消息里打码时要原样留着的几段:让人照着敲的命令(放回死信的 --requeue-dead …)、提到的事件 id。"""
+
+    def __init__(self, message: str, *kept: str):
+        super().__init__(message)
+        self.kept = kept
+
+
+# 重试多少次都没用的错误:直接死信。模型说「你的请求不对」(400/404/422)、「请求太大」(413,没有单独的异常类)也算。
+# worker 起草失败、收件箱 respond 重写失败都按它分
+PERMANENT_ERRORS = (PermanentError, openai.BadRequestError, openai.NotFoundError, openai.UnprocessableEntityError)
+
+
+def is_permanent(error: Exception) -> bool:
+    return isinstance(error, PERMANENT_ERRORS) or status_of(error) == REQUEST_TOO_LARGE
+
+
+# ---- 练习 4:review_log ----
+def review_row(state: TicketState) -> dict:
+    first = state.get("first_draft") or state["draft"]
+    # 通知类待办只能 ignore(看过即可),记成 notify:日报的「原样批准率」只算有草稿可批的待办(原来记成 ignore,
+    # 每一条通知都把它那一类的批准率往下拉)
+    notify = state["draft"].get("action") == "notify_supervisor"
+    return {"category": state["draft"]["category"], "draft": first["reply"], "final": state["draft"]["reply"],
+            "action": state.get("decision") or ("notify" if notify else "ignore"), "feedback": state.get("feedback", [])}
+
+
+# ---- 练习 5:通知主管 notify_supervisor ----
+NOTIFY_WORDS = ("律师", "起诉", "投诉到")  # 练习 5:出现这些词不起草,只通知主管
+NOTICE_HEAD_CHARS = 200  # 字;通知主管的待办里给人看工单原文的前这么多字(收件箱一屏看得完)
+NOTICE_CONTEXT_CHARS = 40  # 字;触发的词不在前面那段里时,再摘出它前后各这么多字
+
+
+def needs_supervisor(text: str) -> str | None:
+    text = simplified(text)  # 繁体的「律師」「起訴」也算
+    return next((w for w in NOTIFY_WORDS if w in text), None)
+
+
+def notice_text(text: str) -> str:
+    """通知主管的待办里给人看的工单原文:前 NOTICE_HEAD_CHARS 个字;「律师」这类词在后面时,再摘出它前后一段;
+    没显示的说一共多少字。原来只截前 200 个字、不说截了:通知说「工单提到『律师』」,主管在下面却找不到这个词。"""
+    head = NOTICE_HEAD_CHARS
+    if len(text) <= head:
+        return text
+    shown, start, end = text[:head], head, head
+    word = needs_supervisor(text) or ""
+    at = simplified(text).find(word, head - len(word) + 1) if word else -1  # 前面那段里没有(或者只露出半个)
+    if at >= 0 and simplified(text).find(word) == at:
+        start = max(head, at - NOTICE_CONTEXT_CHARS)
+        end = min(len(text), at + len(word) + NOTICE_CONTEXT_CHARS)
+        shown += ("……" if start > head else "") + text[start:end]
+    if start == head and end == len(text):
+        return shown
+    return shown + ("……" if end < len(text) else "") + f"(工单共 {len(text)} 字,这里没有全部显示)"
