@@ -12,23 +12,19 @@ from contextlib import contextmanager
 from typing import Literal
 
 import openai
-from langchain_core.callbacks import UsageMetadataCallbackHandler
-from langchain_core.exceptions import ModelRefusalError
 from langchain_core.runnables import RunnableConfig
-from langchain_core.runnables.config import merge_configs
 from langchain_core.utils.function_calling import convert_to_openai_tool
 from langgraph.graph import END, START, StateGraph
 from langgraph.types import interrupt
-from pydantic import BaseModel, Field, ValidationError, field_validator
+from pydantic import BaseModel, Field, field_validator
 from typing_extensions import TypedDict
 
 import agent_saver
 import store
-from agent_draft import not_a_draft, structured
+from agent_draft import ask, structured
 from agent_prompt import FORGED_HEADER, for_the_model
-from agent_review import answer_problem, edited_reply, max_redrafts
+from agent_review import answer_problem, edited_reply, max_redrafts, may_respond
 from llm import get_llm
-from llm_deadline import deadline
 from llm_errors import REQUEST_TOO_LARGE, status_of
 from llm_offline import FEEDBACK_HEADER, classify, simplified
 from llm_pii import mask_pii, without_control_chars
@@ -87,60 +83,24 @@ DRAFT_TOOL = convert_to_openai_tool(Draft)
 
 
 def draft(state: TicketState, config: RunnableConfig) -> dict:
-    text = state["ticket_text"]
-    if word := needs_supervisor(text):
-        # 练习 5:不调模型,产生一条只能「看过即可」的通知
-        d = {"category": classify(text), "summary": f"工单提到「{word}」,Agent 没有起草回复,请主管看一下",
-             "reply": "", "action": "notify_supervisor"}
+    if word := needs_supervisor(state["ticket_text"]):  # 练习 5:不调模型,产生一条只能「看过即可」的通知
+        d = supervisor_notice(state["ticket_text"], word)
         return {"draft": d, "first_draft": d}
-    usage = UsageMetadataCallbackHandler()  # 按真正回答的模型(主模型或备用模型)累计 token
     model = structured(get_llm(), DRAFT_TOOL)
-    try:
-        with deadline():  # 重试、备用模型加在一起也不能让这张工单一直占着处理线程
-            # merge_configs:节点自己的回调(追踪)也带上;只给 {"callbacks": [usage]} 会把它们整个换掉
-            args = model.invoke(build_prompt(state), merge_configs(config, {"callbacks": [usage]}))
-    except ModelRefusalError as e:  # 模型拒答:回答里是一段 refusal,没有调 Draft 工具;和格式不对一样,退避后再试
-        raise ValueError(f"模型拒绝起草:{str(e).splitlines()[0] if str(e) else '(没说原因)'}") from None
-    except ValidationError as e:  # 工具参数是合法 JSON 却不是对象([1, 2]):langchain 建回答消息时就通不过
-        raise not_a_draft(e) from None
-    finally:
-        # 记账在 interrupt 之前也没关系:它在 draft 节点里,每一行对应一次真实发生的模型调用;
-        # 模型回答了但格式不对(下面抛错)也照样花了钱,所以放在 finally 里
-        for model, u in usage.usage_metadata.items():
-            store.record_usage(config["configurable"].get("event_id"), state["ticket_id"], model,
-                               u.get("input_tokens", 0), u.get("output_tokens", 0))
-    if args is None:  # ChatOpenAI 把解析不了的工具参数放进 invalid_tool_calls,解析器看到的就是「没调工具」
-        raise ValueError("模型没有按 Draft 格式回答:回答里没有能用的 Draft 工具调用(只回了一段话,或者工具参数不是完整的 JSON)")
-    try:
-        d = Draft.model_validate(args).model_dump()
-    except ValidationError as e:  # 调了 Draft 工具,但参数不合规则(类别不在列表里、少了字段……)
-        raise not_a_draft(e) from None
+    d = ask(model, build_prompt(state), Draft, state["ticket_id"], config)
     return {"draft": d, "first_draft": state.get("first_draft") or d, "redraft_limit": max_redrafts()}
 
 
-def inbox_item(state: TicketState) -> dict:
-    """收件箱条目(HumanInterrupt)。纯函数:由状态算出来,不读写任何东西。"""
-    d = state["draft"]
-    if d.get("action") == "notify_supervisor":
-        return {
-            "action_request": {"action": "notify_supervisor",
-                               "args": {"ticket_id": state["ticket_id"], "ticket_text": notice_text(state["ticket_text"])}},
-            "config": {"allow_accept": False, "allow_edit": False, "allow_respond": False, "allow_ignore": True},
-            "description": f"【通知】[{d['category']}] {d['summary']}",
-        }
-    return {
-        "action_request": {"action": "send_reply", "args": {"ticket_id": state["ticket_id"], "reply": d["reply"]}},
-        "config": {"allow_accept": True, "allow_edit": True,
-                   # 用起草时记下的上限,不读现在的设置:review 在人回答后重跑时算出的必须和人看到的一样,否则
-                   # 收件箱核对过的 respond 在这里被拒,LangGraph 还会把这个回答和出错的 review 一起存下,下次照旧用它
-                   "allow_respond": len(state.get("feedback", [])) < state.get("redraft_limit", max_redrafts()),
-                   "allow_ignore": True},
-        "description": f"[{d['category']}] {d['summary']}",
-    }
-
-
 def review(state: TicketState) -> dict:
-    item = inbox_item(state)
+    d = state["draft"]
+    if d.get("action") == "notify_supervisor":  # 练习 5
+        item = notice_item(state)
+    else:  # 收件箱条目(HumanInterrupt):想做的动作、允许人怎么处理、给人看的一句话
+        item = {
+            "action_request": {"action": "send_reply", "args": {"ticket_id": state["ticket_id"], "reply": d["reply"]}},
+            "config": {"allow_accept": True, "allow_edit": True, "allow_respond": may_respond(state), "allow_ignore": True},
+            "description": f"[{d['category']}] {d['summary']}",
+        }
     if state.get("refused"):
         item = {**item, "description": f"{item['description']}(上一个回答不能用:{state['refused']})"}
     answer = interrupt(item)  # 这之前不能有副作用:恢复时整个节点从头再跑一遍
@@ -150,7 +110,7 @@ def review(state: TicketState) -> dict:
         # 也不在这里循环着再 interrupt:那样下一个回答来时 review 从头重跑,被拒的回答按那时的上限(INBOX_MAX_TEXT_CHARS
         # 放宽了、回答的进程设得大)再查一遍就可能通过,人给的 ignore 成了发出被拒的那段(tests/test_agent.py)
         return {"refused": problem}
-    kind, d = answer["type"], state["draft"]
+    kind = answer["type"]
     if kind == "accept":
         return {"outcome": "send", "decision": "accept", "refused": None}
     if kind == "edit":
@@ -285,3 +245,20 @@ def notice_text(text: str) -> str:
     if start == head and end == len(text):
         return shown
     return shown + ("……" if end < len(text) else "") + f"(工单共 {len(text)} 字,这里没有全部显示)"
+
+
+def supervisor_notice(text: str, word: str) -> dict:
+    """draft 节点碰到 NOTIFY_WORDS 时交出的「草稿」:不调模型,只说工单提到了哪个词。"""
+    return {"category": classify(text), "summary": f"工单提到「{word}」,Agent 没有起草回复,请主管看一下",
+            "reply": "", "action": "notify_supervisor"}
+
+
+def notice_item(state: TicketState) -> dict:
+    """通知类待办的收件箱条目:只允许 ignore(看过即可)。"""
+    d = state["draft"]
+    return {
+        "action_request": {"action": "notify_supervisor",
+                           "args": {"ticket_id": state["ticket_id"], "ticket_text": notice_text(state["ticket_text"])}},
+        "config": {"allow_accept": False, "allow_edit": False, "allow_respond": False, "allow_ignore": True},
+        "description": f"【通知】[{d['category']}] {d['summary']}",
+    }

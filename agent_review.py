@@ -22,6 +22,13 @@ def max_text_chars() -> int:
     return settings.integer("INBOX_MAX_TEXT_CHARS", MAX_TEXT_CHARS, minimum=1)
 
 
+def may_respond(state: dict) -> bool:
+    """这条待办还允许不允许 respond(让 Agent 按意见再写一版)。"""
+    # 用起草时记下的上限,不读现在的设置:review 在人回答后重跑时算出的必须和人看到的一样,否则
+    # 收件箱核对过的 respond 在这里被拒,LangGraph 还会把这个回答和出错的 review 一起存下,下次照旧用它
+    return len(state.get("feedback", [])) < state.get("redraft_limit", max_redrafts())
+
+
 def allowed(item: dict) -> list[str]:
     """这条待办允许的处理(HumanResponse 的 type)。"""
     flags = {"accept": "allow_accept", "edit": "allow_edit", "response": "allow_respond", "ignore": "allow_ignore"}
