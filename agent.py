@@ -159,13 +159,7 @@ builder.add_edge("ignore", END)
 def open_graph(durable: bool = False):
     """返回 (graph, conn)。调用方用完要 conn.close()。checkpoint 存哪(SQLite 文件或 PostgreSQL)由 store 决定;
     durable 见 store.open_checkpointer:收件箱用 True。"""
-    saver, conn = store.open_checkpointer(durable)
-    read = saver.get_tuple
-
-    def get_tuple(config: RunnableConfig):
-        return None if config["configurable"].get(agent_saver.KNOWN_NEW) else read(config)
-
-    saver.get_tuple = get_tuple  # 只在这一个对象上换,别处的 saver 不受影响
+    saver, conn = agent_saver.open_saver(durable)
     return builder.compile(checkpointer=saver), conn
 
 
