@@ -27,8 +27,41 @@ LLM_TIMEOUT_S = 60                        # 秒(0.1–3600);一次模型调用�
 LLM_MAX_RETRIES = 2                       # 次(0–10);客户端自己对 429/超时/连接错误/5xx 做的快速重试(带退避)
 
 
-def _not_json(name: str):
-    raise ValueError(f"{name} 不是 JSON")
+def get_llm(temperature: float = 0):
+    """按当前环境变量返回模型;同样的设置只建一次(ChatOpenAI 里有连接池,没必要每张工单新建)。"""
+    return _build(temperature, *llm_settings())
+
+
+@lru_cache(maxsize=8)
+def _build(temperature, api_key, model, base_url, extra_body, fallback_model, fallback_url, fallback_key, timeout,
+           retries, primary_share):
+    if not api_key:
+        _announce_offline()
+        return OfflineChatModel()
+    extra = json.loads(extra_body)  # llm_settings() 检查过了
+    from langchain_openai import ChatOpenAI
+
+    def chat(cls, name: str, url: str, key: str, share: float = 1.0):
+        # 自己给 HTTP 客户端(openai 的默认设置),为挂上 _within_deadline、_response_within_deadline;
+        # 本机的模型服务(Ollama、vLLM 开在 127.0.0.1)不走终端里设的代理(http_proxy / all_proxy):原来请求绕到代理上,
+        # 代理没开时每次起草都是 APIConnectionError,看着像模型服务没起来
+        client = openai.DefaultHttpxClient(event_hooks={"request": [partial(llm_deadline._within_deadline, share=share)],
+                                                        "response": [partial(llm_deadline._response_within_deadline, share=share)]},
+                                           trust_env=not config.on_this_machine(url))
+        # http_socket_options=():langchain-openai 给用不上的异步客户端装 TCP keepalive 时,终端里设着代理就打一行
+        # 英文 WARNING(说代理被绕过了,其实同步的这个客户端照常走代理),每次运行都进 cron.log
+        return cls(model=name, base_url=url, api_key=key, temperature=temperature, extra_body=extra, timeout=timeout,
+                   max_retries=retries, http_client=client, http_socket_options=())
+
+    classified_class, primary_class, backup_class = _chat_classes(ChatOpenAI)
+    if not fallback_model:
+        return chat(classified_class, model, base_url, api_key)
+    # 主模型遇到暂时性错误(重试也没救回来)时切备用模型;参数错误、鉴权错误不切,切了也一样错。
+    # 备用模型自己的非暂时性错误(它的 key、模型名、地址配错了)变成 BackupFailed,也在这里接住:
+    # 这时抛出的是主模型的暂时性错误,事件照常退避,不会因为备用模型配错了就进死信
+    primary = chat(primary_class, model, base_url, api_key, primary_share)  # 时限留一份给备用模型
+    backup = chat(backup_class, fallback_model, fallback_url, fallback_key)
+    return primary.with_fallbacks([backup], exceptions_to_handle=(*TRANSIENT_ERRORS, BackupFailed))
 
 
 def llm_settings() -> tuple:
@@ -83,40 +116,5 @@ def _origin(url: str) -> tuple:
     return parts.scheme, parts.hostname, parts.port or {"http": 80, "https": 443}[parts.scheme]
 
 
-def get_llm(temperature: float = 0):
-    """按当前环境变量返回模型;同样的设置只建一次(ChatOpenAI 里有连接池,没必要每张工单新建)。"""
-    return _build(temperature, *llm_settings())
-
-
-@lru_cache(maxsize=8)
-def _build(temperature, api_key, model, base_url, extra_body, fallback_model, fallback_url, fallback_key, timeout,
-           retries, primary_share):
-    if not api_key:
-        _announce_offline()
-        return OfflineChatModel()
-    extra = json.loads(extra_body)  # llm_settings() 检查过了
-    from langchain_openai import ChatOpenAI
-
-    def chat(cls, name: str, url: str, key: str, share: float = 1.0):
-        # 自己给 HTTP 客户端(openai 的默认设置),为挂上 _within_deadline、_response_within_deadline;
-        # 本机的模型服务(Ollama、vLLM 开在 127.0.0.1)不走终端里设的代理(http_proxy / all_proxy):原来请求绕到代理上,
-        # 代理没开时每次起草都是 APIConnectionError,看着像模型服务没起来
-        client = openai.DefaultHttpxClient(event_hooks={"request": [partial(llm_deadline._within_deadline, share=share)],
-                                                        "response": [partial(llm_deadline._response_within_deadline, share=share)]},
-                                           trust_env=not config.on_this_machine(url))
-        # http_socket_options=():langchain-openai 给用不上的异步客户端装 TCP keepalive 时,终端里设着代理就打一行
-        # 英文 WARNING(说代理被绕过了,其实同步的这个客户端照常走代理),每次运行都进 cron.log
-        return cls(model=name, base_url=url, api_key=key, temperature=temperature, extra_body=extra, timeout=timeout,
-                   max_retries=retries, http_client=client, http_socket_options=())
-
-    classified_class, primary_class, backup_class = _chat_classes(ChatOpenAI)
-    if not fallback_model:
-        return chat(classified_class, model, base_url, api_key)
-    # 主模型遇到暂时性错误(重试也没救回来)时切备用模型;参数错误、鉴权错误不切,切了也一样错。
-    # 备用模型自己的非暂时性错误(它的 key、模型名、地址配错了)变成 BackupFailed,也在这里接住:
-    # 这时抛出的是主模型的暂时性错误,事件照常退避,不会因为备用模型配错了就进死信
-    primary = chat(primary_class, model, base_url, api_key, primary_share)  # 时限留一份给备用模型
-    backup = chat(backup_class, fallback_model, fallback_url, fallback_key)
-    return primary.with_fallbacks([backup], exceptions_to_handle=(*TRANSIENT_ERRORS, BackupFailed))
-
-
+def _not_json(name: str):
+    raise ValueError(f"{name} 不是 JSON")
