@@ -1,12 +1,9 @@
-"""处理一张工单的图:load(读工单)→ draft(模型起草)→ review(interrupt,进收件箱等人)→ send | draft | ignore。
+"""后台处理一张工单:load(读工单)→ draft(起草)→ review(interrupt,进收件箱等人)→ send / draft / ignore。
 
-这个文件不单独运行;worker.py 启动一张工单,inbox.py 把人的决定交回来。
-状态存在 CHECKPOINTS_DB(默认 checkpoints.db;设了 DATABASE_URL 就存 PostgreSQL),thread_id 用工单号:ticket-T1012。
-
-收件箱条目照 Agent Inbox 的 HumanInterrupt:action_request{action,args}、config{allow_*}、description;
-人的回复照 HumanResponse:type 是 accept / edit / response / ignore 之一。
-review 什么都不写:恢复时这个节点会从头重跑;写库的事(发信、记 ignore)放在它后面各自的节点里。
-send 靠 outbox 的 UNIQUE 幂等:重跑一次只会得到 already_sent;ignore 按工单号去重。
+worker.py 跑它,inbox.py 把人的决定交回来;thread_id 用工单号(ticket-T1012),checkpoint 存在 SQLite 或 PostgreSQL。
+收件箱条目照 Agent Inbox 的 HumanInterrupt(action_request / config / description),人的回答照 HumanResponse
+(type 是 accept / edit / response / ignore)。review 在 interrupt() 之前什么都不写:恢复时这个节点从头重跑。
+send 靠 outbox 的 UNIQUE 幂等,重跑只得到 already_sent;ignore 按工单号去重。
 """
 from contextlib import contextmanager
 from typing import Literal
@@ -38,8 +35,8 @@ class Draft(BaseModel):
     @field_validator("summary", "reply")
     @classmethod
     def not_blank(cls, value: str) -> str:
-        # 模型偶尔交回空的 reply:原来照样进收件箱,「草稿:」后面什么都没有,accept 就给客户发一封空信。
-        # 和格式不对一样退避后再试。用校验器而不是 min_length:发给模型的工具定义不变
+        # 空的 reply 进了收件箱,accept 就给客户发一封空信:和格式不对一样退避后再试。
+        # 用校验器而不用 min_length:发给模型的工具定义不变
         if not value.strip():
             raise ValueError("不能是空的")
         return value
@@ -51,10 +48,10 @@ class TicketState(TypedDict, total=False):
     ticket_text: str       # 已脱敏
     draft: dict            # 当前草稿:category / summary / reply(通知类还有 action)
     first_draft: dict      # 模型第一版,写 review_log 用
-    feedback: list[str]    # 每一轮 respond 的意见;条数就是重写次数,跨进程重启也还在
-    redraft_limit: int     # 起草这一版时的 MAX_REDRAFTS:待办允许不允许 respond 按它算,之后改设置不影响已经给人看到的待办
+    feedback: list[str]    # 每一轮 respond 的意见;条数就是重写次数
+    redraft_limit: int     # 起草这一版时的 MAX_REDRAFTS:这条待办还能不能 respond 按它算
     decision: str          # accept / edit:最后是怎么发出去的
-    refused: str | None    # 上一个回答为什么不能用(别的客户端交来的):有它时 review 再问一次,待办的说明里带上这句
+    refused: str | None    # 上一个回答为什么不能用:有它时 review 再问一次,待办的说明里带上这句
     outcome: str           # review 的决定 send / redraft / ignore;做完以后 sent / already_sent / ignored
 
 
@@ -76,17 +73,16 @@ def build_prompt(state: TicketState) -> str:
     return prompt
 
 
-# Draft 的工具定义(OpenAI tools 格式)只算一次。直接把 Draft 类交给 with_structured_output 的话,LangChain 每次调用
-# 都要为追踪元数据重新生成一遍 Pydantic JSON schema,占了跑图时间的一成(bench/worker.py,py-spy 采样);
-# 发给模型的工具定义两种写法一模一样,回答由 draft() 自己用 Draft.model_validate 校验。
+# Draft 的工具定义(OpenAI tools 格式)只算一次:把 Draft 类交给 with_structured_output 时,LangChain 每次调用都为
+# 追踪元数据重新生成一遍 JSON schema,占跑图时间的一成(bench/worker.py)。发给模型的定义一样,回答由 agent_draft.ask 校验。
 DRAFT_TOOL = convert_to_openai_tool(Draft)
 
 
 def draft(state: TicketState, config: RunnableConfig) -> dict:
-    if word := needs_supervisor(state["ticket_text"]):  # 练习 5:不调模型,产生一条只能「看过即可」的通知
+    if word := needs_supervisor(state["ticket_text"]):  # 练习 5:不起草,只通知主管
         d = supervisor_notice(state["ticket_text"], word)
         return {"draft": d, "first_draft": d}
-    model = structured(get_llm(), DRAFT_TOOL)
+    model = structured(get_llm(), DRAFT_TOOL)  # 即 get_llm().with_structured_output(Draft, method="function_calling")
     d = ask(model, build_prompt(state), Draft, state["ticket_id"], config)
     return {"draft": d, "first_draft": state.get("first_draft") or d, "redraft_limit": max_redrafts()}
 
@@ -105,10 +101,9 @@ def review(state: TicketState) -> dict:
         item = {**item, "description": f"{item['description']}(上一个回答不能用:{state['refused']})"}
     answer = interrupt(item)  # 这之前不能有副作用:恢复时整个节点从头再跑一遍
     if problem := answer_problem(answer, item):
-        # 不能用的回答不抛错,这次 review 就此结束,回到 review 再问一次(待办留在收件箱里,说明上一个为什么不行)。
-        # 抛错的话,LangGraph 把这个回答和出错的 review 绑在一起存下:以后不管给什么回答,review 重跑时拿到的都还是它。
-        # 也不在这里循环着再 interrupt:那样下一个回答来时 review 从头重跑,被拒的回答按那时的上限(INBOX_MAX_TEXT_CHARS
-        # 放宽了、回答的进程设得大)再查一遍就可能通过,人给的 ignore 成了发出被拒的那段(tests/test_agent.py)
+        # 不能用的回答(别的客户端交来的)不抛错:这次 review 结束,after_review 回到 review 再问一次。
+        # 抛错的话 LangGraph 把这个回答和出错的 review 一起存下,以后重跑拿到的都还是它;在这里循环着再 interrupt 的话,
+        # 下次重跑会按那时的上限重查被拒的回答,可能让它通过(tests/test_agent.py)
         return {"refused": problem}
     kind = answer["type"]
     if kind == "accept":
@@ -116,8 +111,7 @@ def review(state: TicketState) -> dict:
     if kind == "edit":
         return {"outcome": "send", "decision": "edit", "draft": {**d, "reply": edited_reply(answer)}, "refused": None}
     if kind == "response":
-        # 意见也要进模型:和工单一样先打码(客服常把客户的电话、邮箱抄进意见里)。inbox.py 交进来之前已经打过码
-        # (回答本身也存进 checkpoint);别的客户端(Agent Inbox 之类)交来的回答在这里打码
+        # 意见也进模型,和工单一样先打码(客服常把客户的电话抄进意见里);inbox.py 交来之前已经打过,别的客户端的在这里打
         return {"outcome": "redraft", "feedback": state.get("feedback", []) + [mask_pii(answer["args"])], "refused": None}
     return {"outcome": "ignore", "refused": None}
 
@@ -134,10 +128,8 @@ def send(state: TicketState) -> dict:
 
 
 def ignore(state: TicketState) -> dict:
-    """ignore 也记一笔(按工单号去重,重跑不会多),日报按类别统计 ignore 用。
-    不放在 review 里 interrupt() 之后:那里记账失败(磁盘满)的话,LangGraph 把这次的回答和出错的 review 绑在一起存下,
-    人在收件箱里再给什么回答,review 重跑时拿到的都还是这次的 ignore。放在这里,人的决定先写进 checkpoint,
-    记账失败就和 send 失败一样交回 worker 续跑(tests/test_inbox.py)。"""
+    """ignore 也记一笔(按工单号去重),日报按类别统计用。它是单独的节点而不在 review 里:人的决定先写进 checkpoint,
+    记账失败(磁盘满)就和 send 失败一样交回 worker 续跑,不会把这次的回答和出错的 review 绑在一起(tests/test_inbox.py)。"""
     store.record_ignore(state["ticket_id"], review_row(state))
     return {"outcome": "ignored"}
 
@@ -157,8 +149,8 @@ builder.add_edge("ignore", END)
 
 
 def open_graph(durable: bool = False):
-    """返回 (graph, conn)。调用方用完要 conn.close()。checkpoint 存哪(SQLite 文件或 PostgreSQL)由 store 决定;
-    durable 见 store.open_checkpointer:收件箱用 True。"""
+    """返回 (graph, conn)。调用方用完要 conn.close()。checkpoint 存在 SQLite 文件或 PostgreSQL(store 决定);
+    durable=True(收件箱用)等 checkpoint 落盘,见 store.open_checkpointer。"""
     saver, conn = agent_saver.open_saver(durable)
     return builder.compile(checkpointer=saver), conn
 
@@ -174,9 +166,8 @@ def opened_graph(durable: bool = False):
 
 
 def thread_of(ticket_id: str, event_id: str | None = None) -> dict:
-    """一张工单一个 thread。event_id 只是带给 draft 记账用,不影响 thread。
-    metadata 给追踪用(课文「上线以后」:trace 的 session id 用工单号):接了 LangSmith、Langfuse 这类回调时,
-    同一张工单的起草、每一轮重写、最后发送都归在一个 session 里;没接时什么都不做。"""
+    """一张工单一个 thread。event_id 只带给 draft 记账用。metadata 给追踪用(课文「上线以后」:session id 用工单号),
+    接了 LangSmith、Langfuse 时同一张工单的起草、重写、发送归在一个 session 里。"""
     return {"configurable": {"thread_id": store.thread_id(ticket_id), "event_id": event_id},
             "metadata": {"session_id": ticket_id, "langfuse_session_id": ticket_id},
             "max_concurrency": agent_saver.MAX_CONCURRENCY}
@@ -193,8 +184,7 @@ class PermanentError(Exception):
         self.kept = kept
 
 
-# 重试多少次都没用的错误:直接死信。模型说「你的请求不对」(400/404/422)、「请求太大」(413,没有单独的异常类)也算。
-# worker 起草失败、收件箱 respond 重写失败都按它分
+# 重试多少次都没用的错误,worker 和收件箱直接判死信:还有模型说请求不对(400/404/422)或太大(413,没有单独的异常类)
 PERMANENT_ERRORS = (PermanentError, openai.BadRequestError, openai.NotFoundError, openai.UnprocessableEntityError)
 
 
@@ -205,15 +195,14 @@ def is_permanent(error: Exception) -> bool:
 # ---- 练习 4:review_log ----
 def review_row(state: TicketState) -> dict:
     first = state.get("first_draft") or state["draft"]
-    # 通知类待办只能 ignore(看过即可),记成 notify:日报的「原样批准率」只算有草稿可批的待办(原来记成 ignore,
-    # 每一条通知都把它那一类的批准率往下拉)
+    # 通知类待办只能 ignore,记成 notify:日报的「原样批准率」只算有草稿可批的待办
     notify = state["draft"].get("action") == "notify_supervisor"
     return {"category": state["draft"]["category"], "draft": first["reply"], "final": state["draft"]["reply"],
             "action": state.get("decision") or ("notify" if notify else "ignore"), "feedback": state.get("feedback", [])}
 
 
 # ---- 练习 5:通知主管 notify_supervisor ----
-NOTIFY_WORDS = ("律师", "起诉", "投诉到")  # 练习 5:出现这些词不起草,只通知主管
+NOTIFY_WORDS = ("律师", "起诉", "投诉到")  # 出现这些词不起草,只通知主管
 NOTICE_HEAD_CHARS = 200  # 字;通知主管的待办里给人看工单原文的前这么多字(收件箱一屏看得完)
 NOTICE_CONTEXT_CHARS = 40  # 字;触发的词不在前面那段里时,再摘出它前后各这么多字
 
@@ -224,8 +213,8 @@ def needs_supervisor(text: str) -> str | None:
 
 
 def notice_text(text: str) -> str:
-    """通知主管的待办里给人看的工单原文:前 NOTICE_HEAD_CHARS 个字;「律师」这类词在后面时,再摘出它前后一段;
-    没显示的说一共多少字。原来只截前 200 个字、不说截了:通知说「工单提到『律师』」,主管在下面却找不到这个词。"""
+    """通知主管的待办里给人看的工单原文:前 NOTICE_HEAD_CHARS 个字;触发的词在后面时再摘出它前后一段,
+    主管看得到通知说的那个词;没显示全的说一共多少字。"""
     head = NOTICE_HEAD_CHARS
     if len(text) <= head:
         return text
