@@ -15,17 +15,16 @@ _structured: dict[int, tuple] = {}
 
 
 def structured(llm, tool: dict):
-    """llm.with_structured_output(DRAFT_TOOL, method="function_calling"),每个模型对象只包一次:每张工单都重新包要多花好几毫秒。
-    回答是 Draft 工具的参数(dict),没调工具时是 None。
-    不用 include_raw=True:那样会多一层 RunnableParallel,每次调用都新开线程池,一张工单多花约 4 ms;
-    用量改由回调 UsageMetadataCallbackHandler 收集。"""
+    """llm.with_structured_output(tool, method="function_calling"),每个模型对象只包一次(每张工单都包要多花几毫秒)。
+    回答是工具的参数(dict),没调工具时是 None。不用 include_raw=True:它多包一层 RunnableParallel,每次调用都新开
+    线程池,一张工单多花约 4 ms;用量由 ask() 里的 UsageMetadataCallbackHandler 收集。"""
     if id(llm) not in _structured:  # 连 llm 一起存着,它就不会被回收、id 也不会被别的对象重用
         _structured[id(llm)] = (llm, llm.with_structured_output(tool, method="function_calling"))
     return _structured[id(llm)][1]
 
 
 def not_a_draft(error: ValidationError) -> ValueError:
-    """「模型没有按 Draft 格式回答:哪一项:哪里不对」,一行;原来的 pydantic 错误有好几行,还带着模型的原话。"""
+    """「模型没有按 Draft 格式回答:哪一项:哪里不对」,一行,不带模型的原话(pydantic 的错误有好几行)。"""
     problems = ";".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in error.errors())
     return ValueError(f"模型没有按 Draft 格式回答:{problems}")
 
@@ -42,8 +41,7 @@ def ask(model, prompt: str, schema: type[BaseModel], ticket_id: str, config) -> 
     except ValidationError as e:  # 工具参数是合法 JSON 却不是对象([1, 2]):langchain 建回答消息时就通不过
         raise not_a_draft(e) from None
     finally:
-        # 记账在 interrupt 之前也没关系:它在 draft 节点里,每一行对应一次真实发生的模型调用;
-        # 模型回答了但格式不对(下面抛错)也照样花了钱,所以放在 finally 里
+        # 在 draft 节点里记账:每一行对应一次真实的模型调用;格式不对的回答也花了钱,所以在 finally 里
         for model, u in usage.usage_metadata.items():
             store.record_usage(config["configurable"].get("event_id"), ticket_id, model,
                                u.get("input_tokens", 0), u.get("output_tokens", 0))

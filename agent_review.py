@@ -8,9 +8,8 @@ import config as settings
 MAX_REDRAFTS = 3  # 轮(至少 0);一张工单最多让 Agent 按意见重写几次(每次都要再调一次模型,花钱也耗人的耐心)
 
 
-# 字(1 起);人给的文字(edit 的回复、respond 的意见)最多这么长,设置名是 INBOX_MAX_TEXT_CHARS。草稿本来不到 150 字:
-# 再长多半是多粘贴了一段(整封邮件往来),edit 会原样发给客户,respond 会在之后每次重写时都进提示词、按 token 花钱。
-# 收件箱在命令行上先拦;绕过收件箱直接恢复 thread 的(Agent Inbox、自己拼的 Command),review 也照这个数拦
+# 字(1 起);人给的文字(edit 的回复、respond 的意见)最多这么长,设置名是 INBOX_MAX_TEXT_CHARS。草稿不到 150 字,
+# 再长多半是多粘贴了一段:edit 会原样发给客户,respond 会在之后每次重写时都进提示词、按 token 花钱
 MAX_TEXT_CHARS = 2000
 
 
@@ -24,8 +23,7 @@ def max_text_chars() -> int:
 
 def may_respond(state: dict) -> bool:
     """这条待办还允许不允许 respond(让 Agent 按意见再写一版)。"""
-    # 用起草时记下的上限,不读现在的设置:review 在人回答后重跑时算出的必须和人看到的一样,否则
-    # 收件箱核对过的 respond 在这里被拒,LangGraph 还会把这个回答和出错的 review 一起存下,下次照旧用它
+    # 用起草时记下的上限,不读现在的设置:review 在人回答后重跑时,算出的必须和人看到的一样
     return len(state.get("feedback", [])) < state.get("redraft_limit", max_redrafts())
 
 

@@ -24,8 +24,8 @@ def interrupted_status(ticket_id: str, event_id: str) -> str:
 
 
 def check_settings() -> None:
-    """跑图要用的设置都读一遍,不对就以 SystemExit 退出。worker 领事件之前、收件箱拿走待办之前调用:
-    不然要等节点跑到一半才发现,事件停在 processing、白用一次尝试。"""
+    """跑图要用的设置都读一遍,不对就以 SystemExit 退出。worker 领事件之前、收件箱拿走待办之前调用,
+    免得节点跑到一半才发现、事件白用一次尝试。"""
     max_redrafts()
     max_ticket_chars()
     max_text_chars()
