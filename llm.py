@@ -1,13 +1,7 @@
-"""get_llm():有 LLM_API_KEY 就用真模型(ChatOpenAI,任何 OpenAI 兼容服务),没有就用离线模型。
+"""get_llm():按 LLM_MODEL、LLM_BASE_URL、LLM_API_KEY、LLM_EXTRA_BODY 建一个 ChatOpenAI(任何 OpenAI 兼容服务)。
 
-这个文件不单独运行;agent.py 的 draft 节点调用 get_llm()。
-离线模型是一个真正的 LangChain 聊天模型(BaseChatModel 的子类):它支持
-with_structured_output(Draft, method="function_calling"),用一次工具调用回答,
-所以 agent.py 离线和在线走的是同一条代码路径。它按关键词分类、用模板起草,
-重写时能看得出照着主管意见改了。第一次用时在 stderr 上说一声。
-
-这里还有两样「进模型之前」的东西:PII 脱敏 mask_pii(),和区分错误种类用的 TRANSIENT_ERRORS;
-以及一次起草的整体时限 deadline()(中间件笔记的「整体超时」)。
+没有 LLM_API_KEY 时交出离线模型(llm_offline.py)。agent.py 的 draft 节点调用它;整体时限见 llm_deadline.py,
+错误分类和备用模型(LLM_FALLBACK_*)见 llm_errors.py。
 """
 import json
 from functools import lru_cache, partial
@@ -42,9 +36,8 @@ def _build(temperature, api_key, model, base_url, extra_body, fallback_model, fa
     from langchain_openai import ChatOpenAI
 
     def chat(cls, name: str, url: str, key: str, share: float = 1.0):
-        # 自己给 HTTP 客户端(openai 的默认设置),为挂上 _within_deadline、_response_within_deadline;
-        # 本机的模型服务(Ollama、vLLM 开在 127.0.0.1)不走终端里设的代理(http_proxy / all_proxy):原来请求绕到代理上,
-        # 代理没开时每次起草都是 APIConnectionError,看着像模型服务没起来
+        # 自己给 HTTP 客户端(openai 的默认设置),为挂上整体时限的两个钩子;本机的模型服务(Ollama、vLLM 开在 127.0.0.1)
+        # 不走终端里设的代理(http_proxy / all_proxy):代理没开时每次起草都会是 APIConnectionError
         client = openai.DefaultHttpxClient(event_hooks={"request": [partial(llm_deadline._within_deadline, share=share)],
                                                         "response": [partial(llm_deadline._response_within_deadline, share=share)]},
                                            trust_env=not config.on_this_machine(url))
@@ -100,9 +93,8 @@ def llm_settings() -> tuple:
 
 
 def api_key_setting(name: str) -> str:
-    """API key 要放进 HTTP 头,只能是英文半角的可见字符。原来全角的「１２３」、中间的空格或换行要等到发请求时才出错
-    (UnicodeEncodeError、Illegal header value),还被当成暂时性错误重试到死信;收件箱 respond 也把待办交回 worker。
-    出错时只说第几个字符,不打印 key 本身(会进日志)。"""
+    """API key 要放进 HTTP 头,只能是英文半角的可见字符:全角字符、空格或换行要到发请求时才出错,还像暂时性错误一样
+    被重试到死信,所以启动时就查。出错时只说第几个字符,不打印 key 本身(会进日志)。"""
     key = config.get(name)
     if bad := next((i for i, ch in enumerate(key, 1) if not "!" <= ch <= "~"), 0):
         raise SystemExit(f"配置错误:{name} 的第 {bad} 个字符不是英文半角的字母、数字或符号(全角字符、空格或换行?):"

@@ -63,7 +63,7 @@ _budget: ContextVar[_Budget | None] = ContextVar("llm_budget", default=None)
 def deadline():
     """with deadline(): 里的模型调用(含客户端重试、备用模型)合起来最多 LLM_DEADLINE_S 秒。
     每次真正发请求之前,_within_deadline 把这次请求的等待时间截到时限为止;时限到了就不再发。
-    因时限而失败时抛 DeadlineExceeded(原来的错误是笼统的 Request timed out.)。
+    因时限而失败时抛 DeadlineExceeded(而不是笼统的 Request timed out.)。
     超出时限的只有:截短的请求超时之后、客户端下一次重试之前的那一次等待(默认设置下最多 1 秒;重试次数调大时最多 8 秒);
     服务端要求的等待(Retry-After)和一直在发空行的响应都截到时限为止(_response_within_deadline)。
     离线模型不发请求,不受影响。"""
@@ -74,8 +74,8 @@ def deadline():
         yield
     except openai.APITimeoutError as e:
         if not budget.cut or time.monotonic() < budget.ends_at - DEADLINE_SLACK_S:
-            # 是一次普通的超时(LLM_TIMEOUT_S),时限还没到;或者主模型用完了它那一份、备用模型很快就失败了(500、401),
-            # 抛出来的是主模型的超时:原来也说成「用完了整体时限」,时限只用了一半,人会去调大 LLM_DEADLINE_S,而不是去修备用模型
+            # 一次普通的超时(LLM_TIMEOUT_S),时限还没到;或者主模型用完了它那一份、备用模型很快就失败了(500、401):
+            # 说成「用完了整体时限」的话,人会去调大 LLM_DEADLINE_S,而不是去修备用模型
             raise
         backup = "、切备用模型" if config.get("LLM_FALLBACK_MODEL") else ""
         raise DeadlineExceeded(f"起草用完了整体时限 LLM_DEADLINE_S={seconds:g} 秒(含客户端重试{backup}),"
@@ -104,12 +104,11 @@ def _within_deadline(request, share: float = 1.0) -> None:
 
 def _response_within_deadline(response, share: float = 1.0) -> None:
     """HTTP 客户端的响应钩子:收到响应头之后、读响应体之前调用。两件事:
-    1. 服务端让过 N 秒再试(429 / 503 带 Retry-After)、N 超过了剩下的时限:改成只等到时限为止。OpenAI 客户端
-       照服务端说的等(最多 2 分钟;再长就不重试),原来 LLM_DEADLINE_S=3 的起草,每次重试前都等了 20 秒。
+    1. 服务端让过 N 秒再试(429 / 503 带 Retry-After)、N 超过了剩下的时限:只等到时限为止。OpenAI 客户端
+       照服务端说的等(最多 2 分钟;再长就不重试)。
     2. 请求钩子截短的 read 超时是「两次收到数据之间」最多等多久,管不住一直有数据来的响应:DeepSeek 忙的时候
-       先回 200,然后每隔几秒发一个空行保持连接,可以这样拖上十几分钟(原来 LLM_DEADLINE_S=3 的起草等了 15 秒;
-       等得比 STALE_MINUTES 还久的话,别的机器上的 worker 会把事件放回队列、再起草一遍)。这里让读响应体时
-       每收到一块都看一眼时限,到了就当作读超时。
+       先回 200,然后每隔几秒发一个空行保持连接,能拖上十几分钟(比 STALE_MINUTES 还久的话,别的机器上的 worker
+       会把事件放回队列、再起草一遍)。这里读响应体时每收到一块都看一眼时限,到了就当作读超时。
     share:同 _within_deadline。"""
     budget = _budget.get()
     if budget is None:
@@ -121,14 +120,14 @@ def _response_within_deadline(response, share: float = 1.0) -> None:
             wait = float(response.headers.get(header, "")) / per_second
         except ValueError:
             continue  # 没有这个头,或者写的是日期(少见):照客户端的办法
-        # 超过 MAX_RETRY_AFTER_DELAY 的,openai 客户端根本不重试、马上抛错(配额用完时常见 Retry-After: 3600):
-        # 原来也改成「等到时限为止」,客户端就照着等满整个时限(有备用模型时等满主模型那一份,75 秒)才出错
+        # 超过 MAX_RETRY_AFTER_DELAY 的不动:openai 客户端根本不重试、马上抛错(配额用完时常见 Retry-After: 3600);
+        # 改成「等到时限为止」的话,客户端反而要等满整个时限才出错
         if left < wait <= MAX_RETRY_AFTER_DELAY:
             budget.cut = True
             response.headers["retry-after-ms"] = str(max(left, 0.001) * 1000)  # 客户端先看这个头
         break
     chunks = response.stream
-    http = sys.modules[type(response).__module__.partition(".")[0]]  # openai 用的那一份 httpx(现在的包名是 httpx2)
+    http = sys.modules[type(response).__module__.partition(".")[0]]  # openai 用的那一份 httpx(包名是 httpx2)
 
     class WithinDeadline(http.SyncByteStream):
         def __iter__(self):

@@ -88,7 +88,7 @@ def _chat_classes(chat_openai: type) -> tuple[type, type, type]:
     class ClassifiedChatOpenAI(chat_openai):
         # langchain_openai 把认得的 openai 错误换成自己的类(OpenAIRateLimitError……),408 它也不认得:这里补上
         # 它还把消息里有「exceeds the context window」的任何错误(503、413……)都换成 OpenAIAPIContextOverflowError:
-        # 没有状态码的 APIError,分不出暂时性的(不切备用模型)和永久的(413 不进死信)。这种换回 openai 原来的错误
+        # 没有状态码的 APIError,分不出暂时性的(不切备用模型)和永久的(413 不进死信)。这种换回 openai 本来的错误
         def _generate(self, *args, **kwargs):
             try:
                 return super()._generate(*args, **kwargs)

@@ -42,8 +42,8 @@ REPLIES = {
     "account": "关于账号的问题,为了您的账户安全,我们会先核实身份,再协助您处理,请留意预留手机收到的验证信息。",
     "other": "我们已经收到您的消息,相关同事会尽快查看并回复您。",
 }
-# 草稿里不许出现退款金额。¥ 是 U+00A5,输入法打出的全角 ￥ 是 U+FFE5;千位分隔符「1,299」「1，299」整个算一个数
-# (原来只拿掉「1」或「¥ 1」,留下「,299.00」「1」这样错的数)
+# 草稿里不许出现退款金额。¥ 是 U+00A5,输入法打出的全角 ￥ 是 U+FFE5;千位分隔符「1,299」「1，299」整个算一个数,
+# 不会只拿掉「1」、留下「,299.00」
 _NUMBER = r"(?:\d{1,3}(?:[,，]\d{3})+|\d+)(?:\.\d+)?"
 _AMOUNT = re.compile(rf"[\u00a5\uffe5]\s*{_NUMBER}|{_NUMBER}\s*(?:元|块钱|块|RMB)")
 _DIRECTIVE = ("别", "不要", "不用", "语气")  # 以这些开头的意见是给起草人的指令,不写进回复
@@ -79,7 +79,7 @@ def offline_draft(prompt: str) -> dict:
     lines = prompt.splitlines()
     ticket = next((ln.split(":", 1)[1] for ln in lines if ln.startswith("工单 ") and ":" in ln), prompt)
     subject = ticket.split(":", 1)[0].strip()
-    # 意见只在最后那一节里:工单原文也可能有「- 」开头的行(客户列的一二三条),原来被当成意见照抄进了回复
+    # 意见只在最后那一节里:工单原文也可能有「- 」开头的行(客户列的一二三条),那些不是意见
     _, header, feedback = prompt.rpartition(f"\n{FEEDBACK_HEADER}\n")
     notes = [ln[2:].strip() for ln in feedback.splitlines() if ln.startswith("- ")] if header else []
     category = classify(ticket)
