@@ -20,13 +20,11 @@ except ImportError:  # pragma: no cover
     MAX_RETRY_AFTER_DELAY = 120
 
 
-# 秒(0.1–86400);一次起草最多花多久:每次请求、客户端的快速重试、切备用模型全算在内。
-# 只有上面两项时,最坏是 (LLM_MAX_RETRIES+1) × LLM_TIMEOUT_S,配了备用模型再翻一倍(默认 6 分钟),处理线程一直占着。
-# 比 LLM_TIMEOUT_S 小时,单次调用也只等到时限为止。150 秒够主模型等满两次 LLM_TIMEOUT_S;比 worker 的 STALE_MINUTES(默认 10 分钟)短得多,不会被当成卡住放回。
+# 秒(0.1–86400);一次起草最多花多久,每次请求、客户端的快速重试、切备用模型全算在内(不然最坏是
+# (LLM_MAX_RETRIES+1) × LLM_TIMEOUT_S,有备用模型再翻一倍)。150 秒够主模型等满两次,又比 STALE_MINUTES 短得多
 LLM_DEADLINE_S = 150
-# 份(0.1–1);配了备用模型时,主模型(连同它自己的重试)最多用 LLM_DEADLINE_S 的这一份,剩下的留给备用模型。
-# 不留的话,默认设置下主模型挂住(每次都等满 60 秒)或者 429 让等很久时,它自己的重试就把 150 秒用完了,
-# 健康的备用模型一次都没机会试。0.5:主模型等满一次 LLM_TIMEOUT_S 再重试一小段,备用模型也有 75 秒
+# 份(0.1–1);配了备用模型时,主模型(连同它的重试)最多用时限的这一份:不然主模型挂住或 429 让等很久时,
+# 它自己的重试就把时限用完了。0.5:主模型等满一次 LLM_TIMEOUT_S 再重试一小段,备用模型也有 75 秒
 LLM_PRIMARY_SHARE = 0.5
 
 
@@ -61,12 +59,9 @@ _budget: ContextVar[_Budget | None] = ContextVar("llm_budget", default=None)
 
 @contextmanager
 def deadline():
-    """with deadline(): 里的模型调用(含客户端重试、备用模型)合起来最多 LLM_DEADLINE_S 秒。
-    每次真正发请求之前,_within_deadline 把这次请求的等待时间截到时限为止;时限到了就不再发。
-    因时限而失败时抛 DeadlineExceeded(而不是笼统的 Request timed out.)。
-    超出时限的只有:截短的请求超时之后、客户端下一次重试之前的那一次等待(默认设置下最多 1 秒;重试次数调大时最多 8 秒);
-    服务端要求的等待(Retry-After)和一直在发空行的响应都截到时限为止(_response_within_deadline)。
-    离线模型不发请求,不受影响。"""
+    """with deadline(): 里的模型调用(含客户端重试、备用模型)合起来最多 LLM_DEADLINE_S 秒,因时限而失败时抛
+    DeadlineExceeded。钩子把每次请求的等待、Retry-After 和一直发空行的响应都截到时限为止;超出时限的只有截短的请求
+    超时之后、客户端下一次重试之前的那一次等待(默认设置下最多 1 秒)。"""
     seconds = deadline_s()
     budget = _Budget(time.monotonic() + seconds, seconds)
     token = _budget.set(budget)
