@@ -9,7 +9,6 @@ import threading
 import httpx
 
 import config
-import store
 import store_cron
 
 SLACK_TIMEOUT_S = 10             # 秒(0.1–3600);Slack 连不上或不回话时最多等这么久,crontab 里的任务不能挂住

@@ -19,13 +19,12 @@ import tempfile
 import time
 from pathlib import Path
 
-import agent
 import config
 import inbox_seen
-import store
 import webhook
 import worker
 import store_sqlite
+import agent_review
 
 LAB = config.HERE
 USAGE = "用法:uv run python demo.py [--keep](--keep:跑完保留临时数据目录)"
@@ -114,7 +113,7 @@ def check_settings() -> None:
     for read in (store_sqlite.busy_timeout_s, webhook.check_secret, worker.read_settings, inbox_seen.viewer):
         read()
     longest = max(len(FEEDBACK), len(EDITED))
-    if (limit := agent.max_text_chars()) < longest:  # 不然跑到 respond 那一步才被收件箱拒绝,T1012 已经发出去了
+    if (limit := agent_review.max_text_chars()) < longest:  # 不然跑到 respond 那一步才被收件箱拒绝,T1012 已经发出去了
         raise SystemExit(f"配置错误:INBOX_MAX_TEXT_CHARS={limit} 比演示要输入的文字({longest} 个字)还短")
 
 

@@ -35,9 +35,11 @@ import store  # noqa: E402
 import store_errors  # noqa: E402
 import store_events  # noqa: E402
 import worker_owner  # noqa: E402
-from agent import allowed, check_settings, finished_status, opened_graph, thread_of  # noqa: E402
+from agent import opened_graph, thread_of  # noqa: E402
+from agent_review import allowed  # noqa: E402
+from agent_run import check_settings, finished_status  # noqa: E402
 from inbox_take import Refused, Result  # noqa: E402
-from llm import mask_pii  # noqa: E402
+from llm_pii import mask_pii  # noqa: E402
 
 
 USAGE = __doc__.split("运行:")[1].split("你会看到")[0].rstrip()

@@ -5,8 +5,8 @@
 import re
 import unicodedata
 
-from agent import max_text_chars
-from llm import mask_pii
+from agent_review import max_text_chars
+from llm_pii import mask_pii
 NEEDS_TEXT = ("edit", "respond")
 # -f、--force、--dry-run、--dry_run、--reply=…:像选项的一个词(带空格、不带「=」的就是文字);单独的 - 和 --
 # 也算:不然它们会被当成回复原样发给客户

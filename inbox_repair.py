@@ -8,7 +8,8 @@ import store
 import store_errors
 import store_events
 import worker_owner
-from agent import interrupted_status, thread_of
+from agent import thread_of
+from agent_run import interrupted_status
 from inbox_take import Refused, not_in_inbox, status_of
 
 

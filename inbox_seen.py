@@ -6,7 +6,6 @@ import hashlib
 import socket
 
 import config
-import store
 import store_errors
 import store_inbox
 INBOX_USER = ""  # 谁在用收件箱(几个人共用时区分);空 = 「登录名@主机名」

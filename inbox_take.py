@@ -10,8 +10,9 @@ import store
 import store_events
 import store_inbox
 import worker_owner
-from agent import FINISHED, finished_status, is_permanent
-from llm import describe
+from agent import is_permanent
+from agent_run import FINISHED, finished_status
+from llm_errors import describe
 
 
 class Refused(Exception):

@@ -1,120 +1,60 @@
-"""get_llm():有 LLM_API_KEY 就用真模型(ChatOpenAI,任何 OpenAI 兼容服务),没有就用离线模型。
+"""get_llm():按 LLM_MODEL、LLM_BASE_URL、LLM_API_KEY、LLM_EXTRA_BODY 建一个 ChatOpenAI(任何 OpenAI 兼容服务)。
 
-这个文件不单独运行;agent.py 的 draft 节点调用 get_llm()。
-离线模型是一个真正的 LangChain 聊天模型(BaseChatModel 的子类):它支持
-with_structured_output(Draft, method="function_calling"),用一次工具调用回答,
-所以 agent.py 离线和在线走的是同一条代码路径。它按关键词分类、用模板起草,
-重写时能看得出照着主管意见改了。第一次用时在 stderr 上说一声。
-
-这里还有两样「进模型之前」的东西:PII 脱敏 mask_pii(),和区分错误种类用的 TRANSIENT_ERRORS;
-以及一次起草的整体时限 deadline()(中间件笔记的「整体超时」)。
+没有 LLM_API_KEY 时交出离线模型(llm_offline.py)。agent.py 的 draft 节点调用它;整体时限见 llm_deadline.py,
+错误分类和备用模型(LLM_FALLBACK_*)见 llm_errors.py。
 """
 import json
-import math
-import re
-import sys
-import threading
-import time
-from contextlib import contextmanager
-from contextvars import ContextVar
-from dataclasses import dataclass
 from functools import lru_cache, partial
-from typing import Any
 from urllib.parse import urlsplit
 
 import openai
-from langchain_core.language_models.chat_models import BaseChatModel
-from langchain_core.messages import AIMessage, BaseMessage
-from langchain_core.outputs import ChatGeneration, ChatResult
-from langchain_core.utils.function_calling import convert_to_openai_tool
 
 import config
+import llm_deadline
+from llm_errors import TRANSIENT_ERRORS, BackupFailed, _chat_classes
+from llm_offline import OfflineChatModel, _announce_offline
 
-try:  # 服务端让等得比这更久(秒)时 openai 客户端不重试、马上抛错;是它的私有常量,换版本时可能挪走
-    from openai._constants import MAX_RETRY_AFTER_DELAY
-except ImportError:  # pragma: no cover
-    MAX_RETRY_AFTER_DELAY = 120
 
 DEFAULT_MODEL = "deepseek-flash"          # 课文用的模型;换服务时改 LLM_MODEL
 DEFAULT_BASE_URL = "https://api.deepseek.com"
 LLM_TIMEOUT_S = 60                        # 秒(0.1–3600);一次模型调用最长等多久,超时算暂时性错误
 LLM_MAX_RETRIES = 2                       # 次(0–10);客户端自己对 429/超时/连接错误/5xx 做的快速重试(带退避)
-# 秒(0.1–86400);一次起草最多花多久:每次请求、客户端的快速重试、切备用模型全算在内。
-# 只有上面两项时,最坏是 (LLM_MAX_RETRIES+1) × LLM_TIMEOUT_S,配了备用模型再翻一倍(默认 6 分钟),处理线程一直占着。
-# 比 LLM_TIMEOUT_S 小时,单次调用也只等到时限为止。150 秒够主模型等满两次 LLM_TIMEOUT_S;比 worker 的 STALE_MINUTES(默认 10 分钟)短得多,不会被当成卡住放回。
-LLM_DEADLINE_S = 150
-# 份(0.1–1);配了备用模型时,主模型(连同它自己的重试)最多用 LLM_DEADLINE_S 的这一份,剩下的留给备用模型。
-# 不留的话,默认设置下主模型挂住(每次都等满 60 秒)或者 429 让等很久时,它自己的重试就把 150 秒用完了,
-# 健康的备用模型一次都没机会试。0.5:主模型等满一次 LLM_TIMEOUT_S 再重试一小段,备用模型也有 75 秒
-LLM_PRIMARY_SHARE = 0.5
-OFFLINE_MODEL = "offline-cloudledger"
 
 
-class RequestTimeoutError(openai.APIStatusError):
-    """模型服务回 408(请求超时)。openai 自己会重试它(和 409、429、5xx 一样),却没有给它单独的异常类;
-    我们用的 ChatOpenAI 子类把它换成这个类:with_fallbacks 才认得出它是暂时性的,last_error 里也有个说得清的名字(见 _chat_classes)。"""
+def get_llm(temperature: float = 0):
+    """按当前环境变量返回模型;同样的设置只建一次(ChatOpenAI 里有连接池,没必要每张工单新建)。"""
+    return _build(temperature, *llm_settings())
 
 
-REQUEST_TIMEOUT = 408
-# 暂时性错误:限流、超时(客户端的和服务端回的 408)、冲突(409)、连不上、服务端 5xx。只有这些值得快速重试、值得切备用模型;
-# openai 客户端自己快速重试的也正是这几种。400/401/403/404/422 不在里面:换个时间、换个模型也不会变好。
-TRANSIENT_ERRORS = (openai.RateLimitError, openai.APITimeoutError, openai.APIConnectionError,
-                    openai.InternalServerError, openai.ConflictError, RequestTimeoutError)
+@lru_cache(maxsize=8)
+def _build(temperature, api_key, model, base_url, extra_body, fallback_model, fallback_url, fallback_key, timeout,
+           retries, primary_share):
+    if not api_key:
+        _announce_offline()
+        return OfflineChatModel()
+    extra = json.loads(extra_body)  # llm_settings() 检查过了
+    from langchain_openai import ChatOpenAI
 
+    def chat(cls, name: str, url: str, key: str, share: float = 1.0):
+        # 自己给 HTTP 客户端(openai 的默认设置),为挂上整体时限的两个钩子;本机的模型服务(Ollama、vLLM 开在 127.0.0.1)
+        # 不走终端里设的代理(http_proxy / all_proxy):代理没开时每次起草都会是 APIConnectionError
+        client = openai.DefaultHttpxClient(event_hooks={"request": [partial(llm_deadline._within_deadline, share=share)],
+                                                        "response": [partial(llm_deadline._response_within_deadline, share=share)]},
+                                           trust_env=not config.on_this_machine(url))
+        # http_socket_options=():langchain-openai 给用不上的异步客户端装 TCP keepalive 时,终端里设着代理就打一行
+        # 英文 WARNING(说代理被绕过了,其实同步的这个客户端照常走代理),每次运行都进 cron.log
+        return cls(model=name, base_url=url, api_key=key, temperature=temperature, extra_body=extra, timeout=timeout,
+                   max_retries=retries, http_client=client, http_socket_options=())
 
-# 这几种重试解决不了,要人去修;last_error 里说清楚先查什么、修好后怎么办({then}):事件进了死信就是运行放回它的命令,
-# 还在队列里(401/402/403 走退避:换了 key、充了值就好,别把积压悄悄烧成死信)就什么都不用做。400/404/413/422 直接死信(agent.is_permanent)。
-RETRIES = "它会自动再试,不用放回"
-BAD_REQUEST = "模型服务说请求不对:检查 LLM_MODEL、LLM_EXTRA_BODY,或者 MAX_TICKET_CHARS 对这个模型太大,修好后{then}"
-HINTS = {
-    openai.AuthenticationError: "模型服务拒绝了 API key:检查 LLM_API_KEY,修好后{then}",
-    openai.PermissionDeniedError: "模型服务拒绝访问(余额、权限或地区):处理好后{then}",
-    openai.NotFoundError: "模型服务说找不到:多半是 LLM_MODEL 或 LLM_BASE_URL 写错了,修好后{then}",
-    openai.BadRequestError: BAD_REQUEST,
-    openai.UnprocessableEntityError: BAD_REQUEST,
-}
-# openai 没有单独的异常类、只认得出状态码的两种
-STATUS_HINTS = {
-    # DeepSeek(默认的服务)余额不足回 402:和 401/403 一样走退避,充上值就接着跑,不用放回
-    402: "模型服务说余额不足:充值后{then}",
-    # 请求体太大(模型服务或中间的代理限制了大小):同样的请求再发多少次都一样,worker 直接死信
-    413: "模型服务说请求太大:调小 MAX_TICKET_CHARS(或者放宽代理的请求大小限制),修好后{then}",
-}
-REQUEST_TOO_LARGE = 413
-
-
-def status_of(error: Exception) -> int | None:
-    """模型服务回的 HTTP 状态码;不是 HTTP 错误(连不上、超时、我们自己判的)时是 None。"""
-    return getattr(error, "status_code", None) if isinstance(error, openai.APIStatusError) else None
-
-
-def describe(error: Exception, *, requeue: str | None = None) -> str:
-    """写进 last_error、打印给人看的错误:类型名 + 原文(+ 怎么修),打过码。worker 和收件箱共用。
-    requeue:事件进了死信时,把它放回队列的命令(store_events.requeue_dead_command,带着这个事件号:不带事件号的
-    --requeue-dead 会把别的死信也都放回去,比如工单不存在的那些,再死一遍、有的还再调一次模型);
-    None:还在队列里(401 退避中、收件箱交回 worker),说它会自动再试 —— 那个命令只放回死信,对它什么都不做。"""
-    text = f"{type(error).__name__}: {error}"
-    hint = next((h for cls, h in HINTS.items() if isinstance(error, cls)), None) or STATUS_HINTS.get(status_of(error))
-    hint = hint and hint.format(then=f"运行 {requeue}" if requeue else RETRIES)
-    if hint is None and isinstance(error, TRANSIENT_ERRORS) and (backup := config.get("LLM_FALLBACK_MODEL")):
-        # with_fallbacks 两个都失败时抛的是主模型的错误:说一声备用模型也试过了
-        hint = f"备用模型 {backup} 也没有成功,稍后自动再试"
-    if isinstance(error, openai.APIConnectionError) and (note := proxy_note(error)):
-        hint = f"{hint}{note}" if hint else note.removeprefix(";")
-    return mask_pii(f"{text}({hint})" if hint else text, keep=(requeue, *getattr(error, "kept", ())))
-
-
-def proxy_note(error: openai.APIConnectionError) -> str:
-    """连不上的那个请求走了终端里设的代理时,说是哪个代理(config.proxy_note);没走代理(本机的服务、NO_PROXY)时是空串。"""
-    try:
-        url = str(error.request.url)
-    except (AttributeError, RuntimeError):  # 没带请求的错误(少见)
-        return ""
-    return "" if config.on_this_machine(url) else config.proxy_note(url)
-
-
-def _not_json(name: str):
-    raise ValueError(f"{name} 不是 JSON")
+    classified_class, primary_class, backup_class = _chat_classes(ChatOpenAI)
+    if not fallback_model:
+        return chat(classified_class, model, base_url, api_key)
+    # 主模型遇到暂时性错误(重试也没救回来)时切备用模型;参数错误、鉴权错误不切,切了也一样错。
+    # 备用模型自己的非暂时性错误(它的 key、模型名、地址配错了)变成 BackupFailed,也在这里接住:
+    # 这时抛出的是主模型的暂时性错误,事件照常退避,不会因为备用模型配错了就进死信
+    primary = chat(primary_class, model, base_url, api_key, primary_share)  # 时限留一份给备用模型
+    backup = chat(backup_class, fallback_model, fallback_url, fallback_key)
+    return primary.with_fallbacks([backup], exceptions_to_handle=(*TRANSIENT_ERRORS, BackupFailed))
 
 
 def llm_settings() -> tuple:
@@ -128,7 +68,7 @@ def llm_settings() -> tuple:
     if not isinstance(parsed, dict):  # 它的键要并进请求体:[1]、"x" 这种合法 JSON 也不行
         raise SystemExit(f"配置错误:LLM_EXTRA_BODY 应该是 JSON 对象({{…}}):{extra_body}")
     api_key, base_url = api_key_setting("LLM_API_KEY"), config.url("LLM_BASE_URL", DEFAULT_BASE_URL)
-    share = primary_share()  # 没配备用模型时用不上,写错了也照样说出来
+    share = llm_deadline.primary_share()  # 没配备用模型时用不上,写错了也照样说出来
     fallback_model = config.get("LLM_FALLBACK_MODEL")
     fallback_url = config.url("LLM_FALLBACK_BASE_URL") or base_url
     fallback_key = api_key_setting("LLM_FALLBACK_API_KEY")
@@ -152,14 +92,9 @@ def llm_settings() -> tuple:
     )
 
 
-def primary_share() -> float:
-    return config.number("LLM_PRIMARY_SHARE", LLM_PRIMARY_SHARE, minimum=0.1, maximum=1)
-
-
 def api_key_setting(name: str) -> str:
-    """API key 要放进 HTTP 头,只能是英文半角的可见字符。原来全角的「１２３」、中间的空格或换行要等到发请求时才出错
-    (UnicodeEncodeError、Illegal header value),还被当成暂时性错误重试到死信;收件箱 respond 也把待办交回 worker。
-    出错时只说第几个字符,不打印 key 本身(会进日志)。"""
+    """API key 要放进 HTTP 头,只能是英文半角的可见字符:全角字符、空格或换行要到发请求时才出错,还像暂时性错误一样
+    被重试到死信,所以启动时就查。出错时只说第几个字符,不打印 key 本身(会进日志)。"""
     key = config.get(name)
     if bad := next((i for i, ch in enumerate(key, 1) if not "!" <= ch <= "~"), 0):
         raise SystemExit(f"配置错误:{name} 的第 {bad} 个字符不是英文半角的字母、数字或符号(全角字符、空格或换行?):"
@@ -173,460 +108,5 @@ def _origin(url: str) -> tuple:
     return parts.scheme, parts.hostname, parts.port or {"http": 80, "https": 443}[parts.scheme]
 
 
-def deadline_s() -> float:
-    return config.number("LLM_DEADLINE_S", LLM_DEADLINE_S, minimum=0.1, maximum=86400)
-
-
-DEADLINE_SLACK_S = 0.1  # 秒;被时限截短的等待到点抛错时,离时限最多差这么多(计时器的粒度)
-
-
-class DeadlineExceeded(TimeoutError):
-    """一次起草用完了 LLM_DEADLINE_S。暂时性错误:worker 按退避稍后再试。"""
-
-
-@dataclass
-class _Budget:
-    ends_at: float      # time.monotonic() 的值
-    seconds: float      # 整个时限有几秒(ends_at 减去开始的时刻)
-    cut: bool = False   # 有请求因为时限被缩短了等待时间,或者干脆没发出去
-
-    def ends_for(self, share: float) -> float:
-        """只能用时限的 share 这一份的请求(配了备用模型时的主模型)到什么时候为止。"""
-        return self.ends_at - self.seconds * (1 - share)
-
-
-_budget: ContextVar[_Budget | None] = ContextVar("llm_budget", default=None)
-
-
-@contextmanager
-def deadline():
-    """with deadline(): 里的模型调用(含客户端重试、备用模型)合起来最多 LLM_DEADLINE_S 秒。
-    每次真正发请求之前,_within_deadline 把这次请求的等待时间截到时限为止;时限到了就不再发。
-    因时限而失败时抛 DeadlineExceeded(原来的错误是笼统的 Request timed out.)。
-    超出时限的只有:截短的请求超时之后、客户端下一次重试之前的那一次等待(默认设置下最多 1 秒;重试次数调大时最多 8 秒);
-    服务端要求的等待(Retry-After)和一直在发空行的响应都截到时限为止(_response_within_deadline)。
-    离线模型不发请求,不受影响。"""
-    seconds = deadline_s()
-    budget = _Budget(time.monotonic() + seconds, seconds)
-    token = _budget.set(budget)
-    try:
-        yield
-    except openai.APITimeoutError as e:
-        if not budget.cut or time.monotonic() < budget.ends_at - DEADLINE_SLACK_S:
-            # 是一次普通的超时(LLM_TIMEOUT_S),时限还没到;或者主模型用完了它那一份、备用模型很快就失败了(500、401),
-            # 抛出来的是主模型的超时:原来也说成「用完了整体时限」,时限只用了一半,人会去调大 LLM_DEADLINE_S,而不是去修备用模型
-            raise
-        backup = "、切备用模型" if config.get("LLM_FALLBACK_MODEL") else ""
-        raise DeadlineExceeded(f"起草用完了整体时限 LLM_DEADLINE_S={seconds:g} 秒(含客户端重试{backup}),"
-                               "稍后自动再试") from e
-    finally:
-        _budget.reset(token)
-
-
-def _within_deadline(request, share: float = 1.0) -> None:
-    """HTTP 客户端的请求钩子:每次真正发出请求之前调用,客户端自己的重试也一样。不在 deadline() 里时什么都不做。
-    share:这个模型只能用时限的这一份(配了备用模型时的主模型,见 LLM_PRIMARY_SHARE)。"""
-    budget = _budget.get()
-    if budget is None:
-        return
-    left = budget.ends_for(share) - time.monotonic()
-    if left <= 0:
-        budget.cut = True
-        # 抛 OpenAIError 的子类:OpenAI 客户端原样抛出,不再等待、不再重试;备用模型的请求也在这里被挡下
-        raise openai.APITimeoutError(request=request)
-    timeout = request.extensions.get("timeout") or dict.fromkeys(("connect", "read", "write", "pool"))
-    if any(v is None or v > left for v in timeout.values()):
-        budget.cut = True
-        # read 是两次收到数据之间最多等多久;模型一次性回答,整段回答就在这个时间里
-        request.extensions["timeout"] = {k: left if v is None else min(v, left) for k, v in timeout.items()}
-
-
-def _response_within_deadline(response, share: float = 1.0) -> None:
-    """HTTP 客户端的响应钩子:收到响应头之后、读响应体之前调用。两件事:
-    1. 服务端让过 N 秒再试(429 / 503 带 Retry-After)、N 超过了剩下的时限:改成只等到时限为止。OpenAI 客户端
-       照服务端说的等(最多 2 分钟;再长就不重试),原来 LLM_DEADLINE_S=3 的起草,每次重试前都等了 20 秒。
-    2. 请求钩子截短的 read 超时是「两次收到数据之间」最多等多久,管不住一直有数据来的响应:DeepSeek 忙的时候
-       先回 200,然后每隔几秒发一个空行保持连接,可以这样拖上十几分钟(原来 LLM_DEADLINE_S=3 的起草等了 15 秒;
-       等得比 STALE_MINUTES 还久的话,别的机器上的 worker 会把事件放回队列、再起草一遍)。这里让读响应体时
-       每收到一块都看一眼时限,到了就当作读超时。
-    share:同 _within_deadline。"""
-    budget = _budget.get()
-    if budget is None:
-        return
-    ends_at = budget.ends_for(share)
-    left = ends_at - time.monotonic()
-    for header, per_second in (("retry-after-ms", 1000), ("retry-after", 1)):
-        try:
-            wait = float(response.headers.get(header, "")) / per_second
-        except ValueError:
-            continue  # 没有这个头,或者写的是日期(少见):照客户端的办法
-        # 超过 MAX_RETRY_AFTER_DELAY 的,openai 客户端根本不重试、马上抛错(配额用完时常见 Retry-After: 3600):
-        # 原来也改成「等到时限为止」,客户端就照着等满整个时限(有备用模型时等满主模型那一份,75 秒)才出错
-        if left < wait <= MAX_RETRY_AFTER_DELAY:
-            budget.cut = True
-            response.headers["retry-after-ms"] = str(max(left, 0.001) * 1000)  # 客户端先看这个头
-        break
-    chunks = response.stream
-    http = sys.modules[type(response).__module__.partition(".")[0]]  # openai 用的那一份 httpx(现在的包名是 httpx2)
-
-    class WithinDeadline(http.SyncByteStream):
-        def __iter__(self):
-            for chunk in chunks:
-                if time.monotonic() > ends_at:
-                    budget.cut = True
-                    raise http.ReadTimeout("整体时限到了,响应还没收完", request=response.request)
-                yield chunk
-
-        def close(self) -> None:
-            chunks.close()
-
-    response.stream = WithinDeadline()
-
-
-def get_llm(temperature: float = 0):
-    """按当前环境变量返回模型;同样的设置只建一次(ChatOpenAI 里有连接池,没必要每张工单新建)。"""
-    return _build(temperature, *llm_settings())
-
-
-@lru_cache(maxsize=8)
-def _build(temperature, api_key, model, base_url, extra_body, fallback_model, fallback_url, fallback_key, timeout,
-           retries, primary_share):
-    if not api_key:
-        _announce_offline()
-        return OfflineChatModel()
-    extra = json.loads(extra_body)  # llm_settings() 检查过了
-    from langchain_openai import ChatOpenAI
-
-    def chat(cls, name: str, url: str, key: str, share: float = 1.0):
-        # 自己给 HTTP 客户端(openai 的默认设置),为挂上 _within_deadline、_response_within_deadline;
-        # 本机的模型服务(Ollama、vLLM 开在 127.0.0.1)不走终端里设的代理(http_proxy / all_proxy):原来请求绕到代理上,
-        # 代理没开时每次起草都是 APIConnectionError,看着像模型服务没起来
-        client = openai.DefaultHttpxClient(event_hooks={"request": [partial(_within_deadline, share=share)],
-                                                        "response": [partial(_response_within_deadline, share=share)]},
-                                           trust_env=not config.on_this_machine(url))
-        # http_socket_options=():langchain-openai 给用不上的异步客户端装 TCP keepalive 时,终端里设着代理就打一行
-        # 英文 WARNING(说代理被绕过了,其实同步的这个客户端照常走代理),每次运行都进 cron.log
-        return cls(model=name, base_url=url, api_key=key, temperature=temperature, extra_body=extra, timeout=timeout,
-                   max_retries=retries, http_client=client, http_socket_options=())
-
-    classified_class, primary_class, backup_class = _chat_classes(ChatOpenAI)
-    if not fallback_model:
-        return chat(classified_class, model, base_url, api_key)
-    # 主模型遇到暂时性错误(重试也没救回来)时切备用模型;参数错误、鉴权错误不切,切了也一样错。
-    # 备用模型自己的非暂时性错误(它的 key、模型名、地址配错了)变成 BackupFailed,也在这里接住:
-    # 这时抛出的是主模型的暂时性错误,事件照常退避,不会因为备用模型配错了就进死信
-    primary = chat(primary_class, model, base_url, api_key, primary_share)  # 时限留一份给备用模型
-    backup = chat(backup_class, fallback_model, fallback_url, fallback_key)
-    return primary.with_fallbacks([backup], exceptions_to_handle=(*TRANSIENT_ERRORS, BackupFailed))
-
-
-class BackupFailed(Exception):
-    """备用模型出了不是暂时性的错误。只在 with_fallbacks 里面用,不会传到 worker。"""
-
-
-@lru_cache(maxsize=1)
-def _chat_classes(chat_openai: type) -> tuple[type, type, type]:
-    """真模型用的 ChatOpenAI 子类:没配备用模型时用的、配了时主模型和备用模型用的
-    (langchain_openai 要到用真模型时才导入,所以子类也在这时才建)。"""
-
-    class ClassifiedChatOpenAI(chat_openai):
-        # langchain_openai 把认得的 openai 错误换成自己的类(OpenAIRateLimitError……),408 它也不认得:这里补上
-        # 它还把消息里有「exceeds the context window」的任何错误(503、413……)都换成 OpenAIAPIContextOverflowError:
-        # 没有状态码的 APIError,分不出暂时性的(不切备用模型)和永久的(413 不进死信)。这种换回 openai 原来的错误
-        def _generate(self, *args, **kwargs):
-            try:
-                return super()._generate(*args, **kwargs)
-            except openai.APIError as e:
-                original = e.__cause__ if isinstance(e.__cause__, openai.APIStatusError) else e
-                if status_of(original) == REQUEST_TIMEOUT:
-                    raise RequestTimeoutError(original.message, response=original.response, body=original.body) from e
-                if original is not e and not isinstance(e, openai.APIStatusError):
-                    raise original from None
-                raise
-
-    class PrimaryChatOpenAI(ClassifiedChatOpenAI):
-        def _generate(self, *args, **kwargs):
-            try:
-                return super()._generate(*args, **kwargs)
-            except TRANSIENT_ERRORS as e:
-                # 备用模型接下了,事件照常成功:不说一声的话,主模型坏了一整天也没人知道(中间件笔记:失败的调用也要留痕)。
-                # 整体时限已经用完时备用模型的请求发不出去(_within_deadline),也就不说「换备用模型」
-                if (budget := _budget.get()) is not None and budget.ends_at <= time.monotonic():
-                    raise
-                what = f"{type(e).__name__}: {e}"
-                share = primary_share()
-                if budget is not None and budget.cut and budget.ends_for(share) <= time.monotonic():
-                    # 是留给它的那一份时限到了(挂住、429 让等很久):「Request timed out.」会让人以为只是一次超时
-                    what = f"用完了留给它的时限(LLM_DEADLINE_S 的 LLM_PRIMARY_SHARE={share:g})"
-                print(mask_pii(f"[llm] 主模型 {self.model_name} 出错(暂时性的):{what};"
-                               f"这次换备用模型 {config.get('LLM_FALLBACK_MODEL')}"), file=sys.stderr, flush=True)
-                raise
-
-    class BackupChatOpenAI(ClassifiedChatOpenAI):
-        def _generate(self, *args, **kwargs):
-            try:
-                return super()._generate(*args, **kwargs)
-            except TRANSIENT_ERRORS:
-                raise
-            except openai.APIStatusError as e:
-                print(mask_pii(f"[llm] 备用模型 {self.model_name} 出错,不是暂时性的:{type(e).__name__}: {e}"
-                               "(检查 LLM_FALLBACK_MODEL、LLM_FALLBACK_BASE_URL、LLM_FALLBACK_API_KEY);"
-                               "这次按主模型的错误处理"), file=sys.stderr, flush=True)
-                raise BackupFailed(str(e)) from e
-
-    return ClassifiedChatOpenAI, PrimaryChatOpenAI, BackupChatOpenAI
-
-
-_announced = threading.Lock()  # 拿到过就不再放开:一个进程只说一次。lru_cache 挡不住:几个处理线程同时第一次起草时各说一遍
-
-
-def _announce_offline() -> None:
-    if _announced.acquire(blocking=False):
-        print(f"[llm] 没有设置 LLM_API_KEY,使用离线模型 {OFFLINE_MODEL}:按关键词分类、按模板起草,"
-              "不联网、不花钱。设置 LLM_API_KEY 后自动换成真模型。", file=sys.stderr)
-
-
-# ---------------------------------------------------------------- PII 脱敏:进模型之前、写日志之前
-# 每个式子都只从一串的开头试((?<!…)):原来「一长串字母或数字、后面没有 @ / 横线」要从每个位置都扫到串尾,
-# 贴进工单的 4 万位数字、一段 base64 要打码几十秒(比模型还慢,工单原文有几十万字时要几分钟)
-# 数字之间的空白:空格、制表符、不间断空格(网页表单复制来的常带 \xa0)、窄空格、全角空格;最多两个(「6222  0212」)。
-# 看不见的格式字符也算:零宽空格、软连字符、零宽连接符、BOM、方向标记(网页、聊天软件复制来的常夹着),
-# 原来「138\u200b1234\u200b5678」原样进了提示词和 checkpoint,模型照样读得出号码
-_INVISIBLE = "\u00ad\u061c\u180e\u200b-\u200f\u202a-\u202e\u2060-\u2064\u2066-\u206f\ufeff"
-_INVISIBLE_RUN = f"[{_INVISIBLE}]*"
-_SPACE = f"[ \t\xa0\u2000-\u200a\u202f\u205f\u3000{_INVISIBLE}]"  # \u2000-\u200a:各种宽度的空格(窄空格 \u2009 也在)
-# 邮箱:输入法全角模式打出来的整串(ｚｈａｎｇ＠ｑｑ．ｃｏｍ)、中文标点模式把点打成「。」(zhang@qq。com)、中间夹着零宽字符的
-# (zhang\u200b@qq.com)也算,原来都原样进了提示词和 checkpoint,模型照样读得出来
-_MAIL_CHAR = rf"[A-Za-z0-9._%+\-\uff10-\uff19\uff21-\uff3a\uff41-\uff5a\uff0e{_INVISIBLE}]"
-# 域名里夹着零宽字符(zhang@qq\u200b.com)也算:原来 @ 前面的认,后面的不认,整个地址原样进了提示词
-_EMAIL = re.compile(rf"(?<!{_MAIL_CHAR})({_MAIL_CHAR}){_MAIL_CHAR}*([@\uff20]{_INVISIBLE_RUN}"
-                    rf"[A-Za-z0-9\-\uff10-\uff19\uff21-\uff3a\uff41-\uff5a.\uff0e\u3002{_INVISIBLE}]+"
-                    rf"[.\uff0e\u3002]{_INVISIBLE_RUN}[A-Za-z\uff21-\uff3a\uff41-\uff5a][A-Za-z\uff21-\uff3a\uff41-\uff5a{_INVISIBLE}]*"
-                    r"[A-Za-z\uff21-\uff3a\uff41-\uff5a])")
-_GAP = rf"(?:{_SPACE}{{1,2}}|[\-－‐‑])"  # 一串号码里两位数字之间最多隔这么一下(‐‑ 是 Word 换掉的连字符)
-# 身份证号中间是生日,认错的可能很小:分段之间的点也算(110105.19900307.2345,和手机号一样)
-_ID_GAP = rf"(?:{_GAP}|[.．])"
-_ID_CARD = re.compile(rf"(?<!\d)(\d{{6}}){_ID_GAP}?(?:19|20)\d{{2}}(?:0[1-9]|1[0-2])(?:0[1-9]|[12]\d|3[01]){_ID_GAP}?"
-                      r"(\d{3}[\dXx])(?![\dXx])")
-_OLD_ID_CARD = re.compile(r"(?<!\d)(\d{6})\d{2}(?:0[1-9]|1[0-2])(?:0[1-9]|[12]\d|3[01])(\d{3})(?!\d)")  # 15 位,年份两位
-# 账号、卡号后面跟着的一串数字(8 位以上):对公账号常是 12–14 位或 20 位以上,不像银行卡那样好认
-_ACCOUNT = re.compile(rf"((?:账号|帐号|账户|帐户|卡号|account(?: ?(?:no\.?|number))?)(?:{_SPACE}|[:\uff1a])*)"
-                      rf"(\d(?:{_GAP}?\d){{7,}})(?!{_GAP}?\d)", re.I)
-# 15 位以上、两位之间可以有一下 _GAP 的一整串(15 位是美国运通这类信用卡,20 位以上是对公账号);15 位的老身份证在前面
-# 已经打过码。怎么打见 _card_run:30 位以内整串打码,更长的是几个号码挨着写,一个个看
-_BANK_CARD = re.compile(rf"(?<!\d)\d(?:{_GAP}?\d){{14,}}")
-_MAX_CARD_DIGITS = 30
-_YYYYMMDD = re.compile(r"(?:19|20)\d{2}(?:0[1-9]|1[0-2])(?:0[1-9]|[12]\d|3[01])")
-# 一条横线(- － — – ‐ ‑),两边可以各带空格:「4111 - 1111」「138—1234—5678」
-_DASH = rf"{_SPACE}*[\-－—–‐‑]{_SPACE}*"
-# 用这样的横线连起来的一串数字:日期范围(2024-01-01 - 2024-01-31)、发票号段、金额列表也长这样,
-# 所以只有分组正好是卡号的样子(4-4-4-4 后面可以再带 1–3 位、运通卡的 4-6-5)才打码,见 _card_or_not
-# 点隔开的也一样(6222.0212.3456.7890):只有卡号的分组才打码,小数、版本号、带小数的时间戳不动
-# 斜线、下划线也一样(6222/0212/3456/7890、138_1234_5678 表单和文件名里常见):原来原样进了提示词;日期 2024/01/01 的分组不像卡号,不动
-_RUN_SEP = rf"(?:{_DASH}|[.．/／_])"
-_DASHED_RUN = re.compile(rf"(?<!\d)\d+(?:{_RUN_SEP}\d+)+")
-_CARD_GROUPS = ((4, 4, 4, 4), (4, 6, 5))
-# 138 1234 5678、138-1234-5678、138.1234.5678、138 - 1234 - 5678、+86 13812345678、(138)1234-5678 也算;
-# \d 也认全角数字(１３８…),开头两位单独写上全角;分隔符也认输入法全角模式打出的「－」「　」「．」(银行卡号同样)。
-# 括号只认括住开头三位的一对:整个号码带括号的「(13812345678)」括号原样留着
-_PHONE_GAP = rf"(?:{_DASH}|{_SPACE}{{1,2}}|[.．/／_])"
-_MOBILE = re.compile(rf"(?<![\d+])((?:\+?86(?:{_SPACE}|[\-－])?)?)(?:[(（]([1１][3-9３-９]\d)[)）]|([1１][3-9３-９]\d))"
-                     rf"{_PHONE_GAP}?\d{{4}}{_PHONE_GAP}?(\d{{4}})(?!\d)")
-# 4-4-3 分组:1380 0138 000、1380-0138-000;打码后和上面一样是 138****8000
-_MOBILE_443 = re.compile(rf"(?<![\d+])((?:\+?86(?:{_SPACE}|[\-－])?)?[1１][3-9３-９]\d)\d{_PHONE_GAP}\d{{3}}(\d)"
-                         rf"{_PHONE_GAP}(\d{{3}})(?!\d)")
-
-
-# 控制字符(换行、回车、制表符除外):模型用不上;NUL 还落不了 PostgreSQL(text 和 JSONB 都不收 \u0000),
-# 工单正文里夹着一个,checkpoint 就写不进去,事件一遍遍失败直到死信。业务库里的原文不动,只清进图、进模型的副本
-_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
-
-
-def without_control_chars(text: str) -> str:
-    return _CONTROL.sub("", text)
-
-
-def mask_pii(text: str, keep=()) -> str:
-    """手机号、身份证号(18 位和 15 位)、银行卡号和账号、邮箱地址打码。业务库里的原文不动,只改进模型和日志的副本。
-    keep:原样留着的几段(None 跳过),比如错误信息里让人照着敲的 --requeue-dead 命令:邮件的事件 id 是 Message-ID,
-    长得像邮箱地址(<q313a46@qinghe-trade.cn>),原来被打成 <q***@…>,照着敲就说「这些事件不是死信」。"""
-    for kept in keep:
-        if kept and kept in text:
-            return kept.join(mask_pii(part, keep) for part in text.split(kept))
-    text = _EMAIL.sub(lambda m: m.group(1) + "***" + m.group(2), text)
-    text = _ID_CARD.sub(lambda m: m.group(1) + "*" * 8 + m.group(2), text)
-    text = _OLD_ID_CARD.sub(lambda m: m.group(1) + "*" * 6 + m.group(2), text)
-    text = _ACCOUNT.sub(lambda m: m.group(1) + _masked_card(m.group(2)), text)
-    text = _BANK_CARD.sub(_card_run, text)
-    text = _DASHED_RUN.sub(_card_or_not, text)
-    text = _MOBILE_443.sub(lambda m: m.group(1) + "****" + m.group(2) + m.group(3), text)
-    return _MOBILE.sub(lambda m: m.group(1) + (m.group(2) or m.group(3)) + "****" + m.group(4), text)
-
-
-def _masked_card(number: str) -> str:
-    return "**** **** **** " + re.sub(r"\D", "", number)[-4:]
-
-
-def _card_run(m: re.Match) -> str:
-    """_BANK_CARD 认出的一串。一段没隔开的:30 位以内打码,更长的(贴进来的几万位数字、哈希)不是卡号,不动。
-    隔开的、30 位以内:整串打码;只有每段都不到 4 位(299 299 299 299 299 这样的金额)或者每段都是日期
-    (20240301 20240331)的不动。更长的是几个号码挨着写(「两张卡 6222…0123 6228…0018」):原来整串不认,
-    第一张卡原样进了提示词,只打了后一张;现在一段段看,15–30 位的一段、4-4-4-4(后面可以再带 1–3 位)和 4-6-5 的几段各自打码。"""
-    run = m.group(0)
-    parts = re.split(f"({_GAP})", run)
-    tokens, gaps = parts[0::2], parts[1::2]
-    digits = sum(map(len, tokens))
-    if len(tokens) == 1:
-        return _masked_card(run) if digits <= _MAX_CARD_DIGITS else run
-    if digits <= _MAX_CARD_DIGITS:
-        if all(len(t) < 4 for t in tokens) or all(_YYYYMMDD.fullmatch(t) for t in tokens):
-            return run
-        return _masked_card(run)
-    out, i = [], 0
-    while i < len(tokens):
-        sizes = tuple(len(t) for t in tokens[i:i + 5])
-        if 15 <= sizes[0] <= _MAX_CARD_DIGITS:
-            end = i + 1
-        elif sizes[:4] == (4, 4, 4, 4):
-            end = i + 4 + (len(sizes) == 5 and sizes[4] <= 3)
-        elif sizes[:3] == (4, 6, 5):
-            end = i + 3
-        else:
-            end = None
-        out.append(tokens[i] if end is None else _masked_card("".join(tokens[i:end])))
-        end = end or i + 1
-        if end < len(tokens):
-            out.append(gaps[end - 1])
-        i = end
-    return "".join(out)
-
-
-def _card_or_not(m: re.Match) -> str:
-    groups = tuple(len(g) for g in re.split(_RUN_SEP, m.group(0)))
-    is_card = groups in _CARD_GROUPS or (groups[:4] == (4, 4, 4, 4) and len(groups) == 5 and groups[4] <= 3)
-    return _masked_card(m.group(0)) if is_card else m.group(0)
-
-
-# ---------------------------------------------------------------- 离线模型
-CATEGORY_WORDS = {  # 按顺序匹配,先命中的算
-    "refund": ("退款", "退费", "重复扣款", "多扣"),
-    "invoice": ("发票", "开票", "抬头", "税号"),
-    "billing": ("扣费", "扣款", "续费", "套餐", "账单", "价格", "收费"),
-    "bug": ("报错", "失败", "打不开", "闪退", "bug", "BUG", "异常", "卡死"),
-    "account": ("登录", "密码", "账号", "权限", "验证码", "换绑"),
-}
-REPLIES = {
-    "refund": "关于您提到的扣款和退款问题,我们已转交财务核实扣款记录,核实后会按原支付渠道处理,进度会在 1–3 个工作日内通过工单告知您。",
-    "invoice": "关于发票的问题,我们已记录您的开票信息,财务同事核对后会为您重新处理,处理完成后电子发票会发送到您的预留邮箱。",
-    "billing": "关于扣费和套餐的疑问,我们已调取您账户的账单明细,核对后会把每一笔费用的说明整理给您。",
-    "bug": "您遇到的问题我们已经记录并转给技术同事排查,排查期间可以先刷新页面或换用网页版试试,有进展会第一时间告诉您。",
-    "account": "关于账号的问题,为了您的账户安全,我们会先核实身份,再协助您处理,请留意预留手机收到的验证信息。",
-    "other": "我们已经收到您的消息,相关同事会尽快查看并回复您。",
-}
-# 草稿里不许出现退款金额。¥ 是 U+00A5,输入法打出的全角 ￥ 是 U+FFE5;千位分隔符「1,299」「1，299」整个算一个数
-# (原来只拿掉「1」或「¥ 1」,留下「,299.00」「1」这样错的数)
-_NUMBER = r"(?:\d{1,3}(?:[,，]\d{3})+|\d+)(?:\.\d+)?"
-_AMOUNT = re.compile(rf"[\u00a5\uffe5]\s*{_NUMBER}|{_NUMBER}\s*(?:元|块钱|块|RMB)")
-_DIRECTIVE = ("别", "不要", "不用", "语气")  # 以这些开头的意见是给起草人的指令,不写进回复
-# 带这些词的也是指令:道歉由开头那句负责(「先道歉」不该原样出现在给客户的回复里),长短是写法
-_INSTRUCTION_WORDS = ("语气", "道歉", "抱歉", "简短", "短一点")
-
-
-# 繁体字写的工单(Big5 邮件、港台客户)先把关键词里用到的字换成简体再匹配:不然「發票」认不出是发票,
-# 「律師」「起訴」也认不出要通知主管(agent.needs_supervisor)
-_SIMPLIFIED = str.maketrans("發開稅費續帳賬單價錯敗異閃錄碼號權驗證綁換師訴複頭",
-                            "发开税费续账账单价错败异闪录码号权验证绑换师诉复头")
-
-
-def simplified(text: str) -> str:
-    """关键词里用到的繁体字换成简体(只为匹配关键词;给模型、给人看的原文不换)。"""
-    return text.translate(_SIMPLIFIED)
-
-
-def classify(text: str) -> str:
-    text = simplified(text)
-    for category, words in CATEGORY_WORDS.items():
-        if any(w in text for w in words):
-            return category
-    return "other"
-
-
-# agent.build_prompt 里主管意见那一节的开头:离线模型靠它把意见和工单原文分开
-FEEDBACK_HEADER = "客服主管对上一版草稿的意见,必须照改:"
-
-
-def offline_draft(prompt: str) -> dict:
-    """从 agent.py 拼的提示词里读出工单和意见,写一份符合 Draft 规则的草稿(≤150 字,不写金额)。"""
-    lines = prompt.splitlines()
-    ticket = next((ln.split(":", 1)[1] for ln in lines if ln.startswith("工单 ") and ":" in ln), prompt)
-    subject = ticket.split(":", 1)[0].strip()
-    # 意见只在最后那一节里:工单原文也可能有「- 」开头的行(客户列的一二三条),原来被当成意见照抄进了回复
-    _, header, feedback = prompt.rpartition(f"\n{FEEDBACK_HEADER}\n")
-    notes = [ln[2:].strip() for ln in feedback.splitlines() if ln.startswith("- ")] if header else []
-    category = classify(ticket)
-    opening = "您好,"
-    if any(w in prompt for w in ("等了", "久等")):
-        opening += "让您久等了,非常抱歉。"
-    if notes:
-        body = "".join(_statement(n) for n in notes) or REPLIES[category]
-        if "抱歉" not in opening and any(w in "".join(notes) for w in ("道歉", "软", "抱歉")):
-            opening += "非常抱歉给您添了麻烦。"
-        # 结尾:退款才说到账时间;开头已经道过歉的不再说一遍「给您添麻烦了」
-        closing = "到账或处理时间以实际渠道为准," if category == "refund" else ""
-        reply = opening + body + closing + ("感谢您的耐心。" if "抱歉" in opening else "给您添麻烦了。")
-    else:
-        reply = opening + REPLIES[category] + "感谢您的耐心。"
-    reply = _AMOUNT.sub("", reply)
-    return {"category": category, "summary": f"客户反映:{subject}"[:40], "reply": _fit(reply, 150)}
-
-
-def _statement(note: str) -> str:
-    """把一条主管意见改写成回复里的陈述句:去掉「别写金额」这类指令,把「告诉客户」后面的内容留下。"""
-    kept = []
-    note = _AMOUNT.sub("", note)  # 先拿掉金额再按逗号断句:不然「1,299 元」在逗号处被断开,留下一个「1」
-    for clause in re.split("[,\uff0c;\uff1b\u3002]", note):  # 半角和全角的逗号、分号,句号
-        clause = clause.strip()
-        if not clause or clause.startswith(_DIRECTIVE) or any(w in clause for w in _INSTRUCTION_WORDS):
-            continue
-        clause = re.sub(r"^(直接)?(告诉|跟|和)客户(说)?", "", clause).replace("这张", "您这笔扣款")
-        kept.append(_AMOUNT.sub("", clause))
-    return (",".join(k for k in kept if k) + "。") if kept else ""
-
-
-def _fit(text: str, limit: int) -> str:
-    if len(text) <= limit:
-        return text
-    cut = text[:limit]
-    end = max(cut.rfind("。"), cut.rfind("!"))
-    return cut[: end + 1] if end > limit // 2 else cut[: limit - 1] + "。"
-
-
-def estimate_tokens(text: str) -> int:
-    return max(1, math.ceil(len(text) * 0.7))  # 中文大约 1.4 字一个 token,离线模型只能估
-
-
-class OfflineChatModel(BaseChatModel):
-    """不联网的聊天模型。绑了工具时用工具调用回答(with_structured_output 走的就是这条),否则回纯文本。"""
-
-    model_name: str = OFFLINE_MODEL
-
-    @property
-    def _llm_type(self) -> str:
-        return OFFLINE_MODEL
-
-    def bind_tools(self, tools: list, *, tool_choice: Any = None, **kwargs: Any):
-        return self.bind(tools=[convert_to_openai_tool(t) for t in tools], tool_choice=tool_choice, **kwargs)
-
-    def _generate(self, messages: list[BaseMessage], stop=None, run_manager=None, **kwargs: Any) -> ChatResult:
-        prompt = "\n".join(m.text for m in messages)
-        draft = offline_draft(prompt)
-        usage = {"input_tokens": estimate_tokens(prompt), "output_tokens": estimate_tokens(json.dumps(draft, ensure_ascii=False))}
-        usage["total_tokens"] = usage["input_tokens"] + usage["output_tokens"]
-        tools = kwargs.get("tools") or []
-        if tools:
-            call = {"name": tools[0]["function"]["name"], "args": draft, "id": "call_offline", "type": "tool_call"}
-            message = AIMessage(content="", tool_calls=[call], usage_metadata=usage,
-                                response_metadata={"model_name": OFFLINE_MODEL})
-        else:
-            message = AIMessage(content=draft["reply"], usage_metadata=usage, response_metadata={"model_name": OFFLINE_MODEL})
-        return ChatResult(generations=[ChatGeneration(message=message)])
+def _not_json(name: str):
+    raise ValueError(f"{name} 不是 JSON")

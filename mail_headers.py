@@ -6,7 +6,6 @@ import hashlib
 from email.message import Message
 from email.utils import getaddresses, parseaddr
 
-import store
 from mail_text import decode_bytes
 import store_events
 
@@ -53,6 +52,6 @@ def sender_address(from_header: str) -> str:
 
 def masked(reason: str) -> str:
     """解析不了的原因里可能带着邮件原文(From 头里的手机号之类):打码后才打印、进日志,和 worker 写 last_error 一样。"""
-    from llm import mask_pii  # 用到才 import:llm 带着 openai、langchain,要 2 秒;每分钟一次的收信大多用不上
+    from llm_pii import mask_pii
 
     return mask_pii(reason)

@@ -10,7 +10,6 @@ from fastapi import HTTPException, Request
 from starlette.requests import ClientDisconnect
 
 import config
-import store
 import store_events
 
 MAX_BODY_BYTES = 1024 * 1024  # 字节;正常的工单通知不到 1 KB,超过 1 MiB 的不读完就拒

@@ -34,10 +34,12 @@ import store_errors  # noqa: E402
 import store_events  # noqa: E402
 import store_pg  # noqa: E402
 import worker_owner  # noqa: E402
-from agent import (FINISHED, PermanentError, finished_status, interrupted_status, is_permanent,  # noqa: E402
-                   known_new, open_graph, thread_of)
-from agent import check_settings as graph_settings  # noqa: E402
-from llm import describe, mask_pii  # noqa: E402
+from agent import PermanentError, is_permanent, open_graph, thread_of  # noqa: E402
+from agent_run import FINISHED, finished_status, interrupted_status  # noqa: E402
+from agent_run import check_settings as graph_settings  # noqa: E402
+from agent_saver import known_new  # noqa: E402
+from llm_errors import describe  # noqa: E402
+from llm_pii import mask_pii  # noqa: E402
 
 
 MAX_ATTEMPTS = 3            # 次(1–20);暂时性失败最多试几次,之后进死信

@@ -128,13 +128,13 @@ class Timers:
 def child(args) -> int:
     """子进程:建好 Worker、预热,然后每收到一行 run 就 run_once() 一次,把结果打成一行 JSON。"""
     import agent
-    import llm
+    import llm_offline
     import worker
 
     timers = Timers()
     for owner, attr, name in ((worker, "claim", "claim"), (store, "set_status", "set_status"),
                               (worker, "process", "process"), (store_biz, "ticket", "ticket"),
-                              (store_events, "record_usage", "usage"), (llm.OfflineChatModel, "_generate", "model")):
+                              (store_events, "record_usage", "usage"), (llm_offline.OfflineChatModel, "_generate", "model")):
         timers.patch(owner, attr, name)
     timers.patch(worker, "handle", "handle", marks=True)
     if os.environ.get("LLM_API_KEY"):

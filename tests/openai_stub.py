@@ -15,7 +15,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # 单独运行(uv run python tests/openai_stub.py)时也找得到 llm.py
-from llm import offline_draft  # noqa: E402
+from llm_offline import offline_draft  # noqa: E402
 
 
 REFUSAL = "I'm sorry, I can't help with that."
@@ -48,7 +48,7 @@ class OpenAIStub:
         """同一张工单同时有两个活着的起草请求:工单号。两个里有一个后来被放弃了(发它的 worker 被 kill -9)的不算:
         被杀的 worker 在死前刚发出的请求,stub 可能在它死后才读到、才发现断开(机器忙时);这期间活着的 worker 每
         POLL_SECONDS 就把死掉的 worker 手上的事件放回队列、领走、起草,两个请求在 stub 这里重叠了一下,却不是两个
-        活着的 worker 在做同一张工单(CI 上碰到过一次)。两个都没被放弃的重叠才是。"""
+        活着的 worker 在做同一张工单。两个都没被放弃的重叠才是。"""
         return [later["ticket"] for earlier, later in self.overlap_pairs
                 if not earlier["abandoned"] and not later["abandoned"]]
 

@@ -19,6 +19,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from openai_stub import OpenAIStub
 
 import llm
+import llm_deadline
 import store
 import store_biz
 import store_errors
@@ -430,10 +431,10 @@ def test_after_the_overall_deadline_neither_a_retry_nor_the_backup_model_is_sent
 
     def recording(request, share=1.0):
         real_within_deadline(request, share=share)  # 时限到了它会抛错,这个请求就不发了,不记
-        let_through.append((time.monotonic(), llm._budget.get().ends_at))
+        let_through.append((time.monotonic(), llm_deadline._budget.get().ends_at))
 
-    real_within_deadline = llm._within_deadline
-    monkeypatch.setattr(llm, "_within_deadline", recording)
+    real_within_deadline = llm_deadline._within_deadline
+    monkeypatch.setattr(llm_deadline, "_within_deadline", recording)
     llm._build.cache_clear()  # HTTP 客户端建的时候挂上钩子:要新建一个
     with OpenAIStub(delay=0.5) as stub:
         use_stub(monkeypatch, stub, retries=2)
