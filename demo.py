@@ -119,7 +119,7 @@ def check_settings() -> None:
 
 def stopped(signum: int, _frame) -> None:
     """SIGTERM(kill、systemd)和 SIGHUP(关掉终端)和 Ctrl-C 一样:一行原因,收拾好(停 webhook 服务、删临时目录)再退出,
-    退出码 128 + 信号。原来只有 Ctrl-C 收拾,这两种直接结束,临时目录留在 /tmp,只发给 demo 时 webhook 服务还成了孤儿进程。
+    退出码 128 + 信号:不收拾的话临时目录留在 /tmp,只发给 demo 的信号还会让 webhook 服务成了孤儿进程。
     收拾的途中再来一次不理:不能打断收拾。"""
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)
@@ -203,7 +203,7 @@ def main(argv: list[str]) -> int:
     if [t for t, _ in outbox] != ["T1012", "T1041"] or outbox[0][1] != shown_draft or outbox[1][1] != EDITED:
         problems.append("发件箱应该恰好两行:T1012 是模型原稿,T1041 是人改过的版本")
     kept = f"\n数据留在 {data}" if keep else ""
-    if problems:  # --keep 时对不上更要知道库在哪,好用 sqlite3 查原因(原来只在对得上时说)
+    if problems:  # 对不上时更要知道库在哪,好用 sqlite3 查原因
         print("\n和课文对不上:\n" + "\n".join(problems) + kept)
         return 1
     print("\n和课文一致:T1012、T1041 done,T1003 ignored,T9999 进了死信(只试 1 次:工单不存在是永久错误);"
