@@ -30,7 +30,6 @@ import store_cron
 import store_errors
 import store_events
 
-STALE_DAYS = 20                  # 天(0–36500);开着超过这么多天(课文:「超过 20 天还开着的工单」)就该跟进
 SCAN_LIMIT = 5                   # 个;scan 一次最多入队几个,别一早把收件箱塞满(--limit 可改)
 STALE_EVENT_PREFIX = store_events.CRON_ID_PREFIX + "stale:"
 EXIT_OK, EXIT_SLACK_FAILED, EXIT_USAGE, EXIT_DB_UNAVAILABLE = 0, 1, 2, 3
@@ -41,13 +40,10 @@ def stale_event_id(ticket_id: str, day: str) -> str:
     return f"{STALE_EVENT_PREFIX}{ticket_id}:{day}"
 
 
-def stale_days_setting() -> int:
-    return config.integer("STALE_DAYS", STALE_DAYS, minimum=0, maximum=36500)
-
 
 def scan(limit: int = SCAN_LIMIT) -> dict:
     """scan 的 run_once:把该跟进的工单入队,打印汇总,返回各个数和这次新入队的工单。"""
-    stale_days = stale_days_setting()
+    stale_days = config.value("STALE_DAYS")
     today = store.now()[:10]
     cutoff = (date.fromisoformat(today) - timedelta(days=stale_days)).isoformat()
     old, odd = store_cron.open_tickets_created_by(cutoff)
@@ -87,7 +83,7 @@ def scan(limit: int = SCAN_LIMIT) -> dict:
 def build_report(numbers: dict | None = None, moment: datetime | None = None) -> str:
     """日报全文。numbers 默认现查事件库;moment 默认现在(UTC)。"""
     moment = moment or datetime.now(timezone.utc)
-    n = numbers or store_cron.report_numbers(recent_since=moment - timedelta(days=cron_report.recent_days()))
+    n = numbers or store_cron.report_numbers(recent_since=moment - timedelta(days=config.value("REPORT_RECENT_DAYS")))
     by_status = {s: n["by_status"][s] for s in store.STATUSES if s in n["by_status"]}
     lines = [f"云簿后台 Agent 日报({moment.strftime('%Y-%m-%d %H:%M')} UTC)",
              f"事件状态:{by_status}",
@@ -100,7 +96,7 @@ def build_report(numbers: dict | None = None, moment: datetime | None = None) ->
     else:
         lines.append("收件箱里没有等人处理的待办")
     lines.append(f"死信数:{len(n['dead'])}")
-    shown = n["dead"][:cron_report.max_dead_lines()]
+    shown = n["dead"][:config.value("REPORT_MAX_DEAD_LINES")]
     # 只取原因的第一行:多行的(traceback、psycopg 的 DETAIL)会把日报拆成不像死信的几行
     lines += [f"死信:{d['event_id']}  {((d['last_error'] or '').strip().splitlines() or [''])[0][:80]}" for d in shown]
     if more := len(n["dead"]) - len(shown):
@@ -130,7 +126,7 @@ def report() -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = config.ArgumentParser(description="定时任务:scan 把久未回复的工单入队,report 出日报")
     sub = parser.add_subparsers(dest="command", required=True, metavar="{scan,report}")
-    p_scan = sub.add_parser("scan", help=f"把超过 STALE_DAYS(默认 {STALE_DAYS})天没回复的工单入队")
+    p_scan = sub.add_parser("scan", help=f"把超过 STALE_DAYS(默认 {config.SETTINGS['STALE_DAYS'].default})天没回复的工单入队")
     p_scan.add_argument("--limit", type=int, default=SCAN_LIMIT, help=f"一次最多入队几个(默认 {SCAN_LIMIT})")
     sub.add_parser("report", help="日报:事件状态、队列深度、收件箱等待、死信、处理结果、成本;可发 Slack")
     args = parser.parse_args(argv)
@@ -138,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         p_scan.error("--limit 至少是 1")
     try:
         # 先读设置、查业务库,再碰事件库:设置不对、业务库不在时连事件库文件都不该建出来(和 email_poller 一样)
-        stale_days_setting() if args.command == "scan" else cron_report.report_settings()
+        config.value("STALE_DAYS") if args.command == "scan" else cron_report.report_settings()
         if args.command == "scan" and (problem := store_biz.biz_db_problem()):
             print(problem, file=sys.stderr)
             return EXIT_USAGE

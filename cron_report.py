@@ -11,63 +11,32 @@ import httpx
 import config
 import store_cron
 
-SLACK_TIMEOUT_S = 10             # 秒(0.1–3600);Slack 连不上或不回话时最多等这么久,crontab 里的任务不能挂住
-INBOX_ALERT_HOURS = 24           # 小时(至少 0);收件箱里有待办等了超过这么久(约一个工作日),日报里标出来提醒值班的人
-# 元 / 千 token,输入输出合起来算的一个均价。默认按课文「一次起草约 0.0015 元」反推:一次起草大约
-# 六七百个 token(提示词 + 结构化输出),约合 0.002 元 / 千 token;换模型或服务商调价时按价目表改。
-LLM_PRICE_PER_1K_TOKENS = 0.002
 OUTCOME_KINDS = ("accept", "edit", "ignore")  # 每张工单最后是其中一种;response(提意见重写)是途中的,另外说
-# 天(1–365);日报的处理结果另算最近这么多天的 edit 率,和之前的比。只看全部历史的话,一千条旧记录能把
-# 一周里从 10% 涨到 40% 的 edit 率冲淡成 12%(课文自测 6),看不出模型、提示词或业务规则变了
-REPORT_RECENT_DAYS = 7
-# 百分点(0–100);最近的 edit 率比之前高出这么多,日报那一类后面加一句提醒
-EDIT_RISE_ALERT_POINTS = 20
-# 条(至少 1);日报最多列出这么多条死信,其余的只说还有几条。API key 半夜过期时,一早几百条积压全在死信里,
-# 全列出来的话日报翻不到底,发给 Slack 的也超过它一条消息的长度
-REPORT_MAX_DEAD_LINES = 20
 
 
 class SlackError(Exception):
     """日报没能发到 Slack。"""
 
 
-def max_dead_lines() -> int:
-    return config.integer("REPORT_MAX_DEAD_LINES", REPORT_MAX_DEAD_LINES, minimum=1)
 
 
-def alert_hours() -> float:
-    return config.number("INBOX_ALERT_HOURS", INBOX_ALERT_HOURS, minimum=0)
 
 
-def recent_days() -> float:
-    return config.number("REPORT_RECENT_DAYS", REPORT_RECENT_DAYS, minimum=1, maximum=365)
-
-
-def edit_rise_points() -> float:
-    return config.number("EDIT_RISE_ALERT_POINTS", EDIT_RISE_ALERT_POINTS, minimum=0, maximum=100)
-
-
-def price_per_1k_tokens() -> float:
-    return config.number("LLM_PRICE_PER_1K_TOKENS", LLM_PRICE_PER_1K_TOKENS, minimum=0)
-
-
-def slack_timeout() -> float:
-    return config.number("SLACK_TIMEOUT_S", SLACK_TIMEOUT_S, minimum=0.1, maximum=3600)
 
 
 def report_settings() -> tuple[str, float]:
     """report 用的设置都读一遍,返回 (Slack 地址, 超时);不对就以 SystemExit 退出。"""
-    alert_hours()
-    max_dead_lines()
-    recent_days()
-    edit_rise_points()
-    price_per_1k_tokens()
-    url = config.url("SLACK_WEBHOOK_URL", secret=True)  # 路径就是密钥,错误信息里不能带全
-    return url, slack_timeout() if url else 0
+    config.value("INBOX_ALERT_HOURS")
+    config.value("REPORT_MAX_DEAD_LINES")
+    config.value("REPORT_RECENT_DAYS")
+    config.value("EDIT_RISE_ALERT_POINTS")
+    config.value("LLM_PRICE_PER_1K_TOKENS")
+    url = config.value("SLACK_WEBHOOK_URL")  # 路径就是密钥,错误信息里不能带全
+    return url, config.value("SLACK_TIMEOUT_S") if url else 0
 
 
 def alert_note(hours: float) -> str:
-    limit = alert_hours()
+    limit = config.value("INBOX_ALERT_HOURS")
     return f"(超过 {limit:g} 小时,该提醒值班的人了)" if hours >= limit else ""
 
 
@@ -91,7 +60,7 @@ def outcome_lines(outcomes: list[dict]) -> list[str]:
 
 def recent_note(o: dict) -> str:
     """最近 REPORT_RECENT_DAYS 天这一类的 edit 率,之前也有记录时和之前比;涨得多就提醒。"""
-    days, recent = recent_days(), o["recent_tickets"]
+    days, recent = config.value("REPORT_RECENT_DAYS"), o["recent_tickets"]
     if not recent:
         return f";近 {days:g} 天没有"
     rate = o["recent_edit"] / recent
@@ -99,7 +68,7 @@ def recent_note(o: dict) -> str:
     if before := o["tickets"] - recent:
         before_rate = (o["edit"] - o["recent_edit"]) / before
         note += f"(之前 {before_rate:.0%})"
-        if (rise := (rate - before_rate) * 100) >= edit_rise_points() and rise > 0:
+        if (rise := (rate - before_rate) * 100) >= config.value("EDIT_RISE_ALERT_POINTS") and rise > 0:
             note += f",涨了 {rise:.0f} 个百分点:看看模型、提示词或业务规则是不是变了"
     return note
 
@@ -107,7 +76,7 @@ def recent_note(o: dict) -> str:
 def cost_line(usage: dict) -> str:
     if not usage["calls"]:
         return "模型成本:还没有模型调用记录(llm_usage 是空的)"
-    price = price_per_1k_tokens()
+    price = config.value("LLM_PRICE_PER_1K_TOKENS")
     tokens = usage["input_tokens"] + usage["output_tokens"]
     cost = tokens / 1000 * price
     per_event = cost / usage["events"] if usage["events"] else cost
