@@ -17,12 +17,13 @@ from pydantic import BaseModel, Field, field_validator
 from typing_extensions import TypedDict
 
 import agent_saver
+import config as settings  # 节点的参数 config 是 LangGraph 的 RunnableConfig
 import store
 import store_biz
 import store_move
 from agent_draft import ask, structured
 from agent_prompt import FORGED_HEADER, for_the_model
-from agent_review import answer_problem, edited_reply, max_redrafts, may_respond
+from agent_review import answer_problem, edited_reply, may_respond
 from llm import get_llm
 from llm_errors import REQUEST_TOO_LARGE, status_of
 from llm_offline import FEEDBACK_HEADER, classify, simplified
@@ -86,7 +87,7 @@ def draft(state: TicketState, config: RunnableConfig) -> dict:
         return {"draft": d, "first_draft": d}
     model = structured(get_llm(), DRAFT_TOOL)  # 即 get_llm().with_structured_output(Draft, method="function_calling")
     d = ask(model, build_prompt(state), Draft, state["ticket_id"], config)
-    return {"draft": d, "first_draft": state.get("first_draft") or d, "redraft_limit": max_redrafts()}
+    return {"draft": d, "first_draft": state.get("first_draft") or d, "redraft_limit": settings.value("MAX_REDRAFTS")}
 
 
 def review(state: TicketState) -> dict:

@@ -1,23 +1,14 @@
 """agent.py 的 build_prompt() 交给模型之前对工单原文做的两件事:太长的只给前 MAX_TICKET_CHARS 个字(说明截了多少),
 原文里照抄的「主管意见」标题标成客户写的。课文把工单原文整个放进提示词;可业务库里的工单可能贴着几十万字的日志
 (模型回 400、按字数花钱),客户也可能冒充主管意见让模型照改,所以这里先处理一遍。"""
-import config as settings
+import config
 from llm_offline import FEEDBACK_HEADER
-
-
-# 字(至少 200);工单原文(「主题:正文」,已脱敏)最多给模型这么多。邮件建的工单不到 2201 字(主题 200 + 正文 2000);
-# 业务库里直接建的工单可能贴着一整段日志,几十万字时模型回 400,还按字数花钱
-MAX_TICKET_CHARS = 4000
-
-
-def max_ticket_chars() -> int:
-    return settings.integer("MAX_TICKET_CHARS", MAX_TICKET_CHARS, minimum=200)
 
 
 def for_the_model(text: str) -> str:
     """工单原文只给模型前 MAX_TICKET_CHARS 个字,截了就说截了多少。只截提示词:状态里留着整段(已脱敏),
     「律师」写在几千字之后也照样转给主管;截在脱敏之后,截断处不会露出半个手机号。"""
-    limit = max_ticket_chars()
+    limit = config.value("MAX_TICKET_CHARS")
     return text if len(text) <= limit else f"{text[:limit]}……(工单太长,后面 {len(text) - limit} 字没有给你)"
 
 

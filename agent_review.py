@@ -2,29 +2,13 @@
 (INBOX_MAX_TEXT_CHARS),一张工单最多按意见重写几次(MAX_REDRAFTS)。课文的 review() 收到什么就照做;可回答不一定来自
 这个实验的收件箱(Agent Inbox、自己拼的 Command 都能恢复 thread),不能用的回答要退回去再问,不能发给客户,
 所以 inbox.py 先拦一遍,review 再照同样的规则查一遍。"""
-import config as settings
-
-
-MAX_REDRAFTS = 3  # 轮(至少 0);一张工单最多让 Agent 按意见重写几次(每次都要再调一次模型,花钱也耗人的耐心)
-
-
-# 字(1 起);人给的文字(edit 的回复、respond 的意见)最多这么长,设置名是 INBOX_MAX_TEXT_CHARS。草稿不到 150 字,
-# 再长多半是多粘贴了一段:edit 会原样发给客户,respond 会在之后每次重写时都进提示词、按 token 花钱
-MAX_TEXT_CHARS = 2000
-
-
-def max_redrafts() -> int:
-    return settings.integer("MAX_REDRAFTS", MAX_REDRAFTS, minimum=0)
-
-
-def max_text_chars() -> int:
-    return settings.integer("INBOX_MAX_TEXT_CHARS", MAX_TEXT_CHARS, minimum=1)
+import config
 
 
 def may_respond(state: dict) -> bool:
     """这条待办还允许不允许 respond(让 Agent 按意见再写一版)。"""
     # 用起草时记下的上限,不读现在的设置:review 在人回答后重跑时,算出的必须和人看到的一样
-    return len(state.get("feedback", [])) < state.get("redraft_limit", max_redrafts())
+    return len(state.get("feedback", [])) < state.get("redraft_limit", config.value("MAX_REDRAFTS"))
 
 
 def allowed(item: dict) -> list[str]:
@@ -51,6 +35,6 @@ def answer_problem(answer, item: dict) -> str | None:
     if kind == "response" and not (isinstance(answer.get("args"), str) and answer["args"].strip()):
         return "response 要带给 Agent 的意见(args,不能为空)"
     text = edited_reply(answer) if kind == "edit" else answer["args"] if kind == "response" else ""
-    if len(text.strip()) > (limit := max_text_chars()):
+    if len(text.strip()) > (limit := config.value("INBOX_MAX_TEXT_CHARS")):
         return f"{kind} 的文字有 {len(text.strip())} 个字,最多 {limit} 个(INBOX_MAX_TEXT_CHARS)"
     return None

@@ -1,11 +1,9 @@
 """worker.py 和 inbox.py 跑 agent.py 的图时要的几样:跑之前把图用到的设置都查一遍(check_settings),
 图走完或停在收件箱时这个事件该记成什么状态(finished_status、interrupted_status)。课文的 worker 只看一个事件;
 这里同一张工单可能有好几个事件(上游换了 event_id 又通知一次),收件箱里只留一条待办,所以这些判断放在一处,两边共用。"""
+import config
 import store_events
-from agent_prompt import max_ticket_chars
-from agent_review import max_redrafts, max_text_chars
 from llm import llm_settings
-from llm_deadline import deadline_s
 
 
 FINISHED = ("sent", "already_sent", "ignored")
@@ -26,8 +24,6 @@ def interrupted_status(ticket_id: str, event_id: str) -> str:
 def check_settings() -> None:
     """跑图要用的设置都读一遍,不对就以 SystemExit 退出。worker 领事件之前、收件箱拿走待办之前调用,
     免得节点跑到一半才发现、事件白用一次尝试。"""
-    max_redrafts()
-    max_ticket_chars()
-    max_text_chars()
+    for name in ("MAX_REDRAFTS", "MAX_TICKET_CHARS", "INBOX_MAX_TEXT_CHARS", "LLM_DEADLINE_S"):
+        config.value(name)
     llm_settings()
-    deadline_s()

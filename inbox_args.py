@@ -5,7 +5,7 @@
 import re
 import unicodedata
 
-from agent_review import max_text_chars
+import config
 from llm_pii import mask_pii
 NEEDS_TEXT = ("edit", "respond")
 # -f、--force、--dry-run、--dry_run、--reply=…:像选项的一个词(带空格、不带「=」的就是文字);单独的 - 和 --
@@ -58,7 +58,7 @@ def bad_argument(command: str, args: list[str], options_end: int) -> str | None:
     # 数的是交给图的那份(respond 的意见先打码,卡号打码后多三四个字):图的 review 按同一个数再查一遍,
     # 这里放过、那边拒绝的话,人得到的是一句摸不着头脑的「没有处理成」
     handed = (mask_pii(args[2]) if command == "respond" else args[2]) if command in NEEDS_TEXT else ""
-    if len(handed.strip()) > (limit := max_text_chars()):
+    if len(handed.strip()) > (limit := config.value("INBOX_MAX_TEXT_CHARS")):
         after_masking = "(手机号、卡号之类打码之后)" if handed != args[2] else ""
         return (f"{args[0]} 的文字有 {len(handed.strip())} 个字{after_masking},最多 {limit} 个(INBOX_MAX_TEXT_CHARS):"
                 "多半是多粘贴了一段;什么都没有改")

@@ -8,13 +8,12 @@ import socket
 import config
 import store_errors
 import store_inbox
-INBOX_USER = ""  # 谁在用收件箱(几个人共用时区分);空 = 「登录名@主机名」
 SEEN_WAIT_S = 0.5  # 秒;list 记「你看到的是哪一版」时最多等别人的写锁这么久,等不到就不记(accept 时会请你再 list),list 照常显示
 
 
 def viewer() -> str:
     """谁在用收件箱:INBOX_USER;没设就是「登录名@主机名」。"""
-    if name := config.get("INBOX_USER", INBOX_USER):
+    if name := config.value("INBOX_USER"):
         return name
     try:
         login = getpass.getuser()

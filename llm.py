@@ -15,12 +15,6 @@ from llm_errors import TRANSIENT_ERRORS, BackupFailed, _chat_classes
 from llm_offline import OfflineChatModel, _announce_offline
 
 
-DEFAULT_MODEL = "deepseek-flash"          # 课文用的模型;换服务时改 LLM_MODEL
-DEFAULT_BASE_URL = "https://api.deepseek.com"
-LLM_TIMEOUT_S = 60                        # 秒(0.1–3600);一次模型调用最长等多久,超时算暂时性错误
-LLM_MAX_RETRIES = 2                       # 次(0–10);客户端自己对 429/超时/连接错误/5xx 做的快速重试(带退避)
-
-
 def get_llm(temperature: float = 0):
     """按当前环境变量返回模型;同样的设置只建一次(ChatOpenAI 里有连接池,没必要每张工单新建)。"""
     return _build(temperature, *llm_settings())
@@ -59,7 +53,7 @@ def _build(temperature, api_key, model, base_url, extra_body, fallback_model, fa
 
 def llm_settings() -> tuple:
     """模型的各项设置,检查过的;不对就以 SystemExit 退出,说明是哪一项。"""
-    extra_body = config.get("LLM_EXTRA_BODY", "{}")
+    extra_body = config.value("LLM_EXTRA_BODY")
     try:
         # NaN、Infinity:Python 的 json 认,可发请求时编不成合法 JSON,每个事件都失败、重试到进死信
         parsed = json.loads(extra_body, parse_constant=_not_json)
@@ -67,10 +61,10 @@ def llm_settings() -> tuple:
         raise SystemExit(f"配置错误:LLM_EXTRA_BODY 不是合法 JSON:{extra_body}") from None
     if not isinstance(parsed, dict):  # 它的键要并进请求体:[1]、"x" 这种合法 JSON 也不行
         raise SystemExit(f"配置错误:LLM_EXTRA_BODY 应该是 JSON 对象({{…}}):{extra_body}")
-    api_key, base_url = api_key_setting("LLM_API_KEY"), config.url("LLM_BASE_URL", DEFAULT_BASE_URL)
-    share = llm_deadline.primary_share()  # 没配备用模型时用不上,写错了也照样说出来
-    fallback_model = config.get("LLM_FALLBACK_MODEL")
-    fallback_url = config.url("LLM_FALLBACK_BASE_URL") or base_url
+    api_key, base_url = api_key_setting("LLM_API_KEY"), config.value("LLM_BASE_URL")
+    share = config.value("LLM_PRIMARY_SHARE")  # 没配备用模型时用不上,写错了也照样说出来
+    fallback_model = config.value("LLM_FALLBACK_MODEL")
+    fallback_url = config.value("LLM_FALLBACK_BASE_URL") or base_url
     fallback_key = api_key_setting("LLM_FALLBACK_API_KEY")
     if api_key and fallback_model and not fallback_key:
         if _origin(fallback_url) != _origin(base_url):
@@ -80,14 +74,14 @@ def llm_settings() -> tuple:
         fallback_key = api_key  # 同一个服务的另一个模型:用同一个 key
     return (
         api_key,
-        config.get("LLM_MODEL", DEFAULT_MODEL),
+        config.value("LLM_MODEL"),
         base_url,
         extra_body,
         fallback_model,
         fallback_url,
         fallback_key,
-        config.number("LLM_TIMEOUT_S", LLM_TIMEOUT_S, minimum=0.1, maximum=3600),
-        config.integer("LLM_MAX_RETRIES", LLM_MAX_RETRIES, minimum=0, maximum=10),
+        config.value("LLM_TIMEOUT_S"),
+        config.value("LLM_MAX_RETRIES"),
         share if fallback_model else 1.0,
     )
 

@@ -20,22 +20,6 @@ except ImportError:  # pragma: no cover
     MAX_RETRY_AFTER_DELAY = 120
 
 
-# 秒(0.1–86400);一次起草最多花多久,每次请求、客户端的快速重试、切备用模型全算在内(不然最坏是
-# (LLM_MAX_RETRIES+1) × LLM_TIMEOUT_S,有备用模型再翻一倍)。150 秒够主模型等满两次,又比 STALE_MINUTES 短得多
-LLM_DEADLINE_S = 150
-# 份(0.1–1);配了备用模型时,主模型(连同它的重试)最多用时限的这一份:不然主模型挂住或 429 让等很久时,
-# 它自己的重试就把时限用完了。0.5:主模型等满一次 LLM_TIMEOUT_S 再重试一小段,备用模型也有 75 秒
-LLM_PRIMARY_SHARE = 0.5
-
-
-def primary_share() -> float:
-    return config.number("LLM_PRIMARY_SHARE", LLM_PRIMARY_SHARE, minimum=0.1, maximum=1)
-
-
-def deadline_s() -> float:
-    return config.number("LLM_DEADLINE_S", LLM_DEADLINE_S, minimum=0.1, maximum=86400)
-
-
 DEADLINE_SLACK_S = 0.1  # 秒;被时限截短的等待到点抛错时,离时限最多差这么多(计时器的粒度)
 
 
@@ -62,7 +46,7 @@ def deadline():
     """with deadline(): 里的模型调用(含客户端重试、备用模型)合起来最多 LLM_DEADLINE_S 秒,因时限而失败时抛
     DeadlineExceeded。钩子把每次请求的等待、Retry-After 和一直发空行的响应都截到时限为止;超出时限的只有截短的请求
     超时之后、客户端下一次重试之前的那一次等待(默认设置下最多 1 秒)。"""
-    seconds = deadline_s()
+    seconds = config.value("LLM_DEADLINE_S")
     budget = _Budget(time.monotonic() + seconds, seconds)
     token = _budget.set(budget)
     try:

@@ -110,7 +110,7 @@ def _chat_classes(chat_openai: type) -> tuple[type, type, type]:
                 if (budget := llm_deadline._budget.get()) is not None and budget.ends_at <= time.monotonic():
                     raise
                 what = f"{type(e).__name__}: {e}"
-                share = llm_deadline.primary_share()
+                share = config.value("LLM_PRIMARY_SHARE")
                 if budget is not None and budget.cut and budget.ends_for(share) <= time.monotonic():
                     # 是留给它的那一份时限到了(挂住、429 让等很久):「Request timed out.」会让人以为只是一次超时
                     what = f"用完了留给它的时限(LLM_DEADLINE_S 的 LLM_PRIMARY_SHARE={share:g})"

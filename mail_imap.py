@@ -17,8 +17,6 @@ from mail_text import decode_bytes
 
 IMAP_SSL_PORT = 993          # IMAPS 的标准端口
 IMAP_PLAIN_PORT = 143        # 明文 IMAP 的标准端口(IMAP_SSL=0 时的默认)
-IMAP_TIMEOUT_S = 30          # 秒(0.1–3600);连接和每条 IMAP 命令最多等多久。crontab 每分钟跑一次,卡住的进程不能越积越多
-MAILBOX = "INBOX"            # 收哪个文件夹
 
 
 class MailboxError(Exception):
@@ -68,8 +66,8 @@ def imap_settings() -> ImapSettings:
     default_port = IMAP_SSL_PORT if use_ssl == "1" else IMAP_PLAIN_PORT
     port = config.integer("IMAP_PORT", default_port, minimum=1, maximum=65535)
     return ImapSettings(config.get("IMAP_HOST"), port, config.get("IMAP_USER"),
-                        config.get("IMAP_PASSWORD"), use_ssl == "1", cafile, config.get("IMAP_MAILBOX", MAILBOX),
-                        config.number("IMAP_TIMEOUT_S", IMAP_TIMEOUT_S, minimum=0.1, maximum=3600))
+                        config.get("IMAP_PASSWORD"), use_ssl == "1", cafile, config.value("IMAP_MAILBOX"),
+                        config.value("IMAP_TIMEOUT_S"))
 
 
 def host_problem(host: str) -> str | None:

@@ -20,9 +20,7 @@ import httpx
 import config
 import send_webhook_args
 import send_webhook_errors
-from webhook import DEFAULT_SECRET
 
-DEFAULT_URL = "http://127.0.0.1:8139/hooks/cloudledger"
 TIMEOUT_S = 10  # 秒;上游一般也就等这么久
 
 
@@ -52,11 +50,11 @@ def main(argv: list[str]) -> int:
         return checked
     ticket_id, times = checked
     try:
-        url = config.url("WEBHOOK_URL", DEFAULT_URL)
+        url = config.value("WEBHOOK_URL")
     except SystemExit as e:
         print(e.code, file=sys.stderr)
         return 2
-    secret, body = config.get("WEBHOOK_SECRET", DEFAULT_SECRET), event_body(ticket_id)
+    secret, body = config.value("WEBHOOK_SECRET"), event_body(ticket_id)
     failed = False
     for _ in range(times):  # 上游超时重试时,同一个事件会原样再发一次
         headers = {"content-type": "application/json", "x-cloudledger-signature": sign(body, secret)}

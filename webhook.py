@@ -48,7 +48,7 @@ ACCEPTED = {is_new: JSONResponse({"accepted": True, "duplicate": not is_new}).bo
 @asynccontextmanager
 async def lifespan(_: FastAPI):
     check_secret()  # 密钥写错了就别启动
-    webhook_request.body_timeout_s()
+    config.value("WEBHOOK_BODY_TIMEOUT_S")
     try:
         store.init()  # 设置不对(DATABASE_URL、PG_POOL_SIZE、EVENTS_DB……)时以 SystemExit("配置错误:…") 之类退出
     except store_errors.unavailable_errors() as e:  # PostgreSQL 还没起来、在重启:也只说一行;收不下事件,不如不启动(上游会重试)
@@ -66,7 +66,7 @@ app.add_middleware(webhook_startup.StartupErrorInOneLine)
 
 
 def verify(request: Request, raw: bytes) -> None:
-    secret = config.get("WEBHOOK_SECRET", DEFAULT_SECRET)
+    secret = config.value("WEBHOOK_SECRET")
     headers = request.headers
     # 签名头可能有好几行(换密钥期间上游每把密钥各写一行):和代理合成一行(RFC 9110 §5.3)一样对待,任意一个签名对上就行
     if signed := headers.getlist("x-cloudledger-signature"):
@@ -130,6 +130,6 @@ async def receive(request: Request):
 def check_secret() -> None:
     """WEBHOOK_SECRET 写错了(whsec_ 后面不是 base64、或者是空的)以 SystemExit("配置错误:…") 退出。"""
     try:
-        webhook_sign.standard_webhooks_key(config.get("WEBHOOK_SECRET", DEFAULT_SECRET))
+        webhook_sign.standard_webhooks_key(config.value("WEBHOOK_SECRET"))
     except ValueError as e:
         raise SystemExit(str(e)) from None

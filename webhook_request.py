@@ -13,20 +13,13 @@ import config
 import store_events
 
 MAX_BODY_BYTES = 1024 * 1024  # 字节;正常的工单通知不到 1 KB,超过 1 MiB 的不读完就拒
-# 秒(环境变量 WEBHOOK_BODY_TIMEOUT_S);请求体要在这么久里收完,不然回 408。上游的请求体一个字节一个字节地挤(或者它那台
-# 机器半路没了、连接没关)时,请求不会一直挂着、让关服务(SIGTERM)停不下来。1 MiB 在慢网络上也用不了这么久
-BODY_TIMEOUT_S = 30
-
-
-def body_timeout_s() -> float:
-    return config.number("WEBHOOK_BODY_TIMEOUT_S", BODY_TIMEOUT_S, minimum=0.1, maximum=3600)
 
 
 async def read_body(request: Request) -> bytes:
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
         raise HTTPException(413, f"body larger than {MAX_BODY_BYTES} bytes")
-    chunks, size, limit = [], 0, body_timeout_s()
+    chunks, size, limit = [], 0, config.value("WEBHOOK_BODY_TIMEOUT_S")
     try:
         async with asyncio.timeout(limit):
             async for chunk in request.stream():

@@ -685,9 +685,10 @@ def test_a_blank_response_from_another_client_is_refused_by_the_graph_and_costs_
 
 def test_a_ticket_exactly_at_the_length_limit_reaches_the_model_whole_and_one_more_character_is_cut_and_said(lab):
     """MAX_TICKET_CHARS 个字正好的工单原样给模型,不能说「后面 0 字没有给你」;多一个字才截,并说截了 1 字。"""
-    from agent_prompt import for_the_model, max_ticket_chars
+    import config
+    from agent_prompt import for_the_model
 
-    limit = max_ticket_chars()
+    limit = config.value("MAX_TICKET_CHARS")
     assert for_the_model("账" * limit) == "账" * limit
     assert for_the_model("账" * limit + "尾") == "账" * limit + "……(工单太长,后面 1 字没有给你)"
 
