@@ -23,8 +23,6 @@ import config
 import inbox_seen
 import webhook
 import worker
-import store_sqlite
-import agent_review
 
 LAB = config.HERE
 USAGE = "用法:uv run python demo.py [--keep](--keep:跑完保留临时数据目录)"
@@ -110,10 +108,11 @@ def check_settings() -> None:
     """演示里每个程序要读的设置(webhook 密钥、worker 和图的设置、SQLite 等锁的时间),开始之前先在这里读一遍:
     哪一项写错了,一步都不跑就说是哪一项,而不是跑到用它的那一步才停下。收件箱的文字上限比演示要输入的意见、
     改好的回复还短时也一样。"""
-    for read in (store_sqlite.busy_timeout_s, webhook.check_secret, worker.read_settings, inbox_seen.viewer):
+    config.value("BUSY_TIMEOUT_S")
+    for read in (webhook.check_secret, worker.read_settings, inbox_seen.viewer):
         read()
     longest = max(len(FEEDBACK), len(EDITED))
-    if (limit := agent_review.max_text_chars()) < longest:  # 不然跑到 respond 那一步才被收件箱拒绝,T1012 已经发出去了
+    if (limit := config.value("INBOX_MAX_TEXT_CHARS")) < longest:  # 不然跑到 respond 那一步才被收件箱拒绝,T1012 已经发出去了
         raise SystemExit(f"配置错误:INBOX_MAX_TEXT_CHARS={limit} 比演示要输入的文字({longest} 个字)还短")
 
 

@@ -168,7 +168,7 @@ def transaction(path: Path | str | None = None, *, wait_s: float | None = None):
             conn.execute("COMMIT")
         finally:
             if wait_s is not None and sqlite:  # 连接留着给这个线程以后用(KeptConnection):换回平常的等法
-                conn.execute(f"PRAGMA busy_timeout = {int(store_sqlite.busy_timeout_s() * 1000)}")
+                conn.execute(f"PRAGMA busy_timeout = {int(config.value('BUSY_TIMEOUT_S') * 1000)}")
 
 
 def init() -> None:

@@ -21,14 +21,10 @@ import store_upgrade
 import worker_owner
 
 
-PG_POOL_SIZE = 10  # 个(至少 1);每个连接池最多开几个连接(比 worker 的并发数小时,线程排队等连接);一个进程最多三个池:等落盘的、不等落盘的、checkpoint
 PG_CONNECT_TIMEOUT_S = 10  # 秒;第一次连 PostgreSQL 最多等多久,连不上就说明原因退出(不会一直挂着)
 # 秒;从连接池借一个连接最多等多久(连接都借出去了时排队等;服务器连不上时也等到这么久才报「数据库暂时用不了」)。
 # webhook 的写库进程一次只借一个,借不到只可能是连不上:它把这个数改小(webhook_writer.py),503 几秒内就回
 PG_POOL_WAIT_S = 30.0
-# 秒(0–86400);连接闲了这么久,借出去之前先空跑一条语句,确认它还连着:服务器重启、防火墙或 PgBouncer 掐掉闲连接之后,
-# 下一个事件不会撞上死连接白白失败一次。忙的时候连接闲不到这么久,不多一次往返(一个事件要借十几次连接)。
-PG_IDLE_CHECK_S = 5
 
 
 # 建表时 PostgreSQL 不让建的几种(按 psycopg 的错误类名):是设置的问题,等多久都不会好
@@ -94,14 +90,6 @@ def init_postgres() -> None:
             store_upgrade.pg_rights_or_exit(conn)
 
 
-def pool_size() -> int:
-    return config.integer("PG_POOL_SIZE", PG_POOL_SIZE, minimum=1)
-
-
-def idle_check_s() -> float:
-    return config.number("PG_IDLE_CHECK_S", PG_IDLE_CHECK_S, minimum=0, maximum=86400)
-
-
 def _pg_pool(url: str, durable: bool = True):
     """每个进程、每个 URL 两个连接池(提交等不等落盘,见 connect()),第一次用到时才建(import 时不连数据库)。"""
     with _pools_lock:
@@ -123,7 +111,7 @@ def open_pg_pool(url: str, durable: bool, **kwargs):
 
     if problem := url_problem(url):
         raise SystemExit(problem)
-    max_size, idle_limit = pool_size(), idle_check_s()  # 设置写错了先说它,用不着去连服务器
+    max_size, idle_limit = config.value("PG_POOL_SIZE"), config.value("PG_IDLE_CHECK_S")  # 设置写错了先说它,用不着去连服务器
     # psycopg 和连接池在数据库断开后每秒好几行英文 WARNING;这些程序自己会说一行「数据库暂时用不了(…)」,只留 ERROR 及以上
     logging.getLogger("psycopg").setLevel(logging.ERROR)
 
@@ -355,7 +343,7 @@ def _configure(durable: bool):
     synchronous_commit:durable 的连接明确设成 on(回了 202 的事件断电也在,不随服务器或库上的默认值);其余的设成 off,
     和 SQLite 的 synchronous=NORMAL 同一个取舍(见 store.connect()):checkpoint 和 worker 记账的连接用它,
     checkpoint 这样写每个事件省 0.7 ms 左右(bench/worker.py)。"""
-    settings = (f"SET lock_timeout = '{max(1, int(store_sqlite.busy_timeout_s() * 1000))}ms'",  # 0 在 PostgreSQL 是一直等
+    settings = (f"SET lock_timeout = '{max(1, int(config.value('BUSY_TIMEOUT_S') * 1000))}ms'",  # 0 在 PostgreSQL 是一直等
                 f"SET synchronous_commit = {'on' if durable else 'off'}")
 
     def configure(conn) -> None:
@@ -393,7 +381,7 @@ def open_checkpointer(durable: bool = False):
     from langgraph.checkpoint.sqlite import SqliteSaver
 
     try:
-        conn = sqlite3.connect(store.checkpoints_db(), check_same_thread=False, timeout=store_sqlite.busy_timeout_s(),
+        conn = sqlite3.connect(store.checkpoints_db(), check_same_thread=False, timeout=config.value("BUSY_TIMEOUT_S"),
                                factory=store_sqlite.FileConnection)
         store_sqlite.use_wal(conn)  # worker 和收件箱是不同进程,同时写 checkpoint
     except sqlite3.DatabaseError as e:  # 路径设错了、指到了不是数据库的文件

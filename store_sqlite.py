@@ -12,9 +12,6 @@ import config
 import store
 
 
-# 秒(0–3600);SQLite 库被别人写着时等锁等多久(webhook、几个 worker、收件箱同时写库是常事,等一等就好)。
-# 等过这么久还没轮到(比如有人在 sqlite3 里开着没提交的事务),才报 database is locked:各个程序说一行「数据库暂时用不了」
-BUSY_TIMEOUT_S = 30
 
 
 def file_identity(path: Path | str) -> tuple[int, int] | None:
@@ -79,7 +76,7 @@ def kept_connection(path: Path | str | None, durable: bool) -> KeptConnection:
         # 事件库没有就建(init 建表);给了路径的库(业务库)只打开已有的:sqlite3 默认会顺手建一个空文件,
         # 之后 store.py 以为业务库已经在了,worker 读工单只会得到 no such table
         target = key[0] if path is None else f"{Path(key[0]).absolute().as_uri()}?mode=rw"
-        conn = sqlite3.connect(target, timeout=busy_timeout_s(), isolation_level=None, factory=KeptConnection,
+        conn = sqlite3.connect(target, timeout=config.value("BUSY_TIMEOUT_S"), isolation_level=None, factory=KeptConnection,
                                uri=path is not None)
         conn.row_factory = sqlite3.Row
         # WAL 模式(init 写进库文件):读写不互相挡
@@ -96,7 +93,7 @@ WAL_RETRY_S = 0.01  # 秒;新库换成 WAL 撞上别人也在换时,隔多久再
 def use_wal(conn: sqlite3.Connection) -> None:
     """PRAGMA journal_mode = WAL。两个连接同时第一次打开同一个新库文件时(两个 worker、webhook 和 worker 一起起来),
     换日志模式那一下 SQLite 不等 busy_timeout,当场说 database is locked。这里隔一会儿再试,最多等 BUSY_TIMEOUT_S 秒。"""
-    deadline = time.monotonic() + busy_timeout_s()
+    deadline = time.monotonic() + config.value("BUSY_TIMEOUT_S")
     while True:
         try:
             conn.execute("PRAGMA journal_mode = WAL")
@@ -105,7 +102,3 @@ def use_wal(conn: sqlite3.Connection) -> None:
             if "database is locked" not in str(e) or time.monotonic() >= deadline:
                 raise
             time.sleep(WAL_RETRY_S)
-
-
-def busy_timeout_s() -> float:
-    return config.number("BUSY_TIMEOUT_S", BUSY_TIMEOUT_S, minimum=0, maximum=3600)

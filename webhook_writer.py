@@ -18,11 +18,11 @@ import sys
 import threading
 import time
 
+import config
 import store
 import store_errors
 import store_events
 import store_pg
-import store_sqlite
 
 # 秒;PostgreSQL 上借连接最多等多久(见 store_pg.PG_POOL_WAIT_S)。这个进程一次只借一个,借不到就是连不上:
 # 连接池默认等 30 秒的话,排在后面的一批再等 30 秒,请求 30–60 秒后才拿到 503,上游的发送方早就超时了
@@ -34,7 +34,7 @@ ORPHAN_CHECK_S = 1.0  # 秒;多久看一次 webhook 还在不在
 def batch_time_limit_s() -> float:
     """写一批最多花多久:等别人的锁最多 BUSY_TIMEOUT_S,再加 BATCH_MARGIN_S。webhook 等回话等这么久(过了就杀掉这个进程、
     这一批回 503);webhook 没了以后,手上那一批也再给这么久(exit_when_orphaned)。"""
-    return store_sqlite.busy_timeout_s() + BATCH_MARGIN_S
+    return config.value("BUSY_TIMEOUT_S") + BATCH_MARGIN_S
 
 
 def serve(lines, out, ready: bool = True) -> None:

@@ -42,9 +42,6 @@ from llm_errors import describe  # noqa: E402
 from llm_pii import mask_pii  # noqa: E402
 
 
-MAX_ATTEMPTS = 3            # 次(1–20);暂时性失败最多试几次,之后进死信
-STALE_MINUTES = 10          # 分钟(0–525600);processing 超过这么久、处理它的进程也不在了,就放回队列(可以是 0 或小数)
-POLL_SECONDS = 2            # 秒(0.01–3600);常驻模式下没事件时隔多久再看;一直有事件时,也隔这么久查一次卡住的事件
 CLAIM_TRIES = 5             # 次;撞上别人刚领了同一张工单的事件时再挑几次,之后等下一轮
 
 # 领一个事件:挑选和标记在同一条 UPDATE 里(SQLite 一次只有一个写者,这条语句本身就是原子的)
@@ -133,15 +130,15 @@ def handle(graph, ev: dict) -> str:
         # 这张工单已经处理完了:上游换了个 event_id 又通知了一次,或者收件箱命令走完了图、没来得及改事件状态就没了。
         # 人选了不回的是 ignored,不是 done
         return finished_status(outcome)
-    worker_owner.refuse_crash_loops(ev, ticket_id, snap.tasks, max_attempts())
+    worker_owner.refuse_crash_loops(ev, ticket_id, snap.tasks, config.value("MAX_ATTEMPTS"))
     if snap.tasks:
         # 崩溃的 thread:不给新输入,从失败的节点接着跑。看 tasks 不看 next:节点的结果写下了、下一个 checkpoint
         # 还没写就被杀时 next 是空的,tasks 里还有它;续跑时 LangGraph 直接用写下的结果
-        result = graph.invoke(None, cfg, durability=worker_pool.durability())
+        result = graph.invoke(None, cfg, durability=config.value("CHECKPOINT_DURABILITY"))
     else:
         empty = snap.created_at is None  # 没有任何 checkpoint:新工单(最常见的情况)
         result = graph.invoke({"ticket_id": ticket_id, "kind": ev["kind"]}, known_new(cfg) if empty else cfg,
-                              durability=worker_pool.durability())
+                              durability=config.value("CHECKPOINT_DURABILITY"))
     if "__interrupt__" in result:
         return "waiting_human"
     return finished_status(result.get("outcome"))
@@ -158,7 +155,7 @@ def process(graph, ev: dict, owner: str) -> str:
             # 交给 run() / main():说一行,事件交回队列(attempts 不变),隔一会儿再试
             raise
         failed = e
-        status = "dead" if is_permanent(e) or ev["attempts"] >= max_attempts() else "pending"
+        status = "dead" if is_permanent(e) or ev["attempts"] >= config.value("MAX_ATTEMPTS") else "pending"
         not_before = store.minutes_from_now(backoff_minutes(ev["attempts"])) if status == "pending" else None
     requeue = store_events.requeue_dead_command([ev["event_id"]]) if status == "dead" else None
     why = failed and describe(failed, requeue=requeue)
@@ -180,10 +177,10 @@ class Worker(worker_pool.WorkerBase):
 
     def __init__(self, concurrency: int | None = None):
         check_settings()  # 配置错了启动时就退出,还没领任何事件
-        self.concurrency = concurrency or worker_pool.default_concurrency()
+        self.concurrency = concurrency or config.value("WORKER_CONCURRENCY")
         self.owner = worker_owner.worker_id()
         super().__init__()
-        self.requeue_every_s = poll_seconds()
+        self.requeue_every_s = config.value("POLL_SECONDS")
         self._requeue_lock = threading.Lock()
         self._requeued_at = -math.inf
         store.init()
@@ -198,7 +195,7 @@ class Worker(worker_pool.WorkerBase):
             if unless_recent and time.monotonic() - self._requeued_at < self.requeue_every_s:
                 return
             self._requeued_at = time.monotonic()
-            if n := requeue_stale(stale_minutes()):
+            if n := requeue_stale(config.value("STALE_MINUTES")):
                 worker_pool.say(f"放回队列 {n} 个卡住的事件")
         finally:
             self._requeue_lock.release()
@@ -251,7 +248,7 @@ class Worker(worker_pool.WorkerBase):
                 busy, troubled = [], True
             if not busy:
                 with contextlib.suppress(queue.Empty):  # 等 POLL_SECONDS 秒,收到停止信号就马上醒
-                    self._wake.get(timeout=poll_seconds())
+                    self._wake.get(timeout=config.value("POLL_SECONDS"))
         if troubled:
             # 数据库出错之后、下一轮交回之前收到了停止信号:现在交回。数据库还是用不了,就留给 requeue_stale
             with contextlib.suppress(*store_errors.unavailable_errors()):
@@ -260,26 +257,18 @@ class Worker(worker_pool.WorkerBase):
 
 def say_retrying(error: Exception) -> None:
     """常驻模式下数据库用不了(启动时、运行中)时标准错误上的那一行;接着隔 POLL_SECONDS 再试。"""
-    print(f"{store_errors.unavailable(error)},{poll_seconds():g} 秒后再试", file=sys.stderr, flush=True)
+    print(f"{store_errors.unavailable(error)},{config.value('POLL_SECONDS'):g} 秒后再试", file=sys.stderr, flush=True)
 
 
-def max_attempts() -> int:
-    return config.integer("MAX_ATTEMPTS", MAX_ATTEMPTS, minimum=1, maximum=20)
 
-
-def stale_minutes() -> float:
-    return config.number("STALE_MINUTES", STALE_MINUTES, minimum=0, maximum=525600)
-
-
-def poll_seconds() -> float:
-    return config.number("POLL_SECONDS", POLL_SECONDS, minimum=0.01, maximum=3600)
 
 
 def read_settings() -> None:
     """worker 要用的设置都读一遍,哪一项不对就以 SystemExit("配置错误:…") 退出。"""
-    for read in (worker_pool.durability, max_attempts, lambda: backoff_minutes(0), stale_minutes, poll_seconds,
-                 worker_pool.default_concurrency, graph_settings):
-        read()
+    for name in ("CHECKPOINT_DURABILITY", "MAX_ATTEMPTS", "BACKOFF_BASE_MINUTES", "STALE_MINUTES", "POLL_SECONDS",
+                 "WORKER_CONCURRENCY"):
+        config.value(name)
+    graph_settings()
 
 
 def check_settings() -> None:
@@ -292,15 +281,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = config.ArgumentParser(description="后台 worker:领事件、跑 Agent")
     parser.add_argument("--once", action="store_true", help="把现在能领的事件处理完就退出")
     parser.add_argument("--concurrency", type=int, default=None,
-                        help=f"同时处理几个事件(不给时用 WORKER_CONCURRENCY,默认 {worker_pool.CONCURRENCY})")
+                        help=f"同时处理几个事件(不给时用 WORKER_CONCURRENCY,默认 {config.SETTINGS['WORKER_CONCURRENCY'].default})")
     # extend:--requeue-dead 写了两次时 id 合在一起
     parser.add_argument("--requeue-dead", nargs="*", action="extend", metavar="EVENT_ID",
                         help="把死信放回队列,不给 id 就是全部")
     args = parser.parse_args(argv)
     if args.concurrency is not None and args.concurrency < 1:
         parser.error("--concurrency 至少是 1")
-    if args.concurrency is not None and args.concurrency > worker_pool.MAX_CONCURRENCY:
-        parser.error(f"--concurrency 最多是 {worker_pool.MAX_CONCURRENCY}")
+    if args.concurrency is not None and args.concurrency > config.SETTINGS['WORKER_CONCURRENCY'].maximum:
+        parser.error(f"--concurrency 最多是 {config.SETTINGS['WORKER_CONCURRENCY'].maximum}")
     if any(not e.strip() for e in args.requeue_dead or ()):  # --requeue-dead "$ID",变量是空的
         parser.error("--requeue-dead 后面的事件号不能是空的(不给事件号才是全部)")
     if args.requeue_dead is not None and (args.once or args.concurrency is not None):
@@ -354,7 +343,7 @@ def start(args) -> Worker:
             if args.once:
                 raise
             say_retrying(e)
-            time.sleep(poll_seconds())
+            time.sleep(config.value("POLL_SECONDS"))
 
 
 def requeue_dead(event_ids: list[str]) -> int:
@@ -385,12 +374,9 @@ def payload_ticket(ev: dict) -> str:
 
 
 # ---- 练习 3:退避 ----
-BACKOFF_BASE_MINUTES = 1    # 分钟(0–1440);第 n 次失败后等 BASE × 2^n 分钟再试;测试里调小
-
-
 def backoff_minutes(attempts: int) -> float:
-    # 上限让 BASE × 2^20 仍是一个 datetime 算得出的时间
-    return config.number("BACKOFF_BASE_MINUTES", BACKOFF_BASE_MINUTES, minimum=0, maximum=1440) * 2 ** attempts
+    """第 attempts 次失败后等几分钟再试:BACKOFF_BASE_MINUTES × 2^attempts(课文:2、4 分钟)。"""
+    return config.value("BACKOFF_BASE_MINUTES") * 2 ** attempts
 
 
 if __name__ == "__main__":

@@ -15,30 +15,13 @@ import store_errors
 import store_pg
 import worker_owner
 
-CONCURRENCY = 1             # 个(1–256);一个 worker 同时处理几个事件
-MAX_CONCURRENCY = 256       # 个;每个都是一个线程,再多也只是一起等模型,内存和数据库连接先不够了
-
-# worker 跑图时 checkpoint 什么时候写(LangGraph 的 durability);收件箱恢复 thread 时总是用 sync(见 inbox.py)。
+# CHECKPOINT_DURABILITY:worker 跑图时 checkpoint 什么时候写(LangGraph 的 durability);收件箱恢复 thread 时总是用 sync(见 inbox.py)。
 #   async(默认,和课文一样):每走完一个节点写一次(后台线程写,这次运行结束前等它写完)。
 #         被 kill -9 的工单,重启后从被杀时所在的节点接着跑。
 #   exit:这次运行停下时(进了收件箱、出错、做完)才写一次。出错照样从失败的节点续跑(出错退出时也写);
 #         但被 kill -9 时,这次运行里走过的节点都没记下:新工单重启后 load 再读一遍工单、draft 再调一次模型
-#         (被杀时模型多半还没回答,这次调用反正白费)。PostgreSQL 上一个事件少 6 次写入,见 README「性能与可靠性」。
+#         (被杀时模型多半还没回答,这次调用反正白费)。PostgreSQL 上一个事件少 6 次写入,见 docs/performance.md。
 #   sync:每走完一个节点写一次,写完才走下一个。
-CHECKPOINT_DURABILITY = "async"
-DURABILITIES = ("async", "exit", "sync")
-
-
-def durability() -> str:
-    """CHECKPOINT_DURABILITY 的值;不认识的值是配置错误,worker 启动时就退出(还没领任何事件)。"""
-    value = config.get("CHECKPOINT_DURABILITY", CHECKPOINT_DURABILITY)
-    if value not in DURABILITIES:
-        raise SystemExit(f"配置错误:CHECKPOINT_DURABILITY={value!r},只能是 {'、'.join(DURABILITIES)} 之一")
-    return value
-
-
-def default_concurrency() -> int:
-    return config.integer("WORKER_CONCURRENCY", CONCURRENCY, minimum=1, maximum=MAX_CONCURRENCY)
 
 
 _say_lock = threading.Lock()

@@ -42,6 +42,7 @@ from pathlib import Path
 import common
 from common import mark, median, table
 
+import config
 import store
 import store_biz
 import store_errors
@@ -701,7 +702,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"设置:(a) {overhead_rounds} 轮 × {events} 个事件;(b) {rounds} 轮,模型每次 {MODEL_DELAY_S * 1000:.0f} ms;"
           f"数据库:{'、'.join(dbs)}" + (f"(PostgreSQL:{store_errors._safe_url(pg_base)},每次运行一个新 schema)" if pg_base and
                                       "postgres" in dbs else "(没有设置 TEST_DATABASE_URL / DATABASE_URL,不测 PostgreSQL)")
-          + f";PG_POOL_SIZE 用默认值 {store_pg.PG_POOL_SIZE}。\n", flush=True)
+          + f";PG_POOL_SIZE 用默认值 {config.SETTINGS['PG_POOL_SIZE'].default}。\n", flush=True)
     if "postgres" in dbs and not pg_base:
         print("✗ 要测 PostgreSQL,但没有设置 TEST_DATABASE_URL 或 DATABASE_URL;只测 SQLite。\n")
         dbs = ["sqlite"]
