@@ -15,6 +15,7 @@ from openai_stub import OpenAIStub
 import store
 import store_events
 import worker as worker_mod
+import worker_pool
 from agent import opened_graph, thread_of
 
 STOP_LINE = "收到停止信号:做完手上的事件就退出(再按一次 Ctrl-C 立即退出,手上的事件交回队列)\n"
@@ -226,7 +227,7 @@ def test_a_second_ctrl_c_that_arrives_while_the_first_is_being_announced_still_e
 
     try:
         w.in_hand.add("evt_T1012_created")  # 手上有事件在做
-        monkeypatch.setattr(worker_mod, "print", print_and_get_interrupted, raising=False)
+        monkeypatch.setattr(worker_pool, "print", print_and_get_interrupted, raising=False)
         with pytest.raises(KeyboardInterrupt):
             w.stop(signal.SIGINT)
     finally:
