@@ -18,6 +18,8 @@ from test_worker import catches, wait_until
 
 from agent import opened_graph, thread_of
 
+pytestmark = pytest.mark.slow  # 混沌测试:默认的 uv run pytest 不跑,.ci/run 用 -m slow 跑
+
 EVENTS = 200
 WORKERS = 3
 MAX_KILLS = 8

@@ -17,6 +17,8 @@ from hypothesis import strategies as st
 import email_poller
 import store_sqlite
 
+pytestmark = pytest.mark.slow  # 模糊测试:默认的 uv run pytest 不跑,.ci/run 用 -m slow 跑
+
 SAMPLES = sorted((LAB / "samples").glob("*.eml"))
 
 

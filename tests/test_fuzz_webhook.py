@@ -18,6 +18,8 @@ from hypothesis import strategies as st
 
 import send_webhook
 
+pytestmark = pytest.mark.slow  # 模糊测试:默认的 uv run pytest 不跑,.ci/run 用 -m slow 跑
+
 SECRET = "fuzz-secret"
 
 header_bytes = st.binary(max_size=200).map(lambda b: bytes(c for c in b if 0x20 <= c <= 0x7E or c >= 0x80).strip(b" "))  # HTTP 头里合法的字节

@@ -127,6 +127,7 @@ def test_sigterm_lets_in_flight_events_finish_and_leaves_the_rest_pending(any_la
     assert statuses == {"waiting_human": len(finished), "pending": 12 - len(finished)}  # 没有卡在 processing 的
 
 
+@pytest.mark.slow  # 负载测试:默认的 uv run pytest 不跑,.ci/run 用 -m slow 跑
 def test_four_workers_500_events_one_killed_then_restart_finishes_with_one_reply_per_ticket(any_lab):
     tickets = add_tickets(500)
     queue(tickets)
