@@ -1,4 +1,5 @@
 """测试共用的东西:每个测试一套全新的临时数据库,环境变量只在这个测试里生效。"""
+import io
 import os
 import select
 import signal
@@ -8,7 +9,7 @@ import subprocess
 import sys
 import threading
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, redirect_stderr, redirect_stdout
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,7 @@ os.environ["AMBIENT_NO_DOTENV"] = "1"  # 不读开发者本机的 .env
 for _name in ("LLM_API_KEY", "LLM_FALLBACK_MODEL", "DATABASE_URL", "SLACK_WEBHOOK_URL", "IMAP_HOST"):
     os.environ.pop(_name, None)
 
+import config  # noqa: E402
 import store  # noqa: E402
 import store_biz  # noqa: E402
 import store_pg  # noqa: E402
@@ -87,6 +89,40 @@ def run(args: list[str], env: dict, timeout: float = 120, input: str | None = No
         out, err = proc.communicate()
     pytest.fail(f"{' '.join(args)[:200]} 超过 {timeout:g} 秒没结束。标准输出:\n{out[-5000:]}\n"
                 f"标准错误(最后是各线程当时的栈):\n{err[-20000:]}", pytrace=False)
+
+
+def cli(args: list[str], env: dict, input: str | None = None) -> subprocess.CompletedProcess:
+    """在本进程里跑一个命令(inbox.py list、worker.py --once……),返回和 run() 一样的 (退出码, stdout, stderr)。
+    走的是 `uv run python <脚本>` 的同一条路:config.run(main, argv),只是不再起一个进程、不再导入一遍 LangGraph。
+    环境变量换成 env,命令结束后复原。进程本身才是要测的东西时(kill -9、信号、.env、编码、导入时的行为)用 run()。"""
+    import importlib
+
+    import llm
+    import llm_offline
+
+    script, *argv = [os.fsdecode(a) for a in args]  # 参数是 bytes 时,像 Python 解码 sys.argv 那样(surrogateescape)
+    main = importlib.import_module("store_cli" if script == "store.py" else script.removesuffix(".py")).main
+    out, err = io.TextIOWrapper(io.BytesIO(), "utf-8"), io.TextIOWrapper(io.BytesIO(), "utf-8", "backslashreplace")
+    saved_env, saved_argv, saved_stdin = dict(os.environ), sys.argv, sys.stdin
+    os.environ.clear()
+    os.environ.update(env)
+    sys.argv, sys.stdin = [script, *argv], io.StringIO(input or "")
+    llm._build.cache_clear()  # 模型每个进程建一次、「使用离线模型」说一次:每个命令都像新进程
+    llm_offline._announced = threading.Lock()
+    try:
+        with redirect_stdout(out), redirect_stderr(err):
+            config.run(main, argv)
+        code = 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        if isinstance(e.code, str):
+            print(e.code, file=err)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved_env)
+        sys.argv, sys.stdin = saved_argv, saved_stdin
+    out.flush(), err.flush()
+    return subprocess.CompletedProcess(args, code, out.buffer.getvalue().decode(), err.buffer.getvalue().decode())
 
 
 # 在 python -c 里接着这一句写:像 python <脚本> 或 python -m <模块> 一样运行 -c 后面的第一个参数(先在 -c 里改点什么)

@@ -10,7 +10,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from conftest import (LAB, checkpoint_bytes, cut_at, dead_owner, die_at, die_before_checkpoint, drain, free_port, rows, run,
+from conftest import (LAB, checkpoint_bytes, cli, cut_at, dead_owner, die_at, die_before_checkpoint, drain, free_port, rows, run,
                       write_locked)
 from openai_stub import OpenAIStub
 
@@ -66,7 +66,7 @@ def queue(*tickets: str) -> None:
 
 
 def inbox(env, *args, **kw) -> subprocess.CompletedProcess:
-    return run(["inbox.py", *args], env, **kw)
+    return cli(["inbox.py", *args], env, **kw)
 
 
 def state(ticket_id: str) -> dict:
@@ -1329,6 +1329,7 @@ def test_a_redraft_that_lands_just_before_your_accept_takes_the_item_is_not_sent
     real_take = store_inbox.take_for_review
 
     def yi_responds_first(event_id, owner=None):
+        monkeypatch.setattr(store_inbox, "take_for_review", real_take)  # 乙的命令照常拿待办
         r = inbox({**lab, "INBOX_USER": "乙"}, "respond", "T1041", "语气再软一点,先道歉")
         assert (r.returncode, r.stdout) == (0, f"已按意见重写,新草稿: {T1041_FIRST_REDRAFT}\n")
         return real_take(event_id, owner)
@@ -1352,6 +1353,7 @@ def test_a_respond_that_loses_the_last_rewrite_to_another_is_refused_and_its_fee
     real_take = store_inbox.take_for_review
 
     def yi_responds_first(event_id, owner=None):
+        monkeypatch.setattr(store_inbox, "take_for_review", real_take)  # 乙的命令照常拿待办
         r = inbox({**lab, "MAX_REDRAFTS": "1", "INBOX_USER": "乙"}, "respond", "T1041", "语气再软一点,先道歉")
         assert (r.returncode, r.stdout) == (0, f"已按意见重写,新草稿: {T1041_FIRST_REDRAFT}\n")
         return real_take(event_id, owner)
@@ -1400,7 +1402,7 @@ def test_a_list_that_cannot_record_what_you_saw_still_shows_the_inbox_at_once_an
     unlocked = time.monotonic() - started  # 没有锁时一次 list 要多久(导入、开库)
     with seen_table_locked(lab):
         started = time.monotonic()
-        listing = inbox(jia, "list", timeout=60)
+        listing = inbox(jia, "list")
         took = time.monotonic() - started
     assert (listing.returncode, listing.stdout, listing.stderr) == (0, second, "")
     assert took < unlocked + 0.5 + 2.5, (took, unlocked)  # 只多等 SEEN_WAIT_S(0.5 秒)
