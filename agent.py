@@ -8,7 +8,6 @@ send 靠 outbox 的 UNIQUE 幂等,重跑只得到 already_sent;ignore 按工单�
 from contextlib import contextmanager
 from typing import Literal
 
-import openai
 from langchain_core.runnables import RunnableConfig
 from langchain_core.utils.function_calling import convert_to_openai_tool
 from langgraph.graph import END, START, StateGraph
@@ -25,7 +24,6 @@ from agent_draft import ask, structured
 from agent_prompt import FORGED_HEADER, for_the_model
 from agent_review import answer_problem, edited_reply, may_respond
 from llm import get_llm
-from llm_errors import REQUEST_TOO_LARGE, status_of
 from llm_offline import FEEDBACK_HEADER, classify, simplified
 from llm_pii import mask_pii, without_control_chars
 
@@ -187,12 +185,13 @@ class PermanentError(Exception):
         self.kept = kept
 
 
-# 重试多少次都没用的错误,worker 和收件箱直接判死信:还有模型说请求不对(400/404/422)或太大(413,没有单独的异常类)
-PERMANENT_ERRORS = (PermanentError, openai.BadRequestError, openai.NotFoundError, openai.UnprocessableEntityError)
-
-
 def is_permanent(error: Exception) -> bool:
-    return isinstance(error, PERMANENT_ERRORS) or status_of(error) == REQUEST_TOO_LARGE
+    """重试多少次都没用的错误,worker 和收件箱直接判死信:PermanentError,还有模型说请求不对或太大的。"""
+    if isinstance(error, PermanentError):
+        return True
+    from llm_errors import rejects_request  # 到要分辨模型的错误时才导入 openai
+
+    return rejects_request(error)
 
 
 # ---- 练习 4:review_log ----

@@ -12,7 +12,6 @@ import store_inbox
 import worker_owner
 from agent import is_permanent
 from agent_run import FINISHED, finished_status
-from llm_errors import describe
 
 
 class Refused(Exception):
@@ -109,6 +108,8 @@ def after_failure(graph, ev: dict, cfg: dict, e: BaseException) -> Result:
     # 意见已经记在 checkpoint 里,--requeue-dead 之后从 draft 带着意见接着跑
     dead = not interrupted and status == "pending" and is_permanent(e)
     requeue = store_events.requeue_dead_command([ev["event_id"]]) if dead else None
+    from llm_errors import describe  # 分辨模型的错误要导入 openai:到出错时才导入
+
     owner, what = worker_owner.inbox_owner(), "被中断(Ctrl-C)" if interrupted else describe(e, requeue=requeue)
     if dead:
         store.set_status(ev["event_id"], "dead", what, owner=owner)

@@ -7,12 +7,7 @@ import json
 from functools import lru_cache, partial
 from urllib.parse import urlsplit
 
-import openai
-
 import config
-import llm_deadline
-from llm_errors import TRANSIENT_ERRORS, BackupFailed, _chat_classes
-from llm_offline import OfflineChatModel, _announce_offline
 
 
 def get_llm(temperature: float = 0):
@@ -23,11 +18,19 @@ def get_llm(temperature: float = 0):
 @lru_cache(maxsize=8)
 def _build(temperature, api_key, model, base_url, extra_body, fallback_model, fallback_url, fallback_key, timeout,
            retries, primary_share):
+    # 模型的库到要起草时才导入(这里):收件箱的 list、accept 和空队列的 worker 用不上它们,启动省下半秒多
     if not api_key:
+        from llm_offline import OfflineChatModel, _announce_offline
+
         _announce_offline()
         return OfflineChatModel()
-    extra = json.loads(extra_body)  # llm_settings() 检查过了
+    import openai
     from langchain_openai import ChatOpenAI
+
+    import llm_deadline
+    from llm_errors import TRANSIENT_ERRORS, BackupFailed, _chat_classes
+
+    extra = json.loads(extra_body)  # llm_settings() 检查过了
 
     def chat(cls, name: str, url: str, key: str, share: float = 1.0):
         # 自己给 HTTP 客户端(openai 的默认设置),为挂上整体时限的两个钩子;本机的模型服务(Ollama、vLLM 开在 127.0.0.1)

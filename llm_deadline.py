@@ -9,15 +9,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 
-import openai
-
 import config
-
-
-try:  # 服务端让等得比这更久(秒)时 openai 客户端不重试、马上抛错;是它的私有常量,换版本时可能挪走
-    from openai._constants import MAX_RETRY_AFTER_DELAY
-except ImportError:  # pragma: no cover
-    MAX_RETRY_AFTER_DELAY = 120
 
 
 DEADLINE_SLACK_S = 0.1  # 秒;被时限截短的等待到点抛错时,离时限最多差这么多(计时器的粒度)
@@ -51,7 +43,10 @@ def deadline():
     token = _budget.set(budget)
     try:
         yield
-    except openai.APITimeoutError as e:
+    except Exception as e:
+        openai = sys.modules.get("openai")  # 离线模型不导入 openai,也就没有它的超时
+        if openai is None or not isinstance(e, openai.APITimeoutError):
+            raise
         if not budget.cut or time.monotonic() < budget.ends_at - DEADLINE_SLACK_S:
             # 一次普通的超时(LLM_TIMEOUT_S),时限还没到;或者主模型用完了它那一份、备用模型很快就失败了(500、401):
             # 说成「用完了整体时限」的话,人会去调大 LLM_DEADLINE_S,而不是去修备用模型
@@ -72,6 +67,8 @@ def _within_deadline(request, share: float = 1.0) -> None:
     left = budget.ends_for(share) - time.monotonic()
     if left <= 0:
         budget.cut = True
+        import openai  # 钩子只挂在真模型的 HTTP 客户端上:openai 早已导入
+
         # 抛 OpenAIError 的子类:OpenAI 客户端原样抛出,不再等待、不再重试;备用模型的请求也在这里被挡下
         raise openai.APITimeoutError(request=request)
     timeout = request.extensions.get("timeout") or dict.fromkeys(("connect", "read", "write", "pool"))
@@ -92,6 +89,10 @@ def _response_within_deadline(response, share: float = 1.0) -> None:
     budget = _budget.get()
     if budget is None:
         return
+    try:  # 服务端让等得比这更久(秒)时 openai 客户端不重试、马上抛错;是它的私有常量,换版本时可能挪走
+        from openai._constants import MAX_RETRY_AFTER_DELAY
+    except ImportError:  # pragma: no cover
+        MAX_RETRY_AFTER_DELAY = 120
     ends_at = budget.ends_for(share)
     left = ends_at - time.monotonic()
     for header, per_second in (("retry-after-ms", 1000), ("retry-after", 1)):

@@ -51,6 +51,12 @@ def status_of(error: Exception) -> int | None:
     return getattr(error, "status_code", None) if isinstance(error, openai.APIStatusError) else None
 
 
+def rejects_request(error: Exception) -> bool:
+    """模型服务说请求不对(400/404/422)或太大(413,没有单独的异常类):换个时间再发也一样,直接死信(agent.is_permanent)。"""
+    return (isinstance(error, (openai.BadRequestError, openai.NotFoundError, openai.UnprocessableEntityError))
+            or status_of(error) == REQUEST_TOO_LARGE)
+
+
 def describe(error: Exception, *, requeue: str | None = None) -> str:
     """写进 last_error、打印给人看的错误:类型名 + 原文(+ 怎么修),打过码。worker 和收件箱共用。
     requeue:事件进了死信时,把它放回队列的命令(store_events.requeue_dead_command,带着这个事件号:不带事件号的

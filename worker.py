@@ -34,11 +34,11 @@ import store_errors  # noqa: E402
 import store_events  # noqa: E402
 import store_pg  # noqa: E402
 import worker_owner  # noqa: E402
-from agent import PermanentError, is_permanent, open_graph, thread_of  # noqa: E402
 from agent_run import FINISHED, finished_status, interrupted_status  # noqa: E402
 from agent_run import check_settings as graph_settings  # noqa: E402
-from agent_saver import known_new  # noqa: E402
-from llm_errors import describe  # noqa: E402
+from agent_saver import known_new, open_saver  # noqa: E402
+# agent.py(open_graph、thread_of、PermanentError)到领到第一个事件时才导入(Worker.graph):导入 LangGraph 的图要半秒多,
+# crontab 每分钟跑一次的 worker.py --once 多半遇上空队列,用不上它
 from llm_pii import mask_pii  # noqa: E402
 
 
@@ -120,6 +120,8 @@ def requeue_stale(minutes: float) -> int:
 
 def handle(graph, ev: dict) -> str:
     """跑一个事件,返回它的新状态。"""
+    from agent import thread_of
+
     ticket_id = payload_ticket(ev)
     cfg = thread_of(ticket_id, ev["event_id"])
     snap = graph.get_state(cfg)
@@ -146,6 +148,8 @@ def handle(graph, ev: dict) -> str:
 
 def process(graph, ev: dict, owner: str) -> str:
     """处理一个领到的事件,改好状态,打印一行,返回新状态。"""
+    from agent import PermanentError, is_permanent
+
     failed, not_before = None, None
     try:
         status = handle(graph, ev)
@@ -158,7 +162,12 @@ def process(graph, ev: dict, owner: str) -> str:
         status = "dead" if is_permanent(e) or ev["attempts"] >= config.value("MAX_ATTEMPTS") else "pending"
         not_before = store.minutes_from_now(backoff_minutes(ev["attempts"])) if status == "pending" else None
     requeue = store_events.requeue_dead_command([ev["event_id"]]) if status == "dead" else None
-    why = failed and describe(failed, requeue=requeue)
+    if failed:
+        from llm_errors import describe  # 分辨模型的错误要导入 openai:到出错时才导入
+
+        why = describe(failed, requeue=requeue)
+    else:
+        why = None
     kept = store.set_status(ev["event_id"], status, why, not_before=not_before, owner=owner,
                             claimed_at=ev.get("updated_at"))
     # 慢到被放回队列、又被别人领走了:不覆盖,说一声
@@ -184,7 +193,22 @@ class Worker(worker_pool.WorkerBase):
         self._requeue_lock = threading.Lock()
         self._requeued_at = -math.inf
         store.init()
-        self.graph, self.conn = open_graph()
+        self.saver, self.conn = open_saver()  # agent.open_graph 的前一半;图在 graph 里,用到时才建
+        self._graph, self._graph_lock = None, threading.Lock()
+
+    @property
+    def graph(self):
+        """agent.py 的图,第一次用到(领到第一个事件)时才导入、编译;几个处理线程同时来时只编一次。"""
+        with self._graph_lock:
+            if self._graph is None:
+                from agent import builder
+
+                self._graph = builder.compile(checkpointer=self.saver)
+            return self._graph
+
+    @graph.setter
+    def graph(self, graph) -> None:  # bench/worker.py 换上装了计时的图
+        self._graph = graph
 
     def requeue(self, *, unless_recent: bool = False) -> None:
         """放回卡住的事件。处理线程每领一个事件前都来问一次(unless_recent):上次查过还不到 POLL_SECONDS 就不查,
@@ -360,6 +384,8 @@ def requeue_dead(event_ids: list[str]) -> int:
 
 # ---- 练习 2:PermanentError,坏的输入直接进死信 ----
 def payload_ticket(ev: dict) -> str:
+    from agent import PermanentError
+
     try:
         payload = json.loads(ev["payload"])
     except ValueError as e:
