@@ -43,8 +43,8 @@ def print_header(title: str, command: str) -> None:
 
 
 def positive_int(text: str) -> int:
-    """argparse 的 type:轮数、请求数这类只能是正整数。原来 0 悄悄换成默认值(「or 默认值」),负数算出 nan 的比值、
-    旁边还打 ✓,-1 个请求是 ZeroDivisionError 的 traceback。"""
+    """argparse 的 type:轮数、请求数这类只能是正整数。0 和负数在这里就被拒绝,说一行:不然 0 会被「or 默认值」
+    悄悄换掉,负数算出 nan 的比值、旁边还打 ✓,-1 个请求是 ZeroDivisionError 的 traceback。"""
     try:
         value = int(text)
     except ValueError:
@@ -56,7 +56,7 @@ def positive_int(text: str) -> int:
 
 def command_line(script: str) -> str:
     """这次运行的命令,照着能原样再跑一遍(带上参数;设了 TEST_DATABASE_URL 或 DATABASE_URL 的也写出来,值不写:
-    原来只认 TEST_DATABASE_URL,用 DATABASE_URL 跑的那次印出来的命令照着敲只测 SQLite)。"""
+    两个都认:用 DATABASE_URL 跑的那次,印出来的命令照着敲也测 PostgreSQL)。"""
     prefix = "".join(f"{name}=… " for name in ("TEST_DATABASE_URL", "DATABASE_URL") if os.environ.get(name))
     return " ".join([f"{prefix}uv run python {script}", *sys.argv[1:]])
 

@@ -218,7 +218,7 @@ def check_answers(answers: list, duplicate: bool) -> int:
 
 def durability(events_db: Path) -> str:
     """这次的事件库的落盘设置:journal_mode 记在库文件里;synchronous 是每个连接自己的,用写库进程同样的
-    store.connect(durable=True) 打开一个连接读出来。原来表头里写死了一句「WAL、synchronous=FULL」。"""
+    store.connect(durable=True) 打开一个连接读出来:表头写的是这次真的设置,不是照抄的一句。"""
     conn = store.connect(events_db, durable=True)
     try:
         mode = conn.execute("PRAGMA journal_mode").fetchone()[0]

@@ -572,7 +572,7 @@ def report_overhead(results: dict[str, dict[str, list[dict]]]) -> dict[str, tupl
         base = [r["floor_ms"] for r in runs["offline"]]
         stub = [r["elapsed"] / r["events"] * 1000 for r in runs["stub"]]
         # 和课文的写法比,要走同一条模型路径:课文的写法只能连模型服务(真 HTTP + ChatOpenAI),所以拿 worker 的「本机模型
-        # 服务」那一行比。原来拿离线模型那一行(进程里直接回答,没有 HTTP)去比,比值小了将近一半(0.27 对 0.52)
+        # 服务」那一行比。拿离线模型那一行(进程里直接回答,没有 HTTP)去比的话,比值小将近一半(0.27 对 0.52)
         per_db[db] = (median(off), lesson_ratio(runs["stub"], lesson) if lesson else None, floor_ratio)
         exit_ = [r["elapsed"] / r["events"] * 1000 for r in runs["exit"]]
         cpu = {name: median(r["cpu_ms"] for r in runs[name]) for name in ("offline", "stub", "exit")}
