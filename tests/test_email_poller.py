@@ -1,4 +1,6 @@
 """email_poller.py:对着测试里起的真 IMAP 服务器(pymap,内存后端,只听 127.0.0.1)收信,以及离线 .eml 模式。"""
+import argparse
+import asyncio
 import base64
 import hashlib
 import imaplib
@@ -9,10 +11,10 @@ import socket
 import ssl
 import struct
 import subprocess
-import sys
 import threading
 import time
 import unicodedata
+from contextlib import AsyncExitStack
 from pathlib import Path
 
 import pytest
@@ -30,7 +32,6 @@ from conftest import LAB, cut_connections, rows, run, write_locked
 
 SAMPLES = LAB / "samples"
 USER, PASSWORD = "kefu@cloudledger.test", "imap-app-code-7788"  # 测试邮箱的账号和「授权码」
-PYMAP = Path(sys.executable).with_name("pymap")
 MAIL_TICKETS = "SELECT id, customer_id, subject, body, status FROM tickets WHERE id LIKE 'M%' ORDER BY id"
 EVENTS = "SELECT event_id, source, kind, payload, status FROM events ORDER BY event_id"
 
@@ -60,10 +61,52 @@ def mail(message_id: str | None, sender: str, subject: str, body: str) -> bytes:
 
 # ---------------------------------------------------------------- 真 IMAP 服务器
 class ImapServer:
-    """pymap 的内存后端,跑在子进程里。测试用它往收件箱里投信、看哪些信还没读。"""
+    """pymap 的内存后端,跑在 pytest 进程的一个线程里,每个模块起一个(见 pymap_server)。每个测试开始前清空这个账号的
+    邮箱(reset),所以每个测试拿到的都是空收件箱、UID 从 101 开始。测试用它往收件箱里投信、看哪些信还没读。"""
 
-    def __init__(self, port: int, proc: subprocess.Popen):
-        self.port, self.proc = port, proc
+    def __init__(self) -> None:
+        from pymap.backend.dict import DictBackend
+        from pymap.imap import IMAPService
+
+        self.port = free_port()
+        parser = argparse.ArgumentParser()  # 和命令行 pymap --host … --no-tls dict --demo-user … 一样的参数
+        DictBackend.add_subparser("dict", parser.add_subparsers(dest="backend"))
+        IMAPService.add_arguments(parser)
+        parser.set_defaults(debug=False, skip_services=[], passlib_cfg=None)
+        args = parser.parse_args(["--host", "127.0.0.1", "--port", str(self.port), "--no-tls",
+                                  "dict", "--demo-user", USER, "--demo-password", PASSWORD])
+        ready, failed = threading.Event(), []
+
+        async def serve() -> None:
+            try:
+                backend, self.config = await DictBackend.init(args)
+                self.config.apply_context()
+                self.loop = asyncio.get_running_loop()
+                self.stopped = self.loop.create_future()
+                async with AsyncExitStack() as stack:
+                    await IMAPService(backend, self.config).start(stack)
+                    ready.set()
+                    await self.stopped
+            except BaseException as e:
+                failed.append(e)
+                ready.set()
+                raise
+
+        self.thread = threading.Thread(target=asyncio.run, args=(serve(),), name="pymap", daemon=True)
+        self.thread.start()
+        if not ready.wait(20) or failed:
+            raise RuntimeError(f"pymap 没起来:{failed!r}")
+
+    def reset(self) -> None:
+        """这个账号的邮箱全部清掉(文件夹、信、旗标):下次登录时是一个新的空收件箱,UID 又从 101 开始。"""
+        asyncio.run_coroutine_threadsafe(self._forget_mailboxes(), self.loop).result(10)
+
+    async def _forget_mailboxes(self) -> None:
+        self.config.set_cache.pop(USER, None)
+
+    def stop(self) -> None:
+        self.loop.call_soon_threadsafe(self.stopped.set_result, None)
+        self.thread.join(10)
 
     def client(self) -> imaplib.IMAP4:
         imap = imaplib.IMAP4("127.0.0.1", self.port, timeout=10)
@@ -98,31 +141,20 @@ class ImapServer:
         return sorted(uid for uid, f in self.flags().items() if "\\Seen" not in f)
 
 
-def wait_for_imap(port: int, proc: subprocess.Popen) -> None:
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"pymap 没起来:{proc.stderr.read().decode()}")
-        try:
-            imaplib.IMAP4("127.0.0.1", port, timeout=2).logout()
-            return
-        except OSError:
-            time.sleep(0.05)
-    raise RuntimeError("pymap 20 秒内没有开始监听")
+@pytest.fixture(scope="module")
+def pymap_server():
+    server = ImapServer()
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 @pytest.fixture
-def imap_server():
-    port = free_port()
-    proc = subprocess.Popen([str(PYMAP), "--host", "127.0.0.1", "--port", str(port), "--no-tls",
-                             "dict", "--demo-user", USER, "--demo-password", PASSWORD],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
-        wait_for_imap(port, proc)
-        yield ImapServer(port, proc)
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+def imap_server(pymap_server):
+    """这个测试自己的空收件箱(同一个 pymap,开始前清空)。"""
+    pymap_server.reset()
+    return pymap_server
 
 
 @pytest.fixture
