@@ -1,4 +1,6 @@
 """email_poller.py:对着测试里起的真 IMAP 服务器(pymap,内存后端,只听 127.0.0.1)收信,以及离线 .eml 模式。"""
+import argparse
+import asyncio
 import base64
 import hashlib
 import imaplib
@@ -9,10 +11,10 @@ import socket
 import ssl
 import struct
 import subprocess
-import sys
 import threading
 import time
 import unicodedata
+from contextlib import AsyncExitStack
 from pathlib import Path
 
 import pytest
@@ -26,11 +28,11 @@ import store
 import store_biz
 import store_events
 import store_pg
-from conftest import LAB, cut_connections, rows, run, write_locked
+import store_sqlite
+from conftest import LAB, cli, cut_connections, rows, run, write_locked
 
 SAMPLES = LAB / "samples"
 USER, PASSWORD = "kefu@cloudledger.test", "imap-app-code-7788"  # 测试邮箱的账号和「授权码」
-PYMAP = Path(sys.executable).with_name("pymap")
 MAIL_TICKETS = "SELECT id, customer_id, subject, body, status FROM tickets WHERE id LIKE 'M%' ORDER BY id"
 EVENTS = "SELECT event_id, source, kind, payload, status FROM events ORDER BY event_id"
 
@@ -60,10 +62,54 @@ def mail(message_id: str | None, sender: str, subject: str, body: str) -> bytes:
 
 # ---------------------------------------------------------------- 真 IMAP 服务器
 class ImapServer:
-    """pymap 的内存后端,跑在子进程里。测试用它往收件箱里投信、看哪些信还没读。"""
+    """pymap 的内存后端,跑在 pytest 进程的一个线程里,每个模块起一个(见 pymap_server)。每个测试开始前清空这个账号的
+    邮箱(reset),所以每个测试拿到的都是空收件箱、UID 从 101 开始。测试用它往收件箱里投信、看哪些信还没读。"""
 
-    def __init__(self, port: int, proc: subprocess.Popen):
-        self.port, self.proc = port, proc
+    def __init__(self) -> None:
+        from pymap.backend.dict import DictBackend
+        from pymap.imap import IMAPService
+        from pysasl.hashing import BuiltinHash
+
+        self.port = free_port()
+        parser = argparse.ArgumentParser()  # 和命令行 pymap --host … --no-tls dict --demo-user … 一样的参数
+        DictBackend.add_subparser("dict", parser.add_subparsers(dest="backend"))
+        IMAPService.add_arguments(parser)
+        parser.set_defaults(debug=False, skip_services=[], passlib_cfg=None)
+        args = parser.parse_args(["--host", "127.0.0.1", "--port", str(self.port), "--no-tls",
+                                  "dict", "--demo-user", USER, "--demo-password", PASSWORD])
+        ready, failed = threading.Event(), []
+
+        async def serve() -> None:
+            try:
+                # 登录时的密码校验用便宜的哈希:默认的 pbkdf2 50 万轮每次登录要 0.13 秒,每个测试登录十来次
+                backend, self.config = await DictBackend.init(args, hash_context=BuiltinHash(rounds=1))
+                self.config.apply_context()
+                self.loop = asyncio.get_running_loop()
+                self.stopped = self.loop.create_future()
+                async with AsyncExitStack() as stack:
+                    await IMAPService(backend, self.config).start(stack)
+                    ready.set()
+                    await self.stopped
+            except BaseException as e:
+                failed.append(e)
+                ready.set()
+                raise
+
+        self.thread = threading.Thread(target=asyncio.run, args=(serve(),), name="pymap", daemon=True)
+        self.thread.start()
+        if not ready.wait(20) or failed:
+            raise RuntimeError(f"pymap 没起来:{failed!r}")
+
+    def reset(self) -> None:
+        """这个账号的邮箱全部清掉(文件夹、信、旗标):下次登录时是一个新的空收件箱,UID 又从 101 开始。"""
+        asyncio.run_coroutine_threadsafe(self._forget_mailboxes(), self.loop).result(10)
+
+    async def _forget_mailboxes(self) -> None:
+        self.config.set_cache.pop(USER, None)
+
+    def stop(self) -> None:
+        self.loop.call_soon_threadsafe(self.stopped.set_result, None)
+        self.thread.join(10)
 
     def client(self) -> imaplib.IMAP4:
         imap = imaplib.IMAP4("127.0.0.1", self.port, timeout=10)
@@ -98,31 +144,26 @@ class ImapServer:
         return sorted(uid for uid, f in self.flags().items() if "\\Seen" not in f)
 
 
-def wait_for_imap(port: int, proc: subprocess.Popen) -> None:
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"pymap 没起来:{proc.stderr.read().decode()}")
-        try:
-            imaplib.IMAP4("127.0.0.1", port, timeout=2).logout()
-            return
-        except OSError:
-            time.sleep(0.05)
-    raise RuntimeError("pymap 20 秒内没有开始监听")
+@pytest.fixture(scope="module")
+def pymap_server():
+    server = ImapServer()
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 @pytest.fixture
-def imap_server():
-    port = free_port()
-    proc = subprocess.Popen([str(PYMAP), "--host", "127.0.0.1", "--port", str(port), "--no-tls",
-                             "dict", "--demo-user", USER, "--demo-password", PASSWORD],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
-        wait_for_imap(port, proc)
-        yield ImapServer(port, proc)
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+def imap_server(pymap_server):
+    """这个测试自己的空收件箱(同一个 pymap,开始前清空)。"""
+    pymap_server.reset()
+    return pymap_server
+
+
+@pytest.fixture(autouse=True)
+def in_lab(monkeypatch):
+    """cli() 在 pytest 进程里跑命令:和 run() 一样在实验目录里,samples/… 这样的相对路径才找得到。"""
+    monkeypatch.chdir(LAB)
 
 
 @pytest.fixture
@@ -143,7 +184,7 @@ LI = mail("<t3@example.com>", "li.na@example.com", "扣款", "又被扣了一次
 # ---------------------------------------------------------------- 收信:正常路径
 def test_poll_stores_known_customers_skips_strangers_and_marks_every_handled_mail_seen(imap_env, imap_server):
     imap_server.append(ZHANG, STRANGER, LI)
-    r = run(["email_poller.py"], imap_env)
+    r = cli(["email_poller.py"], imap_env)
     assert (r.returncode, r.stderr) == (0, "")
     t1, t3 = ticket_of("<t1@example.com>"), ticket_of("<t3@example.com>")
     assert r.stdout.splitlines() == [
@@ -166,7 +207,7 @@ def test_poll_stores_known_customers_skips_strangers_and_marks_every_handled_mai
     ]
     assert imap_server.flags() == {101: {"\\Seen"}, 102: {"\\Seen"}, 103: {"\\Seen"}}
 
-    again = run(["email_poller.py"], imap_env)  # 没有新信:什么都不做
+    again = cli(["email_poller.py"], imap_env)  # 没有新信:什么都不做
     assert (again.returncode, again.stdout, again.stderr) == (
         0, "本次收取 0 封:新工单 0,重复 0,跳过 0,无法解析 0,存储失败 0\n", "")
     assert len(rows(EVENTS)) == 2
@@ -174,9 +215,9 @@ def test_poll_stores_known_customers_skips_strangers_and_marks_every_handled_mai
 
 def test_same_mail_delivered_again_is_reported_duplicate_and_marked_seen(imap_env, imap_server):
     imap_server.append(ZHANG)
-    assert run(["email_poller.py"], imap_env).returncode == 0
+    assert cli(["email_poller.py"], imap_env).returncode == 0
     imap_server.append(ZHANG)  # 上游重投:同一个 Message-ID,新的 UID
-    r = run(["email_poller.py"], imap_env)
+    r = cli(["email_poller.py"], imap_env)
     assert (r.returncode, r.stderr) == (0, "")
     assert r.stdout.splitlines() == ["duplicate  UID 102",
                                      "本次收取 1 封:新工单 0,重复 1,跳过 0,无法解析 0,存储失败 0"]
@@ -186,7 +227,7 @@ def test_same_mail_delivered_again_is_reported_duplicate_and_marked_seen(imap_en
 
 def test_broken_mail_is_reported_with_its_reason_flagged_for_a_human_and_others_go_on(imap_env, imap_server):
     imap_server.append(sample("10_broken.eml"), ZHANG)
-    r = run(["email_poller.py"], imap_env)
+    r = cli(["email_poller.py"], imap_env)
     assert r.returncode == 1
     assert r.stderr == "无法解析:没有邮件头,不像一封邮件(文件被截断或损坏?)  UID 101\n"
     assert r.stdout.splitlines() == [f"{ticket_of('<t1@example.com>')}  UID 102",
@@ -203,7 +244,7 @@ def test_a_mail_the_email_library_chokes_on_is_reported_with_the_library_error_a
         b"Content-Transfer-Encoding: 8bit", b"Content-Transfer-Encoding: 8bit\nContent-Disposition: inline; "
                                             b"filename*=\x00''note.txt")
     imap_server.append(choking, ZHANG)
-    r = run(["email_poller.py"], imap_env)
+    r = cli(["email_poller.py"], imap_env)
     assert (r.returncode, r.stderr) == (1, "无法解析:ValueError: embedded null character  UID 101\n")
     assert r.stdout.splitlines() == [f"{ticket_of('<t1@example.com>')}  UID 102",
                                      "本次收取 2 封:新工单 1,重复 0,跳过 0,无法解析 1,存储失败 0"]
@@ -216,7 +257,7 @@ def test_a_mail_without_a_sender_address_is_reported_with_the_phone_number_in_it
     """From 头里没有地址、只有名字和手机号:原因里带的 From 头先打码再打到 stderr(手机号不能原样进 cron 的日志)。
     这封信和别的坏信一样标已读加星标留给人看,其他邮件照常。"""
     imap_server.append(mail("<nofrom@example.com>", "张伟 13812345678", "发票", "发票开错了。"), ZHANG)
-    r = run(["email_poller.py"], imap_env)
+    r = cli(["email_poller.py"], imap_env)
     assert r.returncode == 1
     assert r.stderr == "无法解析:找不到发件人地址(From: '张伟 138****5678')  UID 101\n"
     assert "13812345678" not in r.stderr + r.stdout
@@ -234,7 +275,7 @@ def test_a_mail_cut_inside_its_headers_is_flagged_not_stored_and_its_full_copy_l
     一行原因、标已读加星标留给人看、不入库,其他邮件照常;完整的那封到了照常建工单,正文是客户写的。"""
     full = sample("01_utf8_plain.eml")
     imap_server.append(full[:300], LI)
-    r = run(["email_poller.py"], imap_env)
+    r = cli(["email_poller.py"], imap_env)
     t3 = ticket_of("<t3@example.com>")
     assert (r.returncode, r.stdout, r.stderr) == (
         1, f"{t3}  UID 102\n本次收取 2 封:新工单 1,重复 0,跳过 0,无法解析 1,存储失败 0\n",
@@ -244,7 +285,7 @@ def test_a_mail_cut_inside_its_headers_is_flagged_not_stored_and_its_full_copy_l
     assert [e[0] for e in rows(EVENTS)] == ["<t3@example.com>"]
 
     imap_server.append(full)  # 完整的那封(上游重投)
-    again = run(["email_poller.py"], imap_env)
+    again = cli(["email_poller.py"], imap_env)
     t1 = ticket_of(sample_id("01_utf8_plain.eml"))
     assert (again.returncode, again.stdout, again.stderr) == (
         0, f"{t1}  UID 103\n本次收取 1 封:新工单 1,重复 0,跳过 0,无法解析 0,存储失败 0\n", "")
@@ -262,7 +303,7 @@ def test_mails_whose_message_ids_differ_only_in_chinese_characters_are_two_ticke
     a, b = "<工单三@example.com>", "<退款四@example.com>"
     imap_server.append(mail(a, "zhang.wei@example.com", "第三封", "发票开错了。"),
                        mail(b, "li.na@example.com", "第四封", "我要退款。"))
-    r = run(["email_poller.py"], imap_env)
+    r = cli(["email_poller.py"], imap_env)
     ta, tb = ticket_of(a), ticket_of(b)
     assert (r.returncode, r.stdout, r.stderr) == (
         0, f"{ta}  UID 101\n{tb}  UID 102\n本次收取 2 封:新工单 2,重复 0,跳过 0,无法解析 0,存储失败 0\n", "")
@@ -272,7 +313,7 @@ def test_mails_whose_message_ids_differ_only_in_chinese_characters_are_two_ticke
     assert sorted((e[0], store_events.ticket_of(e[3])) for e in rows(EVENTS)) == sorted([(a, ta), (b, tb)])
 
     imap_server.append(mail(b, "li.na@example.com", "第四封", "我要退款。"))  # 上游重投:这才是重复
-    again = run(["email_poller.py"], imap_env)
+    again = cli(["email_poller.py"], imap_env)
     assert (again.returncode, again.stdout, again.stderr) == (
         0, "duplicate  UID 103\n本次收取 1 封:新工单 0,重复 1,跳过 0,无法解析 0,存储失败 0\n", "")
     assert imap_server.unseen() == [] and len(rows(EVENTS)) == len(biz_rows(MAIL_TICKETS)) == 2
@@ -296,7 +337,7 @@ def test_mail_stays_unseen_when_storing_the_event_fails_and_is_picked_up_next_ru
     """工单已经写进业务库、事件写失败 —— 和「两个库之间进程崩了」是同一个局面。下次运行要补上事件,工单号不变。"""
     imap_server.append(ZHANG)
     sql_on(store.events_db(), FAIL_EVENTS)
-    r = run(["email_poller.py"], imap_env)
+    r = cli(["email_poller.py"], imap_env)
     assert r.returncode == 1
     assert r.stderr == ("存储失败,邮件保持未读,下次再收:IntegrityError: 磁盘写满了(测试制造的故障)  UID 101\n")
     assert r.stdout == "本次收取 1 封:新工单 0,重复 0,跳过 0,无法解析 0,存储失败 1\n"
@@ -306,7 +347,7 @@ def test_mail_stays_unseen_when_storing_the_event_fails_and_is_picked_up_next_ru
     assert rows(EVENTS) == []
 
     sql_on(store.events_db(), "DROP TRIGGER broken")  # 故障修好了
-    r = run(["email_poller.py"], imap_env)
+    r = cli(["email_poller.py"], imap_env)
     assert (r.returncode, r.stderr) == (0, "")
     assert r.stdout.splitlines() == [f"{t1}  UID 101", "本次收取 1 封:新工单 1,重复 0,跳过 0,无法解析 0,存储失败 0"]
     assert imap_server.unseen() == []
@@ -318,7 +359,7 @@ def test_mail_stays_unseen_when_storing_the_event_fails_and_is_picked_up_next_ru
 def test_mail_stays_unseen_when_storing_the_ticket_fails_and_nothing_is_half_stored(imap_env, imap_server):
     imap_server.append(ZHANG, LI)
     sql_on(store.biz_db(), FAIL_TICKETS)
-    r = run(["email_poller.py"], imap_env)
+    r = cli(["email_poller.py"], imap_env)
     assert (r.returncode, r.stdout) == (1, "本次收取 2 封:新工单 0,重复 0,跳过 0,无法解析 0,存储失败 2\n")
     assert r.stderr.splitlines() == [
         "存储失败,邮件保持未读,下次再收:IntegrityError: 磁盘写满了(测试制造的故障)  UID 101",
@@ -326,7 +367,7 @@ def test_mail_stays_unseen_when_storing_the_ticket_fails_and_nothing_is_half_sto
     assert (imap_server.unseen(), biz_rows(MAIL_TICKETS), rows(EVENTS)) == ([101, 102], [], [])
 
     sql_on(store.biz_db(), "DROP TRIGGER broken")
-    r = run(["email_poller.py"], imap_env)
+    r = cli(["email_poller.py"], imap_env)
     assert (r.returncode, r.stderr) == (0, "")
     assert r.stdout.splitlines() == [f"{ticket_of('<t1@example.com>')}  UID 101",
                                      f"{ticket_of('<t3@example.com>')}  UID 102",
@@ -338,8 +379,9 @@ def test_a_write_locked_database_stops_the_run_at_the_first_mail_and_leaves_the_
     """事件库被别人占着写锁超过 BUSY_TIMEOUT_S:第一封已知客户的信存不进去,这一轮就停下(后面的每封都要白等一遍锁),
     剩下的不取、保持未读;一行说明,退出码 1。锁放开之后下一次全部收好,工单号不变。"""
     imap_server.append(ZHANG, STRANGER, LI)
+    store_sqlite.close_connections()  # 像新进程一样按 BUSY_TIMEOUT_S 打开连接,不用测试这边留着的(默认等 30 秒)
     with write_locked():
-        r = run(["email_poller.py"], {**imap_env, "BUSY_TIMEOUT_S": "0.2"})
+        r = cli(["email_poller.py"], {**imap_env, "BUSY_TIMEOUT_S": "0.2"})
     assert r.returncode == 1
     assert r.stderr.splitlines() == [
         "存储失败,邮件保持未读,下次再收:数据库暂时用不了(OperationalError: database is locked)  UID 101",
@@ -348,7 +390,7 @@ def test_a_write_locked_database_stops_the_run_at_the_first_mail_and_leaves_the_
     t1, t3 = ticket_of("<t1@example.com>"), ticket_of("<t3@example.com>")
     assert (imap_server.unseen(), [t[0] for t in biz_rows(MAIL_TICKETS)], rows(EVENTS)) == ([101, 102, 103], [t1], [])
 
-    r = run(["email_poller.py"], imap_env)
+    r = cli(["email_poller.py"], imap_env)
     assert (r.returncode, r.stderr) == (0, "")
     assert r.stdout.splitlines() == [f"{t1}  UID 101", "skip: 不是已知客户  UID 102", f"{t3}  UID 103",
                                      "本次收取 3 封:新工单 2,重复 0,跳过 1,无法解析 0,存储失败 0"]
@@ -358,15 +400,16 @@ def test_a_write_locked_database_stops_the_run_at_the_first_mail_and_leaves_the_
 def test_offline_run_on_a_write_locked_database_stops_at_the_first_failure_and_says_what_is_left(lab, tmp_path):
     (tmp_path / "a.eml").write_bytes(ZHANG)
     (tmp_path / "b.eml").write_bytes(LI)
+    store_sqlite.close_connections()  # 像新进程一样按 BUSY_TIMEOUT_S 打开连接,不用测试这边留着的(默认等 30 秒)
     with write_locked():
-        r = run(["email_poller.py", "--eml", str(tmp_path)], {**lab, "BUSY_TIMEOUT_S": "0.2"})
+        r = cli(["email_poller.py", "--eml", str(tmp_path)], {**lab, "BUSY_TIMEOUT_S": "0.2"})
     assert (r.returncode, r.stdout) == (1, "本次收取 1 封:新工单 0,重复 0,跳过 0,无法解析 0,存储失败 1\n")
     assert r.stderr.splitlines() == [
         "存储失败,修好后重跑这条命令,已经存好的会显示 duplicate:数据库暂时用不了(OperationalError: database is locked)"
         f"  {tmp_path}/a.eml",
         "数据库暂时用不了,这一轮停下:剩下的 1 个文件没有处理,修好后重跑这条命令"]
     assert rows(EVENTS) == []
-    again = run(["email_poller.py", "--eml", str(tmp_path)], lab)
+    again = cli(["email_poller.py", "--eml", str(tmp_path)], lab)
     assert (again.returncode, again.stderr) == (0, "")
     assert again.stdout.splitlines() == [f"{ticket_of('<t1@example.com>')}  {tmp_path}/a.eml",
                                          f"{ticket_of('<t3@example.com>')}  {tmp_path}/b.eml",
@@ -394,14 +437,14 @@ def test_cut_database_connections_before_the_first_mail_stop_the_run_in_one_line
 def test_offline_storage_failure_says_to_rerun_and_the_rerun_heals(lab, tmp_path):
     (tmp_path / "a.eml").write_bytes(ZHANG)
     sql_on(store.events_db(), FAIL_EVENTS)
-    r = run(["email_poller.py", "--eml", str(tmp_path)], lab)
+    r = cli(["email_poller.py", "--eml", str(tmp_path)], lab)
     assert (r.returncode, r.stderr) == (1, "存储失败,修好后重跑这条命令,已经存好的会显示 duplicate:"
                                            f"IntegrityError: 磁盘写满了(测试制造的故障)  {tmp_path}/a.eml\n")
     assert r.stdout == "本次收取 1 封:新工单 0,重复 0,跳过 0,无法解析 0,存储失败 1\n"
     t1 = ticket_of("<t1@example.com>")
     assert ([t[0] for t in biz_rows(MAIL_TICKETS)], rows(EVENTS)) == ([t1], [])  # 业务库里的那一半,没有事件
     sql_on(store.events_db(), "DROP TRIGGER broken")
-    again = run(["email_poller.py", "--eml", str(tmp_path)], lab)
+    again = cli(["email_poller.py", "--eml", str(tmp_path)], lab)
     assert (again.returncode, again.stdout.splitlines()[0]) == (0, f"{t1}  {tmp_path}/a.eml")
     assert (again.stderr, again.stdout.splitlines()[1]) == ("", "本次收取 1 封:新工单 1,重复 0,跳过 0,无法解析 0,存储失败 0")
     assert len(rows(EVENTS)) == 1 and len(biz_rows(MAIL_TICKETS)) == 1
@@ -415,7 +458,7 @@ def test_an_eml_file_that_cannot_be_read_is_one_line_and_the_other_files_are_sti
     (tmp_path / "a.eml").write_bytes(ZHANG)
     (tmp_path / "b.eml").write_bytes(LI)
     a, b = f"{tmp_path}/a.eml", f"{tmp_path}/b.eml"
-    r = run(["email_poller.py", "--eml", a, "/proc/self/mem", b], lab)
+    r = cli(["email_poller.py", "--eml", a, "/proc/self/mem", b], lab)
     assert r.returncode == 1
     assert r.stderr == "读不了这个文件,修好后重跑这条命令:Input/output error  /proc/self/mem\n"
     t1, t3 = ticket_of("<t1@example.com>"), ticket_of("<t3@example.com>")
@@ -431,7 +474,7 @@ def test_a_dangling_mail_link_in_a_folder_is_reported_and_the_other_files_are_st
     gone = tmp_path / "moved-away.eml"
     (tmp_path / "a.eml").symlink_to(gone)
     (tmp_path / "b.eml").write_bytes(LI)
-    r = run(["email_poller.py", "--eml", str(tmp_path)], lab)
+    r = cli(["email_poller.py", "--eml", str(tmp_path)], lab)
     t1, t3 = ticket_of("<t1@example.com>"), ticket_of("<t3@example.com>")
     assert (r.returncode, r.stdout, r.stderr) == (
         1, f"{t3}  {tmp_path}/b.eml\n本次收取 2 封:新工单 1,重复 0,跳过 0,无法解析 0,存储失败 0,读取失败 1\n",
@@ -439,7 +482,7 @@ def test_a_dangling_mail_link_in_a_folder_is_reported_and_the_other_files_are_st
         f"  {tmp_path}/a.eml\n")
     assert [e[0] for e in rows(EVENTS)] == ["<t3@example.com>"]
     gone.write_bytes(ZHANG)
-    again = run(["email_poller.py", "--eml", str(tmp_path)], lab)
+    again = cli(["email_poller.py", "--eml", str(tmp_path)], lab)
     assert (again.returncode, again.stdout, again.stderr) == (
         0, f"{t1}  {tmp_path}/a.eml\nduplicate  {tmp_path}/b.eml\nduplicate  {tmp_path}/moved-away.eml\n"
            "本次收取 3 封:新工单 1,重复 2,跳过 0,无法解析 0,存储失败 0\n", "")
@@ -449,7 +492,7 @@ def test_a_dangling_mail_link_in_a_folder_is_reported_and_the_other_files_are_st
 def test_a_dangling_mail_link_given_by_name_says_where_it_points_and_nothing_is_stored(lab, tmp_path):
     link = tmp_path / "a.eml"
     link.symlink_to("gone.eml")
-    r = run(["email_poller.py", "--eml", str(link), "samples/01_utf8_plain.eml"], lab)
+    r = cli(["email_poller.py", "--eml", str(link), "samples/01_utf8_plain.eml"], lab)
     assert (r.returncode, r.stdout, r.stderr) == (
         2, "", f"找不到文件或目录:{link}(它是符号链接,指向的 gone.eml 不存在)\n")
     nothing_stored()
@@ -461,7 +504,7 @@ def test_process_killed_after_storing_but_before_marking_seen_gives_duplicate_ne
     raw = imap_server.client().uid("FETCH", "101", "(BODY.PEEK[])")[1][0][1]
     assert email_poller.handle(raw, "UID 101").kind == "ticket"  # 模拟:存好了,还没来得及 STORE \Seen
     assert imap_server.unseen() == [101]
-    r = run(["email_poller.py"], imap_env)
+    r = cli(["email_poller.py"], imap_env)
     assert (r.returncode, r.stdout, r.stderr) == (
         0, "duplicate  UID 101\n本次收取 1 封:新工单 0,重复 1,跳过 0,无法解析 0,存储失败 0\n", "")
     assert imap_server.unseen() == [] and len(rows(EVENTS)) == 1 and len(biz_rows(MAIL_TICKETS)) == 1
@@ -476,7 +519,7 @@ def nothing_stored(server: ImapServer | None = None, unseen: list[int] | None = 
 
 def test_wrong_password_is_one_clear_line_and_no_mail_is_touched(imap_env, imap_server):
     imap_server.append(ZHANG)
-    r = run(["email_poller.py"], {**imap_env, "IMAP_PASSWORD": "not-the-app-code"})
+    r = cli(["email_poller.py"], {**imap_env, "IMAP_PASSWORD": "not-the-app-code"})
     assert (r.returncode, r.stdout) == (3, "")
     assert r.stderr == (f"IMAP 登录失败(用户 {USER}):[AUTHENTICATIONFAILED] Invalid authentication credentials.;"
                         "检查 IMAP_USER 和 IMAP_PASSWORD(很多邮箱要填授权码,不是网页登录密码)\n")
@@ -485,7 +528,7 @@ def test_wrong_password_is_one_clear_line_and_no_mail_is_touched(imap_env, imap_
 
 def test_missing_mailbox_folder_is_reported(imap_env, imap_server):
     imap_server.append(ZHANG)
-    r = run(["email_poller.py"], {**imap_env, "IMAP_MAILBOX": "没有这个文件夹"})
+    r = cli(["email_poller.py"], {**imap_env, "IMAP_MAILBOX": "没有这个文件夹"})
     assert (r.returncode, r.stdout) == (3, "")
     assert r.stderr.startswith("打不开邮箱文件夹 没有这个文件夹:") and r.stderr.endswith("(检查 IMAP_MAILBOX)\n")
     assert len(r.stderr.splitlines()) == 1
@@ -502,14 +545,14 @@ def test_chinese_folder_names_are_sent_in_modified_utf7(imap_env, imap_server):
         assert imap.append('"&W6JnDQ- &ZTZO9nux-"', None, None, ZHANG)[0] == "OK"
     finally:
         imap.logout()
-    r = run(["email_poller.py"], {**imap_env, "IMAP_MAILBOX": "客服 收件箱"})
+    r = cli(["email_poller.py"], {**imap_env, "IMAP_MAILBOX": "客服 收件箱"})
     assert (r.returncode, r.stderr) == (0, "")
     assert r.stdout.splitlines()[0] == f"{ticket_of('<t1@example.com>')}  UID 101"
 
 
 def test_unreachable_host_is_one_clear_line(imap_env):
     port = free_port()  # 没有人在听
-    r = run(["email_poller.py"], {**imap_env, "IMAP_PORT": str(port)})
+    r = cli(["email_poller.py"], {**imap_env, "IMAP_PORT": str(port)})
     assert (r.returncode, r.stdout) == (3, "")
     assert r.stderr == f"连不上 IMAP 服务器 127.0.0.1:{port}:Connection refused\n"
     nothing_stored()
@@ -521,7 +564,7 @@ def test_server_that_never_answers_times_out_instead_of_hanging(imap_env):
         silent.listen()
         port = silent.getsockname()[1]
         started = time.monotonic()
-        r = run(["email_poller.py"], {**imap_env, "IMAP_PORT": str(port), "IMAP_TIMEOUT_S": "1"}, timeout=30)
+        r = cli(["email_poller.py"], {**imap_env, "IMAP_PORT": str(port), "IMAP_TIMEOUT_S": "1"})
     assert time.monotonic() - started < 15
     assert (r.returncode, r.stdout) == (3, "")
     assert r.stderr == (f"连接 IMAP 服务器 127.0.0.1:{port} 超时(1 秒没有回应;IMAP_SSL=0 连上 SSL 直连的端口"
@@ -546,7 +589,7 @@ def test_connection_lost_before_a_mail_is_read_is_one_clear_line_and_nothing_is_
     imap_server.append(ZHANG)
     front = Front(imap_server.port, cut_at=cut_at, reset=reset)
     try:
-        r = run(["email_poller.py"], {**imap_env, "IMAP_PORT": str(front.port)})
+        r = cli(["email_poller.py"], {**imap_env, "IMAP_PORT": str(front.port)})
     finally:
         front.close()
     assert (r.returncode, r.stdout, r.stderr) == (3, "", message.format(port=front.port) + "\n")
@@ -558,14 +601,14 @@ def test_connection_lost_while_marking_a_stored_mail_read_loses_nothing_and_the_
     imap_server.append(ZHANG)
     front = Front(imap_server.port, cut_at=b"UID STORE")
     try:
-        r = run(["email_poller.py"], {**imap_env, "IMAP_PORT": str(front.port)})
+        r = cli(["email_poller.py"], {**imap_env, "IMAP_PORT": str(front.port)})
     finally:
         front.close()
     ticket = ticket_of("<t1@example.com>")
     assert (r.returncode, r.stdout) == (3, f"{ticket}  UID 101\n")
     assert r.stderr == "收信中途出错:command: UID => socket error: EOF;已处理 1 封,没标已读的下次再收\n"
     assert len(rows(EVENTS)) == 1 and imap_server.unseen() == [101]  # 存好了,信还是未读
-    again = run(["email_poller.py"], imap_env)
+    again = cli(["email_poller.py"], imap_env)
     assert (again.returncode, again.stderr) == (0, "")
     assert again.stdout == "duplicate  UID 101\n本次收取 1 封:新工单 0,重复 1,跳过 0,无法解析 0,存储失败 0\n"
     assert len(rows(EVENTS)) == 1 and imap_server.unseen() == []
@@ -583,7 +626,7 @@ def test_output_closed_early_exits_141_quietly_and_the_next_run_picks_up_every_m
     assert (code, err) == (141, "")
     assert imap_server.unseen() == [101, 102]
     assert ([t[0] for t in biz_rows(MAIL_TICKETS)], [e[0] for e in rows(EVENTS)]) == ([t1], ["<t1@example.com>"])
-    again = run(["email_poller.py"], imap_env)
+    again = cli(["email_poller.py"], imap_env)
     assert (again.returncode, again.stdout, again.stderr) == (
         0, f"duplicate  UID 101\n{t3}  UID 102\n本次收取 2 封:新工单 1,重复 1,跳过 0,无法解析 0,存储失败 0\n", "")
     assert imap_server.unseen() == [] and [e[0] for e in rows(EVENTS)] == ["<t1@example.com>", "<t3@example.com>"]
@@ -623,7 +666,7 @@ def test_output_closed_early_exits_141_quietly_and_the_next_run_picks_up_every_m
 ])
 def test_bad_settings_are_named_and_nothing_is_stored(imap_env, imap_server, change, message):
     imap_server.append(ZHANG)
-    r = run(["email_poller.py"], {**imap_env, **change})
+    r = cli(["email_poller.py"], {**imap_env, **change})
     assert (r.returncode, r.stdout) == (2, "")
     assert r.stderr == message + "\n"
     nothing_stored(imap_server, [101])
@@ -642,7 +685,7 @@ def test_a_non_ascii_imap_user_or_password_is_a_setting_error_that_never_shows_t
                                                                                             change, message):
     """防的是:登录时 imaplib 抛 UnicodeEncodeError,只打出一句「…:ascii;…」、退出码 3,像是邮箱那头的问题。"""
     imap_server.append(ZHANG)
-    r = run(["email_poller.py"], {**imap_env, **change})
+    r = cli(["email_poller.py"], {**imap_env, **change})
     assert (r.returncode, r.stdout, r.stderr) == (2, "", message + "\n")
     if password := change.get("IMAP_PASSWORD"):
         assert not any(ch in r.stderr for ch in password if not ch.isascii()) and "7788" not in r.stderr
@@ -756,14 +799,14 @@ def test_tls_poll_trusts_only_a_verified_certificate(imap_env, imap_server, tmp_
     imap_server.append(ZHANG)
     tls_env = {**imap_env, "IMAP_SSL": "1", "IMAP_PORT": str(front.port), "IMAP_HOST": "localhost"}
     try:
-        refused = run(["email_poller.py"], tls_env)  # 不认识这个私有 CA:拒绝连接,一封信都不动
+        refused = cli(["email_poller.py"], tls_env)  # 不认识这个私有 CA:拒绝连接,一封信都不动
         assert (refused.returncode, refused.stdout) == (3, "")
         assert refused.stderr.startswith(f"IMAP 服务器 localhost:{front.port} 的证书校验失败:")
         assert refused.stderr.endswith("(自建邮箱用私有 CA 的,把 CA 证书路径写进 IMAP_CAFILE)\n")
         assert len(refused.stderr.splitlines()) == 1
         nothing_stored(imap_server, [101])
 
-        ok = run(["email_poller.py"], {**tls_env, "IMAP_CAFILE": str(ca)})
+        ok = cli(["email_poller.py"], {**tls_env, "IMAP_CAFILE": str(ca)})
         assert (ok.returncode, ok.stderr) == (0, "")
         assert ok.stdout.splitlines()[0] == f"{ticket_of('<t1@example.com>')}  UID 101"
         assert imap_server.unseen() == []
@@ -773,7 +816,7 @@ def test_tls_poll_trusts_only_a_verified_certificate(imap_env, imap_server, tmp_
 
 def test_ssl_to_a_plain_imap_port_fails_the_handshake_clearly(imap_env, imap_server):
     imap_server.append(ZHANG)
-    r = run(["email_poller.py"], {**imap_env, "IMAP_SSL": "1"})
+    r = cli(["email_poller.py"], {**imap_env, "IMAP_SSL": "1"})
     assert (r.returncode, r.stdout) == (3, "")
     assert r.stderr.startswith(f"和 IMAP 服务器 127.0.0.1:{imap_server.port} 的 TLS 握手失败:")
     assert r.stderr.endswith("(这个端口是不是不支持 SSL 直连?)\n") and len(r.stderr.splitlines()) == 1
@@ -811,7 +854,7 @@ def sample_id(name: str) -> str:
 
 
 def test_offline_samples_cover_charsets_encodings_html_and_missing_message_id(any_lab):
-    r = run(["email_poller.py", "--eml", "samples"], any_lab)
+    r = cli(["email_poller.py", "--eml", "samples"], any_lab)
     assert r.returncode == 1  # 有一封坏信
     assert r.stderr == "无法解析:没有邮件头,不像一封邮件(文件被截断或损坏?)  samples/10_broken.eml\n"
     expected_lines = [f"{ticket_of(sample_id(n))}  samples/{n}" for n in list(EXPECTED_SAMPLES)[:8]]
@@ -823,7 +866,7 @@ def test_offline_samples_cover_charsets_encodings_html_and_missing_message_id(an
         (ticket_of(sample_id(n)), cust, subj, body, "open") for n, (_, cust, subj, body) in EXPECTED_SAMPLES.items())
     assert [e[0] for e in rows(EVENTS)] == sorted(sample_id(n) for n in EXPECTED_SAMPLES)
 
-    again = run(["email_poller.py", "--eml", "samples"], any_lab)
+    again = cli(["email_poller.py", "--eml", "samples"], any_lab)
     assert (again.returncode, again.stderr) == (1, r.stderr)  # 坏信每次都报
     assert again.stdout.splitlines() == [f"duplicate  samples/{n}" for n in list(EXPECTED_SAMPLES)[:8]] + [
         "skip: 不是已知客户  samples/09_unknown_sender.eml", "duplicate  samples/11_complaint.eml",
@@ -837,25 +880,25 @@ def test_a_mail_with_nul_bytes_in_its_message_id_and_text_becomes_a_ticket_and_r
     (业务库在 PostgreSQL 里时也存不了它),进图时再清掉别的控制字符。"""
     (tmp_path / "nul.eml").write_bytes(mail("<a\x00b@example.com>", "zhang.wei@example.com", "发票\x00开错了",
                                             "发票抬头\x00写错了,麻烦重开。"))
-    r = run(["email_poller.py", "--eml", str(tmp_path)], any_lab)
+    r = cli(["email_poller.py", "--eml", str(tmp_path)], any_lab)
     ticket = ticket_of("<ab@example.com>")
     assert (r.returncode, r.stderr) == (0, "")
     assert r.stdout == (f"{ticket}  {tmp_path / 'nul.eml'}\n"
                         "本次收取 1 封:新工单 1,重复 0,跳过 0,无法解析 0,存储失败 0\n")
     assert [(e[0], e[4]) for e in rows(EVENTS)] == [("<ab@example.com>", "pending")]
     assert biz_rows(MAIL_TICKETS) == [(ticket, "C001", "发票开错了", "发票抬头写错了,麻烦重开。", "open")]
-    worker = run(["worker.py", "--once"], any_lab)
+    worker = cli(["worker.py", "--once"], any_lab)
     assert (worker.returncode, worker.stdout) == (0, "<ab@example.com> → waiting_human\n")
 
 
 def test_missing_message_id_gives_the_same_id_from_imap_and_from_the_eml_file(imap_env, imap_server):
     """imaplib 投信时把 LF 换成 CRLF;派生 id 先统一换行符,所以同一封信两条路进来还是同一个事件。"""
-    first = run(["email_poller.py", "--eml", "samples/08_no_message_id.eml"], imap_env)
+    first = cli(["email_poller.py", "--eml", "samples/08_no_message_id.eml"], imap_env)
     assert (first.returncode, first.stdout, first.stderr) == (
         0, f"{ticket_of(sample_id('08_no_message_id.eml'))}  samples/08_no_message_id.eml\n"
            "本次收取 1 封:新工单 1,重复 0,跳过 0,无法解析 0,存储失败 0\n", "")
     imap_server.append(sample("08_no_message_id.eml"))
-    r = run(["email_poller.py"], imap_env)
+    r = cli(["email_poller.py"], imap_env)
     assert (r.returncode, r.stdout, r.stderr) == (
         0, "duplicate  UID 101\n本次收取 1 封:新工单 0,重复 1,跳过 0,无法解析 0,存储失败 0\n", "")
     assert len(rows(EVENTS)) == 1 and imap_server.unseen() == []
@@ -871,20 +914,21 @@ def test_missing_message_id_gives_the_same_id_from_imap_and_from_the_eml_file(im
     (["--eml", "samples/01_utf8_plain.eml", ""], "--eml 给的路径是空的(要读当前目录,写 --eml .)"),
 ])
 def test_offline_bad_paths_are_rejected_before_anything_is_stored(lab, args, message):
-    r = run(["email_poller.py", *args], lab)
+    r = cli(["email_poller.py", *args], lab)
     assert (r.returncode, r.stdout, r.stderr) == (2, "", message + "\n")
     nothing_stored()
 
 
-def test_an_empty_eml_path_in_a_folder_of_mails_stores_none_of_them(lab):
-    r = run([str(LAB / "email_poller.py"), "--eml", ""], lab, cwd=LAB / "samples")
+def test_an_empty_eml_path_in_a_folder_of_mails_stores_none_of_them(lab, monkeypatch):
+    monkeypatch.chdir(LAB / "samples")
+    r = cli(["email_poller.py", "--eml", ""], lab)
     assert (r.returncode, r.stdout, r.stderr) == (2, "", "--eml 给的路径是空的(要读当前目录,写 --eml .)\n")
     nothing_stored()
 
 
 def test_eml_given_twice_reads_the_files_of_both(lab):
     """--eml 写两次,两次给的都读。防的是:argparse 只留最后一次的,第一次给的信不声不响地没收,退出码还是 0。"""
-    r = run(["email_poller.py", "--eml", "samples/01_utf8_plain.eml", "--eml=samples/02_gbk_base64.eml"], lab)
+    r = cli(["email_poller.py", "--eml", "samples/01_utf8_plain.eml", "--eml=samples/02_gbk_base64.eml"], lab)
     assert (r.returncode, r.stderr) == (0, "")
     assert r.stdout.splitlines() == [f"{ticket_of(sample_id('01_utf8_plain.eml'))}  samples/01_utf8_plain.eml",
                                      f"{ticket_of(sample_id('02_gbk_base64.eml'))}  samples/02_gbk_base64.eml",
@@ -896,7 +940,7 @@ def test_different_mails_whose_message_id_is_an_empty_pair_of_brackets_are_not_d
     """「Message-ID: <>」当成没有 Message-ID(按整封信的 sha1):否则第二封说 duplicate,IMAP 上还会被标成已读、就丢了。"""
     for name, body in (("a.eml", "第一封:凭证导出失败。"), ("b.eml", "第二封:发票抬头写错了。")):
         (tmp_path / name).write_bytes(mail("<>", "zhang.wei@example.com", "问题", body))
-    r = run(["email_poller.py", "--eml", str(tmp_path)], lab)
+    r = cli(["email_poller.py", "--eml", str(tmp_path)], lab)
     assert (r.returncode, r.stderr) == (0, "")
     assert r.stdout.splitlines()[-1] == "本次收取 2 封:新工单 2,重复 0,跳过 0,无法解析 0,存储失败 0"
     assert sorted(e[0][:14] for e in rows(EVENTS)) == ["no-message-id:", "no-message-id:"]
@@ -905,11 +949,11 @@ def test_different_mails_whose_message_id_is_an_empty_pair_of_brackets_are_not_d
 
 def test_a_folder_named_like_a_mail_is_not_read_as_one(lab, tmp_path):
     (tmp_path / "archive.eml").mkdir()
-    r = run(["email_poller.py", "--eml", str(tmp_path)], lab)
+    r = cli(["email_poller.py", "--eml", str(tmp_path)], lab)
     assert (r.returncode, r.stdout, r.stderr) == (2, "", f"目录里没有 .eml 文件:{tmp_path}\n")
     nothing_stored()
     (tmp_path / "a.eml").write_bytes((LAB / "samples" / "01_utf8_plain.eml").read_bytes())
-    r = run(["email_poller.py", "--eml", str(tmp_path)], lab)
+    r = cli(["email_poller.py", "--eml", str(tmp_path)], lab)
     assert (r.returncode, r.stderr) == (0, "")
     assert r.stdout.splitlines()[0] == f"{ticket_of(sample_id('01_utf8_plain.eml'))}  {tmp_path}/a.eml"
     assert len(rows(EVENTS)) == 1
@@ -922,7 +966,7 @@ def test_a_folder_scan_finds_mail_files_whatever_the_case_of_their_extension(lab
     (tmp_path / "b.Eml").write_bytes(LI)
     (tmp_path / "notes.txt").write_text("不是邮件")
     (tmp_path / "archive.EML").mkdir()
-    r = run(["email_poller.py", "--eml", str(tmp_path)], lab)
+    r = cli(["email_poller.py", "--eml", str(tmp_path)], lab)
     t1, t3 = ticket_of("<t1@example.com>"), ticket_of("<t3@example.com>")
     assert (r.returncode, r.stdout, r.stderr) == (
         0, f"{t1}  {tmp_path}/a.EML\n{t3}  {tmp_path}/b.Eml\n本次收取 2 封:新工单 2,重复 0,跳过 0,无法解析 0,存储失败 0\n",
@@ -963,7 +1007,7 @@ def broken_beside_a_good_one(env: dict, folder, raw: bytes, reason: str) -> str:
     """目录里一封坏信 a.eml、一封好信 b.eml(LI):坏信一行原因,好信照常建工单,退出码 1。返回好信的工单号。"""
     (folder / "a.eml").write_bytes(raw)
     (folder / "b.eml").write_bytes(LI)
-    r = run(["email_poller.py", "--eml", str(folder)], env)
+    r = cli(["email_poller.py", "--eml", str(folder)], env)
     t3 = ticket_of("<t3@example.com>")
     assert (r.returncode, r.stdout, r.stderr) == (
         1, f"{t3}  {folder}/b.eml\n本次收取 2 封:新工单 1,重复 0,跳过 0,无法解析 1,存储失败 0\n",
@@ -1002,7 +1046,7 @@ def test_a_cut_eml_file_is_reported_and_not_stored_so_the_full_file_later_become
     assert biz_rows(MAIL_TICKETS) == [(t3, "C002", "扣款", "又被扣了一次款。", "open")]
     assert [e[0] for e in rows(EVENTS)] == ["<t3@example.com>"]
 
-    full = run(["email_poller.py", "--eml", f"samples/{name}"], lab)
+    full = cli(["email_poller.py", "--eml", f"samples/{name}"], lab)
     ticket = ticket_of(sample_id(name))
     assert (full.returncode, full.stdout, full.stderr) == (
         0, f"{ticket}  samples/{name}\n本次收取 1 封:新工单 1,重复 0,跳过 0,无法解析 0,存储失败 0\n", "")
@@ -1014,7 +1058,7 @@ def test_a_cut_eml_file_is_reported_and_not_stored_so_the_full_file_later_become
 
 def test_missing_business_database_is_rejected_without_creating_an_empty_one(lab, tmp_path):
     missing = tmp_path / "nowhere" / "cloudledger.db"
-    r = run(["email_poller.py", "--eml", "samples"], {**lab, "BIZ_DB": str(missing)})
+    r = cli(["email_poller.py", "--eml", "samples"], {**lab, "BIZ_DB": str(missing)})
     assert (r.returncode, r.stdout) == (2, "")
     assert r.stderr == f"业务库不存在:{missing}(先运行 uv run python store.py 建库)\n"
     assert not missing.exists() and rows(EVENTS) == []
@@ -1037,7 +1081,7 @@ def test_two_mails_whose_ticket_ids_collide_get_separate_tickets(lab, tmp_path):
     a, b = colliding_message_ids()
     (tmp_path / "a.eml").write_bytes(mail(a, "zhang.wei@example.com", "第一封", "张伟的问题"))
     (tmp_path / "b.eml").write_bytes(mail(b, "li.na@example.com", "第二封", "李娜的问题"))
-    r = run(["email_poller.py", "--eml", str(tmp_path)], lab)
+    r = cli(["email_poller.py", "--eml", str(tmp_path)], lab)
     ta, tb = ticket_of(a), ticket_of(b, 8)
     assert ta == ticket_of(b) and ta != tb
     assert (r.returncode, r.stdout, r.stderr) == (0, f"{ta}  {tmp_path}/a.eml\n{tb}  {tmp_path}/b.eml\n"
@@ -1045,7 +1089,7 @@ def test_two_mails_whose_ticket_ids_collide_get_separate_tickets(lab, tmp_path):
     assert biz_rows(MAIL_TICKETS) == sorted([(ta, "C001", "第一封", "张伟的问题", "open"),
                                              (tb, "C002", "第二封", "李娜的问题", "open")])
     assert sorted(store_events.ticket_of(e[3]) for e in rows(EVENTS)) == sorted([ta, tb])
-    again = run(["email_poller.py", "--eml", str(tmp_path)], lab)  # 重跑:工单号不变,都是 duplicate
+    again = cli(["email_poller.py", "--eml", str(tmp_path)], lab)  # 重跑:工单号不变,都是 duplicate
     assert (again.returncode, again.stdout, again.stderr) == (
         0, f"duplicate  {tmp_path}/a.eml\nduplicate  {tmp_path}/b.eml\n"
            "本次收取 2 封:新工单 0,重复 2,跳过 0,无法解析 0,存储失败 0\n", "")
@@ -1063,7 +1107,7 @@ def test_a_message_id_over_200_characters_is_stored_under_its_sha1_and_the_mails
     (tmp_path / "b.eml").write_bytes(LI)
     event_id = "message-id-sha1:" + hashlib.sha1(long_id.encode()).hexdigest()
     ta, tb = ticket_of(event_id), ticket_of("<t3@example.com>")
-    r = run(["email_poller.py", "--eml", str(tmp_path)], any_lab)
+    r = cli(["email_poller.py", "--eml", str(tmp_path)], any_lab)
     assert (r.returncode, r.stdout, r.stderr) == (
         0, f"{ta}  {tmp_path}/a.eml\n{tb}  {tmp_path}/b.eml\n"
            "本次收取 2 封:新工单 2,重复 0,跳过 0,无法解析 0,存储失败 0\n", "")
@@ -1071,7 +1115,7 @@ def test_a_message_id_over_200_characters_is_stored_under_its_sha1_and_the_mails
         [(event_id, ta, "pending"), ("<t3@example.com>", tb, "pending")])
     assert biz_rows(MAIL_TICKETS) == sorted([(ta, "C001", "长 id", "发票开错了。", "open"),
                                              (tb, "C002", "扣款", "又被扣了一次款。", "open")])
-    again = run(["email_poller.py", "--eml", str(tmp_path)], any_lab)
+    again = cli(["email_poller.py", "--eml", str(tmp_path)], any_lab)
     assert (again.returncode, again.stdout, again.stderr) == (
         0, f"duplicate  {tmp_path}/a.eml\nduplicate  {tmp_path}/b.eml\n"
            "本次收取 2 封:新工单 0,重复 2,跳过 0,无法解析 0,存储失败 0\n", "")
@@ -1086,7 +1130,7 @@ def test_a_charset_that_decodes_to_lone_surrogates_is_decoded_another_way_and_th
     (tmp_path / "b.eml").write_bytes(b"Message-ID: <ue@example.com>\nFrom: li.na@example.com\nSubject: x\n"
                                      b"Content-Type: text/plain; charset=unicode_escape\n\nhi \\ud800 there\n")
     ta, tb = ticket_of("<u7@example.com>"), ticket_of("<ue@example.com>")
-    r = run(["email_poller.py", "--eml", str(tmp_path)], lab)
+    r = cli(["email_poller.py", "--eml", str(tmp_path)], lab)
     assert (r.returncode, r.stdout, r.stderr) == (
         0, f"{ta}  {tmp_path}/a.eml\n{tb}  {tmp_path}/b.eml\n"
            "本次收取 2 封:新工单 2,重复 0,跳过 0,无法解析 0,存储失败 0\n", "")
@@ -1111,7 +1155,7 @@ def test_a_different_mail_with_a_stored_message_id_is_a_duplicate_that_adds_no_t
     过些天定时扫描把它当成久未回复的工单入队,草稿还为久等道歉。"""
     (tmp_path / "1.eml").write_bytes(mail("<same@example.com>", "zhang.wei@example.com", "第一封", "张伟的问题"))
     (tmp_path / "2.eml").write_bytes(mail("<same@example.com>", "li.na@example.com", "第二封", "李娜的问题"))
-    r = run(["email_poller.py", "--eml", str(tmp_path)], lab)
+    r = cli(["email_poller.py", "--eml", str(tmp_path)], lab)
     ticket = ticket_of("<same@example.com>")
     assert (r.returncode, r.stdout, r.stderr) == (
         0, f"{ticket}  {tmp_path}/1.eml\nduplicate  {tmp_path}/2.eml\n"
@@ -1119,7 +1163,7 @@ def test_a_different_mail_with_a_stored_message_id_is_a_duplicate_that_adds_no_t
     assert biz_rows(MAIL_TICKETS) == [(ticket, "C001", "第一封", "张伟的问题", "open")]
 
     seeded = len(biz_rows("SELECT id FROM tickets WHERE status = 'open' AND id NOT LIKE 'M%'"))
-    scan = run(["cron_jobs.py", "scan", "--limit", "100"], {**lab, "STALE_DAYS": "0"})  # 今天建的也算「久未回复」
+    scan = cli(["cron_jobs.py", "scan", "--limit", "100"], {**lab, "STALE_DAYS": "0"})  # 今天建的也算「久未回复」
     assert (scan.returncode, scan.stdout, scan.stderr) == (
         0, f"超过 0 天还开着的工单 {seeded + 1} 张,其中没回复过的 {seeded + 1} 张,本次入队 {seeded} 个\n"
            "没有入队的:已在队列或收件箱里 1 张\n", "")
@@ -1132,10 +1176,10 @@ def test_a_message_id_shaped_like_a_cron_event_id_cannot_take_that_days_stale_re
     today = store.now()[:10]
     (tmp_path / "a.eml").write_bytes(mail(f"cron:stale:T1007:{today}", "zhang.wei@example.com", "催一下", "还没处理。"))
     mid = f"<cron:stale:T1007:{today}>"
-    r = run(["email_poller.py", "--eml", str(tmp_path)], lab)
+    r = cli(["email_poller.py", "--eml", str(tmp_path)], lab)
     assert (r.returncode, r.stdout, r.stderr) == (
         0, f"{ticket_of(mid)}  {tmp_path}/a.eml\n本次收取 1 封:新工单 1,重复 0,跳过 0,无法解析 0,存储失败 0\n", "")
-    scan = run(["cron_jobs.py", "scan"], lab)
+    scan = cli(["cron_jobs.py", "scan"], lab)
     assert (scan.returncode, scan.stdout, scan.stderr) == (
         0, "超过 20 天还开着的工单 9 张,其中没回复过的 9 张,本次入队 5 个\n没有入队的:超出 --limit 5 4 张\n", "")
     assert sorted((e[0], e[1]) for e in rows(EVENTS)) == sorted(
@@ -1203,7 +1247,7 @@ def test_the_body_is_every_text_part_the_customer_wrote_and_not_a_forwarded_mail
 def poll_one(imap_env: dict, imap_server: ImapServer, raw: bytes, message_id: str, body: str) -> None:
     """收件箱里只有 raw 这一封:它照常成为一张工单,正文是 body,标已读,不加星标。"""
     imap_server.append(raw)
-    r = run(["email_poller.py"], imap_env)
+    r = cli(["email_poller.py"], imap_env)
     ticket = ticket_of(message_id)
     assert (r.returncode, r.stdout, r.stderr) == (
         0, f"{ticket}  UID 101\n本次收取 1 封:新工单 1,重复 0,跳过 0,无法解析 0,存储失败 0\n", "")
@@ -1320,7 +1364,7 @@ def test_a_display_name_with_an_unquoted_comma_still_finds_the_customer(lab, tmp
     两个不同的地址时说不清是谁发的,照旧是坏信,什么都不存。"""
     good = tmp_path / "comma.eml"
     good.write_bytes(mail("<comma@example.com>", "Zhang, Wei <Zhang.Wei@Example.com>", "发票开错了", "麻烦重开。"))
-    r = run(["email_poller.py", "--eml", str(good)], lab)
+    r = cli(["email_poller.py", "--eml", str(good)], lab)
     ticket = ticket_of("<comma@example.com>")
     assert (r.returncode, r.stderr, r.stdout) == (
         0, "", f"{ticket}  {good}\n本次收取 1 封:新工单 1,重复 0,跳过 0,无法解析 0,存储失败 0\n")
@@ -1347,7 +1391,7 @@ def test_a_subject_is_cut_at_200_characters_and_a_missing_one_is_stored_as_no_su
     没有主题的信,工单主题是「(无主题)」,收件箱那一条不会只剩「客户反映:」。"""
     (tmp_path / "a.eml").write_bytes(mail("<long-subject@x>", "zhang.wei@example.com", "发票" * 3000, "请重开发票。"))
     (tmp_path / "b.eml").write_bytes(mail("<no-subject@x>", "zhang.wei@example.com", "  ", "凭证导出失败。"))
-    r = run(["email_poller.py", "--eml", str(tmp_path)], lab)
+    r = cli(["email_poller.py", "--eml", str(tmp_path)], lab)
     assert (r.returncode, r.stderr) == (0, "")
     assert r.stdout.splitlines()[-1] == "本次收取 2 封:新工单 2,重复 0,跳过 0,无法解析 0,存储失败 0"
     assert sorted((subject, body) for _, _, subject, body, _ in biz_rows(MAIL_TICKETS)) == [
@@ -1440,14 +1484,14 @@ def test_any_subject_and_body_text_either_parse_or_raise_broken_mail_never_anyth
 
 # ---------------------------------------------------------------- 练习 5:投诉邮件只产生通知
 def test_complaint_mail_becomes_a_notification_that_only_allows_ignore(lab):
-    r = run(["email_poller.py", "--eml", "samples/11_complaint.eml"], lab)
+    r = cli(["email_poller.py", "--eml", "samples/11_complaint.eml"], lab)
     ticket = ticket_of("<complaint-0915@huayang-edu.cn>")
     assert (r.returncode, r.stdout.splitlines()[0]) == (0, f"{ticket}  samples/11_complaint.eml")
 
-    w = run(["worker.py", "--once"], lab)
+    w = cli(["worker.py", "--once"], lab)
     assert (w.returncode, w.stdout) == (0, "<complaint-0915@huayang-edu.cn> → waiting_human\n")
 
-    listing = run(["inbox.py", "list"], lab)
+    listing = cli(["inbox.py", "list"], lab)
     assert listing.returncode == 0
     assert listing.stdout.splitlines() == [
         f"{ticket}  【通知】[bug] 工单提到「投诉到」,Agent 没有起草回复,请主管看一下",
@@ -1457,13 +1501,13 @@ def test_complaint_mail_becomes_a_notification_that_only_allows_ignore(lab):
     ]
 
     for command, args in (("accept", []), ("edit", ["您好,我们马上处理。"]), ("respond", ["先道歉"])):
-        refused = run(["inbox.py", command, ticket, *args], lab)
+        refused = cli(["inbox.py", command, ticket, *args], lab)
         assert (refused.returncode, refused.stdout) == (1, "")
         assert refused.stderr == f"{ticket} 是通知类待办,Agent 没有起草回复,不能 {command};只能 ignore(看过即可)\n"
     assert rows("SELECT * FROM outbox") == []
     assert rows("SELECT status FROM events") == [("waiting_human",)]
 
-    done = run(["inbox.py", "ignore", ticket], lab)
+    done = cli(["inbox.py", "ignore", ticket], lab)
     assert (done.returncode, done.stdout) == (0, f"{ticket} → ignored\n")
     assert rows("SELECT * FROM outbox") == []
     assert rows("SELECT status FROM events") == [("ignored",)]
@@ -1485,7 +1529,7 @@ def test_when_every_candidate_ticket_id_belongs_to_other_mails_nothing_is_stored
 ])
 def test_bad_command_line_exits_2_with_usage_and_nothing_is_stored(imap_env, imap_server, args, message):
     imap_server.append(ZHANG)  # 邮箱设置齐全、有一封未读:参数写错时也不该去收
-    r = run(["email_poller.py", *args], imap_env)
+    r = cli(["email_poller.py", *args], imap_env)
     assert (r.returncode, r.stdout) == (2, "")
     assert r.stderr.startswith("用法:email_poller.py") and r.stderr.endswith("\n" + message + "\n")
     nothing_stored(imap_server, [101])
@@ -1517,7 +1561,7 @@ def test_a_search_the_server_refuses_is_one_clear_line_and_no_mail_is_lost(imap_
     nothing_stored(imap_server, [101])
 
     monkeypatch.setattr(imaplib.IMAP4, "uid", real_uid)  # 服务器恢复了:下次运行补上
-    again = run(["email_poller.py"], imap_env)
+    again = cli(["email_poller.py"], imap_env)
     assert (again.returncode, again.stderr) == (0, "")
     assert again.stdout.splitlines()[0] == f"{ticket_of('<t1@example.com>')}  UID 101"
     assert imap_server.unseen() == [] and len(rows(EVENTS)) == len(biz_rows(MAIL_TICKETS)) == 1
@@ -1544,7 +1588,7 @@ def test_a_mail_the_server_will_not_mark_read_is_reported_and_the_mails_after_it
         sorted([t1, t3]), ["<t1@example.com>", "<t3@example.com>"])
 
     monkeypatch.setattr(imaplib.IMAP4, "uid", real_uid)  # 服务器恢复了:下次运行标上
-    again = run(["email_poller.py"], imap_env)
+    again = cli(["email_poller.py"], imap_env)
     assert (again.returncode, again.stderr) == (0, "")
     assert again.stdout == "duplicate  UID 101\n本次收取 1 封:新工单 0,重复 1,跳过 0,无法解析 0,存储失败 0\n"
     assert imap_server.unseen() == [] and len(rows(EVENTS)) == len(biz_rows(MAIL_TICKETS)) == 2
@@ -1574,7 +1618,7 @@ def test_a_mail_the_server_refuses_to_hand_over_stays_unseen_and_the_other_mails
     assert ([t[0] for t in biz_rows(MAIL_TICKETS)], [e[0] for e in rows(EVENTS)]) == ([t3], ["<t3@example.com>"])
 
     monkeypatch.setattr(imaplib.IMAP4, "uid", real_uid)  # 服务器恢复了:下次运行补上
-    again = run(["email_poller.py"], imap_env)
+    again = cli(["email_poller.py"], imap_env)
     assert (again.returncode, again.stderr) == (0, "")
     assert again.stdout == f"{t1}  UID 101\n本次收取 1 封:新工单 1,重复 0,跳过 0,无法解析 0,存储失败 0\n"
     assert imap_server.unseen() == []
@@ -1584,7 +1628,7 @@ def test_a_mail_the_server_refuses_to_hand_over_stays_unseen_and_the_other_mails
 
 def run_behind(front: "Front", imap_env: dict, **env: str) -> subprocess.CompletedProcess:
     try:
-        return run(["email_poller.py"], {**imap_env, "IMAP_PORT": str(front.port), **env})
+        return cli(["email_poller.py"], {**imap_env, "IMAP_PORT": str(front.port), **env})
     finally:
         front.close()
 
@@ -1609,7 +1653,7 @@ def test_a_fetch_refused_after_part_of_its_answer_does_not_pass_that_mail_off_as
     assert imap_server.unseen() == [101]
     assert biz_rows("SELECT id, subject FROM tickets WHERE id LIKE 'M%'") == [(t3, "扣款")]
     assert [e[0] for e in rows(EVENTS)] == ["<t3@example.com>"]
-    again = run(["email_poller.py"], imap_env)
+    again = cli(["email_poller.py"], imap_env)
     assert (again.returncode, again.stdout) == (0, f"{t1}  UID 101\n本次收取 1 封:新工单 1,重复 0,跳过 0,无法解析 0,存储失败 0\n")
     assert imap_server.unseen() == [] and [e[0] for e in rows(EVENTS)] == ["<t1@example.com>", "<t3@example.com>"]
 
@@ -1673,7 +1717,7 @@ def test_a_server_error_in_chinese_is_shown_as_chinese_not_as_byte_escapes(imap_
 
 def test_a_host_name_that_does_not_resolve_is_one_clear_line(imap_env):
     """IMAP_HOST 写错(解析不出来):说是域名解析失败、该查哪一项,而不是一段 socket.gaierror。"""
-    r = run(["email_poller.py"], {**imap_env, "IMAP_HOST": "imap.no-such-host.invalid", "IMAP_PORT": "993"})
+    r = cli(["email_poller.py"], {**imap_env, "IMAP_HOST": "imap.no-such-host.invalid", "IMAP_PORT": "993"})
     assert (r.returncode, r.stdout) == (3, "")
     assert r.stderr.startswith("连不上 IMAP 服务器 imap.no-such-host.invalid:993:域名解析失败(")
     assert r.stderr.endswith("),检查 IMAP_HOST\n") and len(r.stderr.splitlines()) == 1
@@ -1721,7 +1765,7 @@ def test_a_charset_name_with_a_nul_and_a_codec_that_raises_are_decoded_another_w
                                      b'Content-Type: text/plain; charset="utf-8\x00"\n\n'
                                      + "发票抬头写错了。\n".encode())
     ticket = ticket_of("<nul-cs@example.com>")
-    r = run(["email_poller.py", "--eml", str(tmp_path / "a.eml")], lab)
+    r = cli(["email_poller.py", "--eml", str(tmp_path / "a.eml")], lab)
     assert (r.returncode, r.stdout, r.stderr) == (
         0, f"{ticket}  {tmp_path}/a.eml\n本次收取 1 封:新工单 1,重复 0,跳过 0,无法解析 0,存储失败 0\n", "")
     assert biz_rows(MAIL_TICKETS) == [(ticket, "C001", "发票", "发票抬头写错了。", "open")]
