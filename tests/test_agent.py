@@ -1,12 +1,14 @@
 """图和模型:离线模型与真 ChatOpenAI 走同一条路径;额外参数透传、脱敏、备用模型、记账;interrupt 前无副作用。"""
+import builtins
 import json
+import threading
 import time
 import re
 
 import pytest
 from langchain_core.utils.function_calling import convert_to_openai_tool
 
-from conftest import checkpoint_bytes, drain, free_port, proxies_that_are_not_running, rows, run
+from conftest import checkpoint_bytes, cli, drain, free_port, proxies_that_are_not_running, rows, run
 from openai_stub import OpenAIStub
 
 import llm
@@ -168,30 +170,31 @@ def test_tool_arguments_that_are_json_but_not_an_object_are_one_clear_line_and_r
     assert rows("SELECT COUNT(*) FROM outbox") == [(0,)]
 
 
-SIMULTANEOUS_FIRST_DRAFTS = """
-import builtins, threading, time
-import llm
-slow_print = builtins.print
-def print(*args, **kwargs):  # 说那一行要一点时间:几个线程同时第一次要模型时,都在说的途中
-    time.sleep(0.2)
-    slow_print(*args, **kwargs)
-builtins.print = print
-start = threading.Barrier(4)
-def first_draft():
-    start.wait()
-    llm.get_llm()
-threads = [threading.Thread(target=first_draft) for _ in range(4)]
-[t.start() for t in threads]
-[t.join() for t in threads]
-"""
-
-
-def test_the_offline_model_notice_is_said_once_even_when_threads_ask_for_the_model_at_once(lab):
+def test_the_offline_model_notice_is_said_once_even_when_threads_ask_for_the_model_at_once(lab, monkeypatch, capsys):
     """worker --concurrency 4 刚起来时几个处理线程同时第一次起草:那一行也只说一遍(lru_cache 挡不住)。"""
-    r = run(["-c", SIMULTANEOUS_FIRST_DRAFTS], lab)
-    assert (r.returncode, r.stdout) == (0, "")
-    assert r.stderr == ("[llm] 没有设置 LLM_API_KEY,使用离线模型 offline-cloudledger:按关键词分类、按模板起草,"
-                        "不联网、不花钱。设置 LLM_API_KEY 后自动换成真模型。\n")
+    llm._build.cache_clear()  # 像新进程:模型还没建过,那一行还没说过
+    monkeypatch.setattr(llm_offline, "_announced", threading.Lock())
+    slow_print = builtins.print
+
+    def print(*args, **kwargs):  # 说那一行要一点时间:几个线程同时第一次要模型时,都在说的途中
+        time.sleep(0.2)
+        slow_print(*args, **kwargs)
+
+    start = threading.Barrier(4)
+
+    def first_draft():
+        start.wait()
+        llm.get_llm()
+
+    threads = [threading.Thread(target=first_draft) for _ in range(4)]
+    monkeypatch.setattr(builtins, "print", print)
+    try:
+        [t.start() for t in threads]
+        [t.join() for t in threads]
+    finally:
+        monkeypatch.setattr(builtins, "print", slow_print)
+    assert capsys.readouterr() == ("", "[llm] 没有设置 LLM_API_KEY,使用离线模型 offline-cloudledger:按关键词分类、"
+                                       "按模板起草,不联网、不花钱。设置 LLM_API_KEY 后自动换成真模型。\n")
 
 
 def test_pii_is_masked_in_the_prompt_but_not_in_the_business_db(lab, monkeypatch):
@@ -790,7 +793,7 @@ def test_nothing_is_written_before_the_interrupt_even_when_review_runs_again_on_
     assert {t: len(r) for t, r in waiting.items() if r and not t.startswith("biz.")} == {
         "llm_usage": 2}  # 两次起草,别的什么都没写
     for command, ticket in (("accept", "T1012"), ("ignore", "T1003")):
-        r = run(["inbox.py", command, ticket], lab)
+        r = cli(["inbox.py", command, ticket], lab)
         assert (r.returncode, r.stdout) == (0, f"{ticket} → {'sent' if command == 'accept' else 'ignored'}\n")
     after = every_table()
     changed = {t: after[t] - waiting[t] for t in after if after[t] != waiting[t]}

@@ -13,8 +13,8 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
-from conftest import (FULL_DISK, LAB, cut_at, cut_connections, dead_owner, die_before_checkpoint, drain, read_write_role,
-                      rows, run, tcp_proxy, write_locked)
+from conftest import (FULL_DISK, LAB, cli, cut_at, cut_connections, dead_owner, die_before_checkpoint, drain,
+                      read_write_role, rows, run, tcp_proxy, write_locked)
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from openai_stub import OpenAIStub
 
@@ -53,6 +53,23 @@ def checkpointer_class() -> type:
     """这次跑的是 SqliteSaver 还是 PostgresSaver(any_lab 两样都跑)。"""
     with opened_graph() as graph:
         return type(graph.checkpointer)
+
+
+def fresh_cli(args: list[str], env: dict) -> subprocess.CompletedProcess:
+    """在本进程里跑一个命令(见 conftest 的 cli),像新起的进程一样:先关掉本线程留着的 SQLite 连接和 PostgreSQL 连接池,
+    命令按 env 里的设置(BUSY_TIMEOUT_S、PG_POOL_SIZE……)重新打开;env 换了时区(TZ)时,本地时间也按它算。"""
+    store_sqlite.close_connections()
+    store_pg.close_pools()
+    tz = os.environ.get("TZ")
+    if env.get("TZ") == tz:
+        return cli(args, env)
+    os.environ["TZ"] = env["TZ"]
+    time.tzset()
+    try:
+        return cli(args, env)
+    finally:
+        os.environ.pop("TZ") if tz is None else os.environ.__setitem__("TZ", tz)
+        time.tzset()
 
 
 def use_stub(monkeypatch, stub: OpenAIStub, retries: int = 0) -> None:
@@ -159,10 +176,10 @@ BAD_REQUEST_HINT = "模型服务说请求不对:检查 LLM_MODEL、LLM_EXTRA_BOD
     (404, "model_not_found", "OpenAIModelNotFoundError: Error code: 404 - stub says model_not_found"
      "(模型服务说找不到:多半是 LLM_MODEL 或 LLM_BASE_URL 写错了,修好后运行 uv run python worker.py --requeue-dead evt_T1012_created)"),
     (422, "unprocessable_entity", f"UnprocessableEntityError: Error code: 422 - stub says unprocessable_entity({BAD_REQUEST_HINT})"),
-    # openai 没有 413 的异常类:原来按暂时性错误退避,同样大的请求再发两次才进死信,也没说怎么修
+    # openai 没有 413 的异常类:也认得出来,直接死信并说怎么修,不按暂时性错误退避(同样大的请求再发也一样)
     (413, "request_too_large", "APIStatusError: Error code: 413 - stub says request_too_large(模型服务说请求太大:"
      "调小 MAX_TICKET_CHARS(或者放宽代理的请求大小限制),修好后运行 uv run python worker.py --requeue-dead evt_T1012_created)"),
-    # langchain-openai 把消息里有这句话的错误换成没有状态码的 OpenAIAPIContextOverflowError:原来认不出 413,当成暂时性的退避
+    # langchain-openai 把消息里有这句话的错误换成没有状态码的 OpenAIAPIContextOverflowError:照样认作 413,不当成暂时性的退避
     (413, "input exceeds the context window", "APIStatusError: Error code: 413 - stub says input exceeds the context "
      "window(模型服务说请求太大:调小 MAX_TICKET_CHARS(或者放宽代理的请求大小限制),修好后运行 uv run python worker.py --requeue-dead evt_T1012_created)"),
 ])
@@ -184,9 +201,9 @@ def test_request_the_model_rejects_as_invalid_is_dead_at_once_with_what_to_fix(l
 
 def test_the_requeue_command_for_a_mail_event_keeps_its_message_id_unmasked_so_it_works_as_printed(lab, monkeypatch,
                                                                                                     capsys):
-    """邮件的事件 id 是 Message-ID,长得像邮箱地址:原来死信的 last_error 和打印的那一行整句打码,命令成了
+    """邮件的事件 id 是 Message-ID,长得像邮箱地址:死信的 last_error 和打印的那一行要是整句打码,命令就成了
     --requeue-dead '<q***@qinghe-trade.cn>',照着敲说「这些事件不是死信」。同一张工单的下一个事件的提示也一样。
-    现在命令原样留着(错误原文里的邮箱照样打码),照着敲就放回来了。"""
+    命令原样留着(错误原文里的邮箱照样打码),照着敲就放回来了。"""
     import shlex
 
     mail_id = "<q313a46@qinghe-trade.cn>"
@@ -213,7 +230,7 @@ def test_the_requeue_command_for_a_mail_event_keeps_its_message_id_unmasked_so_i
 
 def test_a_new_event_for_a_ticket_whose_draft_is_dead_goes_dead_without_calling_the_model_again(lab, monkeypatch,
                                                                                                capsys):
-    """MAX_ATTEMPTS 按事件算:上游每换一个 event_id 通知一次,原来都会接着失败的 draft 再调一遍模型。"""
+    """MAX_ATTEMPTS 按事件算:上游每换一个 event_id 通知一次;工单的 draft 已经进了死信时,新事件不接着失败的 draft 再调一遍模型。"""
     with OpenAIStub() as stub:
         use_stub(monkeypatch, stub)
         stub.fail["stub-model"] = (400, "invalid_request_error")
@@ -238,8 +255,8 @@ def test_a_new_event_for_a_ticket_whose_draft_is_dead_goes_dead_without_calling_
 
 def test_an_event_without_a_ticket_id_column_value_still_waits_out_its_backoff(any_lab, monkeypatch):
     """领取语句里按工单的退避条件也挡住了事件自己的工单,所以事件自己的 not_before 只在 ticket_id 列是空的时候才起作用:
-    课文写法的程序(不填这一列)在升级后的库里写下的事件,bench/worker.py 造的事件。去掉这个条件,所有测试原来都照样通过,
-    这种事件却失败一次就马上再领、再调一次模型,退避被绕过。"""
+    课文写法的程序(不填这一列)在升级后的库里写下的事件,bench/worker.py 造的事件。去掉这个条件,别的测试都照样通过,
+    这种事件却失败一次就马上再领、再调一次模型,退避被绕过:这个测试挡着。"""
     with OpenAIStub() as stub:
         use_stub(monkeypatch, stub)
         stub.fail["stub-model"] = (503, "overloaded")
@@ -257,8 +274,8 @@ def test_an_event_without_a_ticket_id_column_value_still_waits_out_its_backoff(a
 def test_a_second_event_for_a_ticket_in_backoff_waits_instead_of_calling_the_model_again(any_lab, monkeypatch,
                                                                                          capsys):
     """中间件笔记「重试要有退避和上限」:同一张工单只有一个 thread。第一个事件起草失败、正在退避时,上游又通知一次
-    (新的 event_id),原来第二个事件马上被领走、接着那个失败的 draft 再调一次模型:退避被绕过,五个通知就是五次
-    连着的调用,这张工单总共调了 MAX_ATTEMPTS 以上次。现在它等第一个事件退避完;第一个进了死信,它也跟着进。"""
+    (新的 event_id)。第二个事件要是马上被领走、接着那个失败的 draft 再调一次模型,退避就被绕过,五个通知就是五次
+    连着的调用,这张工单总共调了 MAX_ATTEMPTS 以上次。所以它等第一个事件退避完;第一个进了死信,它也跟着进。"""
     def time_passes():  # 不真等:把退避到期的时间拨到现在
         conn = store.connect()
         conn.execute("UPDATE events SET not_before = ? WHERE not_before IS NOT NULL", (store.now(),))
@@ -306,8 +323,8 @@ def test_a_second_event_for_a_ticket_in_backoff_waits_instead_of_calling_the_mod
 
 
 def test_an_event_claimed_just_as_the_stop_signal_arrives_is_handed_back_not_processed(lab, monkeypatch, capsys):
-    """第一次 Ctrl-C 落在领取的途中:领到的事件还不算「手上的」。原来照样去做(等模型),这时的第二次 Ctrl-C 看到
-    手上没有事件,不抢着退出,worker 要等模型回答才退。现在交回队列(尝试次数不算),不调模型,马上退出。"""
+    """第一次 Ctrl-C 落在领取的途中:领到的事件还不算「手上的」。要是照样去做(等模型),这时的第二次 Ctrl-C 看到
+    手上没有事件,不抢着退出,worker 要等模型回答才退。所以它交回队列(尝试次数不算),不调模型,马上退出。"""
     add("T1012"), add("T1041")
     w = worker_mod.Worker()
     claim = worker_mod.claim
@@ -376,7 +393,8 @@ def test_a_draft_gives_up_at_the_overall_deadline_instead_of_waiting_for_a_slow_
 def test_the_overall_deadline_holds_while_the_server_keeps_the_connection_alive_with_blank_lines(lab, monkeypatch,
                                                                                                  capsys):
     """DeepSeek 忙的时候先回 200,然后每隔几秒发一个空行,可以拖十几分钟。read 超时只管两次收到数据之间,
-    原来整体时限 1 秒的起草照样等到 15 秒后的回答(等过 STALE_MINUTES 的话,别的机器会把事件放回队列、再起草一遍)。"""
+    光靠它,整体时限 1 秒的起草也会等到 15 秒后的回答(等过 STALE_MINUTES 的话,别的机器会把事件放回队列、再起草一遍)。
+    整体时限到了就断开。"""
     with OpenAIStub(delay=15.0) as stub:
         stub.keepalive = 0.1
         use_stub(monkeypatch, stub)
@@ -394,8 +412,8 @@ def test_the_overall_deadline_holds_while_the_server_keeps_the_connection_alive_
 
 
 def test_a_retry_after_longer_than_the_time_left_is_cut_to_the_overall_deadline(lab, monkeypatch, capsys):
-    """429 带 Retry-After: 20:OpenAI 客户端照做,每次重试前等 20 秒(最多 2 分钟),原来整体时限 1 秒的起草
-    用了 40 秒。现在只等到时限为止,时限到了就不再发,和别的超时一样稍后再试。"""
+    """429 带 Retry-After: 20:OpenAI 客户端照做,每次重试前等 20 秒(最多 2 分钟),照做的话整体时限 1 秒的起草
+    要用 40 秒。所以只等到时限为止,时限到了就不再发,和别的超时一样稍后再试。"""
     with OpenAIStub() as stub:
         use_stub(monkeypatch, stub, retries=2)
         monkeypatch.setenv("LLM_DEADLINE_S", "1")
@@ -458,8 +476,8 @@ def test_after_the_overall_deadline_neither_a_retry_nor_the_backup_model_is_sent
 def test_a_retry_after_too_long_for_the_client_to_wait_fails_at_once_instead_of_waiting_out_the_deadline(
         lab, monkeypatch, capsys, backup):
     """配额用完时服务端回 429、Retry-After: 3600:openai 客户端不会等这么久,马上抛错(超过 2 分钟就不重试)。
-    原来把它改成「等到时限为止」,客户端就照着等满整个时限(有备用模型时等满主模型那一份,默认 75 秒)才出错,
-    last_error 还说是时限用完了。现在马上出错:有备用模型就换它,没有就是 RateLimitError,稍后再试。"""
+    要是把它改成「等到时限为止」,客户端就照着等满整个时限(有备用模型时等满主模型那一份,默认 75 秒)才出错,
+    last_error 还说是时限用完了。所以马上出错:有备用模型就换它,没有就是 RateLimitError,稍后再试。"""
     with OpenAIStub() as stub:
         use_stub(monkeypatch, stub, retries=2)
         monkeypatch.setenv("LLM_DEADLINE_S", "8")
@@ -485,8 +503,8 @@ def test_a_retry_after_too_long_for_the_client_to_wait_fails_at_once_instead_of_
 def test_a_backup_that_fails_fast_after_the_primary_used_its_share_is_not_called_the_overall_deadline(
         lab, monkeypatch, capsys, status, kind):
     """主模型挂住、用完了它那一份时限(LLM_PRIMARY_SHARE 默认一半),备用模型马上就失败了(500,或者它的 key 不对):
-    原来 last_error 说「起草用完了整体时限 LLM_DEADLINE_S」,时限只用了一半,人会去调大时限,而不是去修备用模型。
-    现在说的是主模型超时、备用模型也没有成功。"""
+    last_error 要是说「起草用完了整体时限 LLM_DEADLINE_S」(时限其实只用了一半),人会去调大时限,而不是去修备用模型。
+    所以它说的是主模型超时、备用模型也没有成功。"""
     with OpenAIStub(delay=30.0) as primary, OpenAIStub() as other:
         use_stub(monkeypatch, primary)
         monkeypatch.setenv("LLM_TIMEOUT_S", "10")
@@ -510,8 +528,8 @@ def test_a_backup_that_fails_fast_after_the_primary_used_its_share_is_not_called
 def test_a_primary_that_hangs_or_asks_to_wait_long_leaves_the_backup_its_share_of_the_deadline(lab, monkeypatch,
                                                                                                capsys, how):
     """默认设置缩小 60 倍:单次超时 1 秒(60)、重试 2 次、整体时限 2.5 秒(150)。主模型挂住(30 秒才回)或者
-    429 让等 1.5 秒(90 秒)时,原来它自己的重试就把整个时限用完,健康的备用模型一个请求都没收到,事件退避、
-    最后进死信。现在主模型只用一半(LLM_PRIMARY_SHARE),剩下的时间备用模型接下。"""
+    429 让等 1.5 秒(90 秒)时,它自己的重试会把整个时限用完,健康的备用模型一个请求都收不到,事件退避、
+    最后进死信。所以主模型只用一半(LLM_PRIMARY_SHARE),剩下的时间备用模型接下。"""
     with OpenAIStub(delay=30.0 if how == "hangs" else 0) as primary, OpenAIStub() as backup:
         use_stub(monkeypatch, primary, retries=2)
         monkeypatch.setenv("LLM_TIMEOUT_S", "1")
@@ -546,8 +564,8 @@ def test_a_permission_error_backs_off_with_a_fix_hint_instead_of_going_dead_at_o
 
 
 def test_insufficient_balance_backs_off_with_a_top_up_hint(lab, monkeypatch):
-    """DeepSeek 余额不足回 402(openai 没有这个状态码的异常类):和 403 一样走退避、不快速重试;原来 last_error 里
-    只有 APIStatusError 一行,没说是余额的事。"""
+    """DeepSeek 余额不足回 402(openai 没有这个状态码的异常类):和 403 一样走退避、不快速重试;last_error 里
+    不只是 APIStatusError 一行,还说是余额的事、怎么充值。"""
     with OpenAIStub() as stub:
         use_stub(monkeypatch, stub, retries=2)
         stub.fail["stub-model"] = (402, "insufficient_balance")
@@ -580,8 +598,8 @@ def test_another_event_for_a_ticket_already_answered_is_done_without_calling_the
 
 def test_an_ignored_ticket_whose_event_comes_back_to_the_worker_stays_ignored(lab):
     """收件箱的 ignore 走完了图(review_log 记下了 ignore),没来得及改事件状态就没了:事件交回 worker(这里直接
-    改回 pending)。worker 看 checkpoint 知道这张工单处理完了,原来一律记成 done,日报和事件表里人选了不回的工单
-    就成了处理过的;现在和收件箱自己更正时一样是 ignored。不调模型,发件箱是空的。"""
+    改回 pending)。worker 看 checkpoint 知道这张工单处理完了;要是一律记成 done,日报和事件表里人选了不回的工单
+    就成了处理过的。所以和收件箱自己更正时一样记成 ignored。不调模型,发件箱是空的。"""
     from langgraph.types import Command
 
     add("T1012")
@@ -598,28 +616,29 @@ def test_an_ignored_ticket_whose_event_comes_back_to_the_worker_stays_ignored(la
 def test_requeue_dead_puts_dead_events_back_and_refuses_unknown_ids(any_lab):
     add("T9999"), add("T9998")
     drain()
-    bad = run(["worker.py", "--requeue-dead", "evt_T9999_created", "evt_nope"], any_lab)
+    bad = fresh_cli(["worker.py", "--requeue-dead", "evt_T9999_created", "evt_nope"], any_lab)
     assert (bad.returncode, bad.stdout) == (1, "")
     assert bad.stderr == "这些事件不是死信(不存在,或者状态不是 dead),一个都没动: evt_nope\n"
     assert rows("SELECT status FROM events") == [("dead",), ("dead",)]
-    one = run(["worker.py", "--requeue-dead", "evt_T9999_created"], any_lab)
+    one = fresh_cli(["worker.py", "--requeue-dead", "evt_T9999_created"], any_lab)
     assert (one.returncode, one.stdout) == (0, "已把 1 个死信放回队列\n")
-    every = run(["worker.py", "--requeue-dead"], any_lab)
+    every = fresh_cli(["worker.py", "--requeue-dead"], any_lab)
     assert (every.returncode, every.stdout) == (0, "已把 1 个死信放回队列\n")
     assert rows("SELECT status, attempts, not_before FROM events") == [("pending", 0, None)] * 2
 
 
 def test_requeue_dead_given_twice_checks_and_requeues_the_ids_of_both(any_lab):
-    """argparse 原来只留最后一次的 --requeue-dead:前面的 id 不查(写错了也不拦),最后一次不带 id 时还成了「全部放回」。"""
+    """argparse 默认只留最后一次的 --requeue-dead:前面的 id 不查(写错了也不拦),最后一次不带 id 时还成了「全部放回」。
+    这里两次的 id 合在一起查、一起放回。"""
     add("T9999"), add("T9998"), add("T9997")
     drain()
     for args in (["--requeue-dead", "evt_nope", "--requeue-dead", "evt_T9999_created"],
                  ["--requeue-dead", "evt_nope", "--requeue-dead"]):
-        bad = run(["worker.py", *args], any_lab)
+        bad = fresh_cli(["worker.py", *args], any_lab)
         assert (bad.returncode, bad.stdout) == (1, ""), args
         assert bad.stderr == "这些事件不是死信(不存在,或者状态不是 dead),一个都没动: evt_nope\n"
         assert rows("SELECT status FROM events") == [("dead",)] * 3
-    both = run(["worker.py", "--requeue-dead", "evt_T9999_created", "--requeue-dead", "evt_T9998_created"], any_lab)
+    both = fresh_cli(["worker.py", "--requeue-dead", "evt_T9999_created", "--requeue-dead", "evt_T9998_created"], any_lab)
     assert (both.returncode, both.stdout, both.stderr) == (0, "已把 2 个死信放回队列\n", "")
     assert rows("SELECT event_id, status FROM events ORDER BY event_id") == [
         ("evt_T9997_created", "dead"), ("evt_T9998_created", "pending"), ("evt_T9999_created", "pending")]
@@ -627,17 +646,22 @@ def test_requeue_dead_given_twice_checks_and_requeues_the_ids_of_both(any_lab):
 
 @pytest.mark.parametrize("first, command", [
     ("<w30@example.com>", "uv run python worker.py --requeue-dead '<w30@example.com>' evt_T9998_created"),
-    # 以「-」开头的 id(nanoid 之类):原来照样跟在 --requeue-dead 后面,argparse 说「不认识的参数」,退出码 2
+    # 以「-」开头的 id(nanoid 之类):跟在 --requeue-dead 后面的话 argparse 说「不认识的参数」,退出码 2;所以写成 --requeue-dead=…
     ("-V1StGXR8_Z5jdHi6B", "uv run python worker.py --requeue-dead=-V1StGXR8_Z5jdHi6B --requeue-dead=evt_T9998_created"),
 ])
 def test_the_requeue_command_in_hints_can_be_pasted_into_a_shell_even_for_mail_event_ids(lab, first, command):
-    """邮件的事件 id 是 <…@…> 形式的 Message-ID:提示里的命令原来不加引号,粘进 bash 就成了重定向(语法错误)。"""
+    """邮件的事件 id 是 <…@…> 形式的 Message-ID:提示里的命令不加引号的话,粘进 bash 就成了重定向(语法错误);所以加了引号。"""
     mail, other = add("T9999", first), add("T9998")
     drain()
     assert store_events.requeue_dead_command([mail, other]) == command
-    pasted = subprocess.run(["bash", "-c", command.replace("uv run python", shlex.quote(sys.executable), 1)],
+    # bash 照粘进去的样子拆参数(引号、重定向),printf 把拆出来的一个个参数交回来,再照这些参数跑 worker.py
+    pasted = subprocess.run(["bash", "-c", command.replace("uv run python", "printf '%s\\0'", 1)],
                             cwd=LAB, env=lab, capture_output=True, text=True, timeout=120)
-    assert (pasted.returncode, pasted.stdout, pasted.stderr) == (0, "已把 2 个死信放回队列\n", "")
+    assert (pasted.returncode, pasted.stderr) == (0, "")
+    argv = pasted.stdout.split("\0")[:-1]
+    assert argv[0] == "worker.py"
+    r = fresh_cli(argv, lab)
+    assert (r.returncode, r.stdout, r.stderr) == (0, "已把 2 个死信放回队列\n", "")
     assert rows("SELECT event_id, status FROM events ORDER BY event_id") == [
         (first, "pending"), ("evt_T9998_created", "pending")]
 
@@ -646,11 +670,11 @@ def test_requeue_dead_on_a_write_locked_database_says_so_in_one_line_and_leaves_
     add("T9999")
     drain()
     with write_locked():
-        r = run(["worker.py", "--requeue-dead"], {**lab, "BUSY_TIMEOUT_S": "0.2"})
+        r = fresh_cli(["worker.py", "--requeue-dead"], {**lab, "BUSY_TIMEOUT_S": "0.2"})
     assert (r.returncode, r.stdout) == (1, "")
     assert r.stderr == "数据库暂时用不了(OperationalError: database is locked),这一轮停下,下次再跑\n"
     assert rows("SELECT status, attempts FROM events") == [("dead", 1)]
-    r = run(["worker.py", "--requeue-dead"], lab)
+    r = fresh_cli(["worker.py", "--requeue-dead"], lab)
     assert (r.returncode, r.stdout) == (0, "已把 1 个死信放回队列\n")
 
 
@@ -664,12 +688,12 @@ def test_requeue_dead_on_a_write_locked_database_says_so_in_one_line_and_leaves_
                                    "--concurrency 一起用;放回之后再运行 worker"),
     (["--requeue-dead", "evt_T1012_created", "--concurrency", "4"],
      "worker.py:错误:--requeue-dead 只把死信放回队列,不处理事件,不能和 --once、--concurrency 一起用;放回之后再运行 worker"),
-    # --requeue-dead "$ID",变量是空的:原来说「…一个都没动: 」,后面看不出是哪个
+    # --requeue-dead "$ID",变量是空的:不拦的话说「…一个都没动: 」,后面看不出是哪个
     (["--requeue-dead", "evt_T1012_created", " "], "worker.py:错误:--requeue-dead 后面的事件号不能是空的(不给事件号才是全部)"),
 ])
 def test_bad_worker_arguments_exit_2_with_usage_and_claim_nothing(lab, args, message):
     add("T1012")
-    r = run(["worker.py", *args], lab)
+    r = fresh_cli(["worker.py", *args], lab)
     assert (r.returncode, r.stdout) == (2, "")
     assert r.stderr.startswith("用法:worker.py") and r.stderr.endswith("\n" + message + "\n")
     assert events() == [("evt_T1012_created", "pending", 0)]
@@ -679,7 +703,7 @@ def test_stale_processing_event_of_a_dead_process_is_requeued_but_a_live_ones_is
     add("T1012"), add("T1041"), add("T1003"), add("T1008"), add("T1020")
     dead = dead_owner()
     # 进程号还在,但那是后来的另一个进程(容器重启后主机名不变、进程号从头数,新 worker 拿到了同一个号):
-    # 原来看进程号活着就一直不放回,这张工单的后续事件也永远领不到
+    # 只看进程号活着就不放回的话,它一直卡着,这张工单的后续事件也永远领不到
     me, _, started = worker_owner.worker_id().partition("@")
     reused = f"{me}@{int(started) - 100}"
     conn = store.connect()
@@ -704,8 +728,8 @@ def test_stale_processing_event_of_a_dead_process_is_requeued_but_a_live_ones_is
 
 def test_two_workers_requeuing_at_once_never_put_back_a_claim_made_in_between(any_lab, monkeypatch):
     """两个 worker 同时查卡住的事件、都看到同一个死掉的进程手里的事件:B 放回,D 马上领走;C 查完死活再去放回时,
-    原来在 PostgreSQL 上把 D 这次活着的领取也放回了(SELECT 不锁行),E 又领到它:两个 worker 同时起草同一张工单,
-    还白白多算一次尝试、记上「进程没了」。现在只放回看过的那一次领取。SQLite 上 C 拿着写锁,B 等它做完。"""
+    在 PostgreSQL 上可能把 D 这次活着的领取也放回(SELECT 不锁行),E 又领到它:两个 worker 同时起草同一张工单,
+    还白白多算一次尝试、记上「进程没了」。所以只放回看过的那一次领取。SQLite 上 C 拿着写锁,B 等它做完。"""
     add("T1012")
     dead = dead_owner()
     conn = store.connect()
@@ -740,8 +764,8 @@ def test_two_workers_requeuing_at_once_never_put_back_a_claim_made_in_between(an
 @pytest.mark.parametrize("concurrency", [1, 3])
 def test_a_local_worker_that_dies_during_a_long_round_has_its_event_requeued_in_that_round(any_lab, monkeypatch,
                                                                                           capsys, concurrency):
-    """同一台机器上另一个 worker 在这一轮进行中死了(手里一个事件停在 processing)。原来只在一轮开始时查卡住的事件,
-    一直有新事件进来时这一轮不结束,那个事件就一直卡着;现在处理中每隔 POLL_SECONDS 也查一次,这一轮里就放回、做完。"""
+    """同一台机器上另一个 worker 在这一轮进行中死了(手里一个事件停在 processing)。只在一轮开始时查卡住的事件的话,
+    一直有新事件进来时这一轮不结束,那个事件就一直卡着;所以处理中每隔 POLL_SECONDS 也查一次,这一轮里就放回、做完。"""
     monkeypatch.setenv("POLL_SECONDS", "0.01")
     for ticket in ("T1012", "T1041", "T1003"):
         add(ticket)
@@ -755,7 +779,7 @@ def test_a_local_worker_that_dies_during_a_long_round_has_its_event_requeued_in_
 
     def claim_then_the_other_worker_dies(owner=None):
         claims.append(owner)
-        if len(claims) == 2:  # 这一轮已经开始、做完一个事件之后:T1008 的主人原来是本机的一个进程,现在死了
+        if len(claims) == 2:  # 这一轮已经开始、做完一个事件之后:T1008 的主人换成本机一个已经死了的进程
             conn = store.connect()
             conn.execute("UPDATE events SET claimed_by = ? WHERE ticket_id = 'T1008'",
                          (dead,))
@@ -831,7 +855,8 @@ def test_a_slow_worker_whose_event_was_requeued_and_taken_meanwhile_leaves_its_s
 
 
 def test_a_slow_worker_whose_failed_event_was_taken_meanwhile_says_so_instead_of_claiming_it_is_dead(any_lab, capsys):
-    """同上,但慢的那个是失败(工单不存在,本该进死信):原来照样说「→ dead」,表里其实没改、事件还在接手的人手里。"""
+    """同上,但慢的那个是失败(工单不存在,本该进死信):它不光说「→ dead」(表里其实没改、事件还在接手的人手里),
+    也说这期间事件被放回了队列。"""
     assert finish_after_taken_meanwhile("T9999") == "dead"
     assert capsys.readouterr().out == (
         "evt_T9999_created 第 1 次失败 → dead(这期间事件被放回了队列,状态留给接手的 worker 改): 工单不存在:T9999\n")
@@ -840,8 +865,8 @@ def test_a_slow_worker_whose_failed_event_was_taken_meanwhile_says_so_instead_of
 
 def test_a_slow_thread_does_not_overwrite_its_own_workers_newer_claim_of_the_same_event(any_lab, capsys):
     """--concurrency 大于 1 的 worker(hostA)的一个线程慢到超过 STALE_MINUTES,别的机器把事件放回队列,又被 hostA 的
-    另一个线程领走:两次领取的 owner 一样。原来慢的那个线程做完时照样把状态改成 waiting_human(正在跑的那个线程的
-    结果反倒被挡住,还说「这期间事件被放回了队列」);现在它只改自己那一次领取的,说一声,状态留给正在跑的那个。"""
+    另一个线程领走:两次领取的 owner 一样。只看 owner 的话,慢的那个线程做完时会把状态改成 waiting_human(正在跑的那个线程的
+    结果反倒被挡住,还说「这期间事件被放回了队列」);所以它只改自己那一次领取的,说一声,状态留给正在跑的那个。"""
     add("T1012")
     first = worker_mod.claim("hostA:4242@123")
     conn = store.connect()
@@ -963,7 +988,7 @@ def test_worker_killed_inside_draft_resumes_at_draft_without_rerunning_load(any_
         kill_worker_inside_draft(env, stub)
         assert events() == [("evt_T1012_created", "processing", 1)]
         stub.delay = 0
-        r = run(["worker.py", "--once"], env)
+        r = fresh_cli(["worker.py", "--once"], env)
         assert r.returncode == 0, r.stderr
         assert r.stdout.splitlines() == ["放回队列 1 个卡住的事件", "evt_T1012_created → waiting_human"]
         assert len(stub.requests) == 2  # draft 跑了两次(第一次被杀),load 不调模型
@@ -1150,7 +1175,7 @@ def test_durability_exit_worker_killed_inside_draft_starts_the_ticket_over(any_l
         kill_worker_inside_draft(env, stub)
         assert thread_history("T1012") == []  # 被杀的这次运行一个 checkpoint 也没写
         stub.delay = 0
-        r = run(["worker.py", "--once"], env)
+        r = fresh_cli(["worker.py", "--once"], env)
         assert r.returncode == 0, r.stderr
         assert r.stdout.splitlines() == ["放回队列 1 个卡住的事件", "evt_T1012_created → waiting_human"]
         assert len(stub.requests) == 2
@@ -1162,7 +1187,7 @@ def test_durability_exit_worker_killed_inside_draft_starts_the_ticket_over(any_l
 
 @pytest.mark.parametrize("setting, value, message", [
     ("CHECKPOINT_DURABILITY", "fast", "配置错误:CHECKPOINT_DURABILITY='fast',只能是 async、exit、sync 之一"),
-    # 下面这些原来要等领到事件、跑到要用它的地方才发现:事件停在 processing,白用一次尝试
+    # 下面这些不先查的话,要等领到事件、跑到要用它的地方才发现:事件停在 processing,白用一次尝试
     ("MAX_ATTEMPTS", "nan", "配置错误:MAX_ATTEMPTS='nan' 不是数字"),
     ("BACKOFF_BASE_MINUTES", "1e300", "配置错误:BACKOFF_BASE_MINUTES='1e300' 不能大于 1440"),
     ("STALE_MINUTES", "-1", "配置错误:STALE_MINUTES='-1' 不能小于 0"),
@@ -1175,20 +1200,20 @@ def test_durability_exit_worker_killed_inside_draft_starts_the_ticket_over(any_l
     ("LLM_MAX_RETRIES", "-1", "配置错误:LLM_MAX_RETRIES='-1' 不能小于 0"),
     ("LLM_DEADLINE_S", "0", "配置错误:LLM_DEADLINE_S='0' 不能小于 0.1"),
     ("LLM_EXTRA_BODY", "{oops", "配置错误:LLM_EXTRA_BODY 不是合法 JSON:{oops"),
-    # 下面这些原来要领到事件、发请求时才出错,还被当成暂时性错误一遍遍重试
+    # 下面这些不先查的话,领到事件、发请求时才出错,还被当成暂时性错误一遍遍重试
     ("LLM_EXTRA_BODY", "[1]", "配置错误:LLM_EXTRA_BODY 应该是 JSON 对象({…}):[1]"),
-    # Python 的 json 认 NaN,发请求时却编不成 JSON:原来每个事件都 ValueError、重试到进死信
+    # Python 的 json 认 NaN,发请求时却编不成 JSON:不先查的话每个事件都 ValueError、重试到进死信
     ("LLM_EXTRA_BODY", '{"top_p": NaN}', '配置错误:LLM_EXTRA_BODY 不是合法 JSON:{"top_p": NaN}'),
     ("LLM_BASE_URL", "api.deepseek.com", "配置错误:LLM_BASE_URL='api.deepseek.com' 不是合法的网址"
                                          "(要以 http:// 或 https:// 开头,后面是主机名)"),
     ("LLM_FALLBACK_BASE_URL", "http://[::1", "配置错误:LLM_FALLBACK_BASE_URL='http://[::1' 不是合法的网址(Invalid IPv6 URL)"),
-    # 原来领到事件、连模型时才是 UnicodeError,当成暂时性错误,每次都用掉一次尝试
+    # 不先查的话,领到事件、连模型时才是 UnicodeError,当成暂时性错误,每次都用掉一次尝试
     ("LLM_BASE_URL", "https://api..deepseek.com", "配置错误:LLM_BASE_URL='https://api..deepseek.com' 不是合法的网址"
                                                   "(主机名有一段是空的(连着两个点、以点开头)或者超过 63 个字符)"),
-    ("WORKER_CONCURRENCY", "1000000000", "配置错误:WORKER_CONCURRENCY='1000000000' 不能大于 256"),  # 原来开十亿个线程
+    ("WORKER_CONCURRENCY", "1000000000", "配置错误:WORKER_CONCURRENCY='1000000000' 不能大于 256"),  # 不拦的话要开十亿个线程
     # 收件箱交回的 thread 由 worker 接着跑 review,它也按这个数检查人给的文字
     ("INBOX_MAX_TEXT_CHARS", "0", "配置错误:INBOX_MAX_TEXT_CHARS='0' 不能小于 1"),
-    # 输入法打成了全角:原来每次发请求都是 UnicodeEncodeError,重试三次进死信
+    # 输入法打成了全角:不先查的话每次发请求都是 UnicodeEncodeError,重试三次进死信
     ("LLM_API_KEY", "sk-abc１２３", "配置错误:LLM_API_KEY 的第 7 个字符不是英文半角的字母、数字或符号(全角字符、空格或换行?):"
                                     "API key 里只有这些;重新从模型服务的控制台复制一遍"),
     ("LLM_FALLBACK_API_KEY", "sk-a b", "配置错误:LLM_FALLBACK_API_KEY 的第 5 个字符不是英文半角的字母、数字或符号(全角字符、"
@@ -1196,7 +1221,7 @@ def test_durability_exit_worker_killed_inside_draft_starts_the_ticket_over(any_l
 ])
 def test_a_bad_setting_stops_the_worker_before_it_claims_anything(lab, setting, value, message):
     add("T1012")
-    r = run(["worker.py", "--once"], {**lab, setting: value})
+    r = fresh_cli(["worker.py", "--once"], {**lab, setting: value})
     assert (r.returncode, r.stdout) == (1, "")
     assert r.stderr == message + "\n"
     assert events() == [("evt_T1012_created", "pending", 0)]
@@ -1207,7 +1232,7 @@ def test_a_backup_model_on_another_service_without_its_own_key_stops_the_worker_
     add("T1012")
     env = {**lab, "LLM_API_KEY": "sk-primary", "LLM_BASE_URL": "https://api.deepseek.com",
            "LLM_FALLBACK_MODEL": "backup", "LLM_FALLBACK_BASE_URL": "https://backup.example.com/v1"}
-    r = run(["worker.py", "--once"], env)
+    r = fresh_cli(["worker.py", "--once"], env)
     assert (r.returncode, r.stdout) == (1, "")
     assert r.stderr == ("配置错误:LLM_FALLBACK_BASE_URL='https://backup.example.com/v1' 和 LLM_BASE_URL 不是同一个服务,"
                         "要另设 LLM_FALLBACK_API_KEY(不会把 LLM_API_KEY 发给别的服务)\n")
@@ -1221,7 +1246,7 @@ def test_a_backup_model_on_another_service_without_its_own_key_stops_the_worker_
 ])
 def test_a_bad_postgres_pool_setting_stops_the_worker_before_it_claims_anything(pg_lab, setting, value, message):
     add("T1012")
-    r = run(["worker.py", "--once"], {**pg_lab, setting: value})
+    r = fresh_cli(["worker.py", "--once"], {**pg_lab, setting: value})
     assert (r.returncode, r.stdout, r.stderr) == (1, "", message + "\n")
     assert events() == [("evt_T1012_created", "pending", 0)]
 
@@ -1229,11 +1254,11 @@ def test_a_bad_postgres_pool_setting_stops_the_worker_before_it_claims_anything(
 def test_worker_without_the_business_database_stops_before_it_claims_anything_and_creates_no_file(lab, tmp_path):
     add("T1012")
     missing = tmp_path / "gone.db"
-    r = run(["worker.py", "--once"], {**lab, "BIZ_DB": str(missing)})
+    r = fresh_cli(["worker.py", "--once"], {**lab, "BIZ_DB": str(missing)})
     assert (r.returncode, r.stdout) == (1, "")
     assert r.stderr == f"业务库不存在:{missing}(先运行 uv run python store.py 建库)\n"
     assert events() == [("evt_T1012_created", "pending", 0)]
-    assert not missing.exists()  # 原来 sqlite3 会顺手建一个空库,之后 store.py 以为业务库已经有了
+    assert not missing.exists()  # sqlite3 默认会顺手建一个空库,之后 store.py 以为业务库已经有了
 
 
 def test_reading_a_ticket_from_a_missing_business_database_fails_without_creating_an_empty_one(lab, tmp_path,
@@ -1295,8 +1320,9 @@ def in_shanghai(monkeypatch):
 
 
 def test_an_events_database_built_the_lessons_way_is_upgraded_then_worked_on(lab, tmp_path, monkeypatch, in_shanghai):
-    """课文的库:本地时间精确到秒、没有 ticket_id。原来 init() 只补列:卡住的事件一比时间就 TypeError(带时区和不带
-    时区的不能比),worker 每次一开始就崩;ticket_id 是空的,收件箱认不出它的待办,事件在 pending 和 waiting_human 之间来回。"""
+    """课文的库:本地时间精确到秒、没有 ticket_id。init() 只补列的话:卡住的事件一比时间就 TypeError(带时区和不带
+    时区的不能比),worker 每次一开始就崩;ticket_id 是空的,收件箱认不出它的待办,事件在 pending 和 waiting_human 之间来回。
+    所以 init() 把时间换成 UTC、补上 ticket_id。"""
     from datetime import datetime, timedelta
 
     path = tmp_path / "lesson.db"
@@ -1326,7 +1352,7 @@ def test_an_events_database_built_the_lessons_way_is_upgraded_then_worked_on(lab
     assert rows("SELECT ticket_id, sent_at FROM outbox") == [("T1003", utc[5])]
     # 卡了 20 分钟的 T1041(课文的 worker 崩在半路)放回队列;两张都进收件箱,收件箱认得它们
     assert drain() == [("evt_T1012_created", "waiting_human"), ("evt_T1041_created", "waiting_human")]
-    listing = run(["inbox.py", "list"], {**lab, "EVENTS_DB": str(path), "TZ": "Asia/Shanghai"})
+    listing = fresh_cli(["inbox.py", "list"], {**lab, "EVENTS_DB": str(path), "TZ": "Asia/Shanghai"})
     assert listing.returncode == 0, listing.stderr
     assert [line.split()[0] for line in listing.stdout.splitlines() if not line.startswith(" ")] == ["T1012", "T1041"]
     assert rows("SELECT event_id, status FROM events ORDER BY event_id") == [
@@ -1336,8 +1362,8 @@ def test_an_events_database_built_the_lessons_way_is_upgraded_then_worked_on(lab
 def test_a_lesson_database_left_with_two_processing_events_for_one_ticket_is_upgraded_keeping_one(lab, tmp_path,
                                                                                                      monkeypatch):
     """课文的库没有「一张工单最多一个 processing」的约束:两个重叠的 --once(课文说 cron 里可以重叠)被杀掉后,
-    T1014 的 webhook 事件和定时任务的事件都停在 processing。原来升级时建唯一索引就是 IntegrityError 的 traceback,
-    每个程序都先 init(),一个都起不来,也永远好不了。现在先领的那个留着(等卡住的事件放回队列),另一个放回队列。"""
+    T1014 的 webhook 事件和定时任务的事件都停在 processing。直接建唯一索引就是 IntegrityError 的 traceback,
+    每个程序都先 init(),一个都起不来,也永远好不了。所以升级时先领的那个留着(等卡住的事件放回队列),另一个放回队列。"""
     path = tmp_path / "lesson.db"
     with sqlite3.connect(path) as conn:
         conn.executescript(LESSON_SCHEMA)
@@ -1347,7 +1373,7 @@ def test_a_lesson_database_left_with_two_processing_events_for_one_ticket_is_upg
                          "VALUES (?, 'webhook', 'ticket.created', ?, 'processing', 1, ?, ?)",
                          (event_id, json.dumps({"data": {"ticket_id": "T1014"}}), updated, updated))
     conn.close()
-    r = run(["store.py"], {**lab, "EVENTS_DB": str(path), "TZ": "UTC"})
+    r = fresh_cli(["store.py"], {**lab, "EVENTS_DB": str(path), "TZ": "UTC"})
     assert (r.returncode, r.stderr) == (0, ""), r.stderr
     assert f"事件库 {path}:events 2 行,outbox 0 行,review_log 0 行,llm_usage 0 行" in r.stdout.splitlines()
     monkeypatch.setenv("EVENTS_DB", str(path))
@@ -1358,8 +1384,9 @@ def test_a_lesson_database_left_with_two_processing_events_for_one_ticket_is_upg
 
 def test_the_lessons_exercise_3_not_before_in_local_time_is_converted_so_a_due_retry_is_claimed(lab, tmp_path,
                                                                                                 monkeypatch, in_shanghai):
-    """练习 3 让给 events 加 not_before,照课文的 now() 写的是本地时间。原来升级时只换了 received_at、updated_at:
-    东八区一分钟前就该重试的事件,和 UTC 的「现在」按字符串一比,成了 8 小时以后,要多等 8 小时(同一张工单的别的事件也等)。"""
+    """练习 3 让给 events 加 not_before,照课文的 now() 写的是本地时间。升级时要是只换 received_at、updated_at:
+    东八区一分钟前就该重试的事件,和 UTC 的「现在」按字符串一比,成了 8 小时以后,要多等 8 小时(同一张工单的别的事件也等)。
+    所以 not_before 也换成 UTC。"""
     from datetime import datetime, timedelta
 
     due = (datetime.now() - timedelta(minutes=1)).isoformat(timespec="seconds")
@@ -1409,14 +1436,14 @@ def dump(path) -> list:
                                            (["cron_jobs.py", "report"], 2), (["store.py"], 1)])
 def test_a_review_log_built_for_exercise_4_in_another_shape_is_named_and_nothing_is_touched(lab, tmp_path, command,
                                                                                             code):
-    """练习 4 只说 review_log 记哪几样,列名各人起。原来 CREATE TABLE IF NOT EXISTS 不动它,写审核记录、出日报时才是
-    「no such column」,还说成「数据库暂时用不了,稍后再跑」(等多久都不会好)。现在每个程序一开始就说是哪张表、缺哪几列、
+    """练习 4 只说 review_log 记哪几样,列名各人起。CREATE TABLE IF NOT EXISTS 不动它,只靠它的话写审核记录、出日报时才是
+    「no such column」,还说成「数据库暂时用不了,稍后再跑」(等多久都不会好)。所以每个程序一开始就说是哪张表、缺哪几列、
     怎么办,什么都不动(课文的库也不升级)。"""
     path = tmp_path / "lesson.db"
     lesson_db_with(path, "CREATE TABLE review_log (ticket_id TEXT, category TEXT, draft TEXT, final_text TEXT, "
                          "action TEXT, feedback TEXT);", ("T1041", "refund", "原稿", "终稿", "edit", "[]"))
     before = dump(path)
-    r = run(command, {**lab, "EVENTS_DB": str(path)})
+    r = fresh_cli(command, {**lab, "EVENTS_DB": str(path)})
     assert (r.returncode, r.stdout, r.stderr) == (code, "", (
         f"事件库 {path} 里已经有一张 review_log 表,却不是这里用的结构(缺 created_at、final 列;多半是自己做练习时建的):"
         f"先给它改个名,比如 sqlite3 {path} 'ALTER TABLE review_log RENAME TO my_review_log',再运行,这里会新建一张。"
@@ -1425,7 +1452,7 @@ def test_a_review_log_built_for_exercise_4_in_another_shape_is_named_and_nothing
 
 
 def test_the_report_reads_review_log_times_written_without_a_time_zone_as_local_time(lab, tmp_path, in_shanghai):
-    """照课文的 now() 写的 review_log 时间不带时区(本地时间):原来日报一比时间就 TypeError、什么都没打印。
+    """照课文的 now() 写的 review_log 时间不带时区(本地时间):日报按本地时间读它,不会一比时间就 TypeError、什么都不打印。
     这一行是北京时间 7 天零 4 小时以前写的:按本地时间读,它在「近 7 天」之外;当成 UTC 读就晚了 8 小时、算进了近 7 天。"""
     from zoneinfo import ZoneInfo
 
@@ -1434,7 +1461,7 @@ def test_the_report_reads_review_log_times_written_without_a_time_zone_as_local_
     lesson_db_with(path, "CREATE TABLE review_log (ticket_id TEXT PRIMARY KEY, category TEXT NOT NULL, draft TEXT NOT NULL, "
                          "final TEXT, action TEXT NOT NULL, feedback TEXT NOT NULL, created_at TEXT NOT NULL);",
                    ("T1041", "refund", "原稿", "终稿", "edit", "[]", written.isoformat(timespec="seconds")))
-    r = run(["cron_jobs.py", "report"], {**lab, "EVENTS_DB": str(path), "TZ": "Asia/Shanghai"})
+    r = fresh_cli(["cron_jobs.py", "report"], {**lab, "EVENTS_DB": str(path), "TZ": "Asia/Shanghai"})
     assert (r.returncode, r.stderr) == (0, ""), r.stderr
     assert "  refund:1 张,accept 0,edit 1,ignore 0,原样批准率 0%;近 7 天没有" in r.stdout.splitlines(), r.stdout
 
@@ -1494,8 +1521,8 @@ def run_in_thread(w) -> threading.Thread:
 
 def test_a_claim_committed_whose_answer_is_lost_is_handed_back_by_the_running_worker(any_lab, monkeypatch, capsys):
     """领取那条 UPDATE 提交了,回答却在路上丢了(连接恰好这时断了):worker 不知道自己领了它,它不在「手上」;
-    本机的 worker 还活着,放回卡住的事件时也不动它。原来它一直卡在 processing,直到 worker 重启。
-    现在数据库出过错的下一轮,这个进程名下的 processing 事件都交回(这次不算一次失败),接着照常处理。"""
+    本机的 worker 还活着,放回卡住的事件时也不动它:不另外处理的话,它一直卡在 processing,直到 worker 重启。
+    所以数据库出过错的下一轮,这个进程名下的 processing 事件都交回(这次不算一次失败),接着照常处理。"""
     monkeypatch.setenv("POLL_SECONDS", "0.2")
     add("T1012")
     claim, lost = worker_mod.claim, []
@@ -1524,7 +1551,7 @@ def test_a_claim_committed_whose_answer_is_lost_is_handed_back_by_the_running_wo
 
 
 def test_a_stop_signal_right_after_a_database_error_hands_the_event_back_before_exiting(lab, monkeypatch, capsys):
-    """事件做完了,改状态时数据库出错:事件还在手上,本来下一轮交回。原来这之间收到停止信号就直接退出,事件留在
+    """事件做完了,改状态时数据库出错:事件还在手上,本来下一轮交回。这之间收到停止信号时,退出前也交回:不然事件留在
     processing,要等放回卡住的事件时才动、还算一次失败(attempts 多 1)。"""
     monkeypatch.setenv("POLL_SECONDS", "30")
     add("T1012")
@@ -1555,12 +1582,12 @@ def test_a_stop_signal_right_after_a_database_error_hands_the_event_back_before_
 def test_a_running_worker_whose_database_turns_read_only_waits_and_goes_on_when_it_is_writable(pg_lab):
     """主备切换时连到了只能读的那台(这里:给 worker 的用户设上 default_transaction_read_only,再断掉它的连接;
     能写了以后再断一次,像切换完成、连接重连到新的主库):PostgreSQL 说 ReadOnlySqlTransaction,它的类是 InternalError,
-    原来常驻的 worker 带着 traceback 退出了。现在和别的「数据库暂时用不了」一样说一行、隔 POLL_SECONDS 再试,
+    不是 OperationalError;常驻的 worker 不带着 traceback 退出,和别的「数据库暂时用不了」一样说一行、隔 POLL_SECONDS 再试,
     能写了照常处理(正赶上第二次断开的那个事件交回队列,不算一次失败)。"""
     import psycopg
 
     owner_url = pg_lab["DATABASE_URL"]
-    r = run(["store.py"], pg_lab)  # checkpoint 的表也建好
+    r = fresh_cli(["store.py"], pg_lab)  # checkpoint 的表也建好
     assert r.returncode == 0, r.stderr
     with read_write_role(owner_url) as (url, grant_read_write):
         grant_read_write()
@@ -1592,7 +1619,7 @@ def test_a_running_worker_whose_database_turns_read_only_waits_and_goes_on_when_
 
 def test_a_running_worker_whose_connections_are_cut_says_so_waits_and_goes_on(pg_lab):
     """不查闲连接(PG_IDLE_CHECK_S 很大)时,死连接会被用上:常驻 worker 不退出,在标准错误上说一行、等一会儿再试;
-    被连累的事件交回队列,不算一次失败(原来按暂时性失败退避重试,断上三回就进了死信)。最后事件照样进收件箱,
+    被连累的事件交回队列,不算一次失败(按暂时性失败退避重试的话,断上三回就进了死信)。最后事件照样进收件箱,
     worker 一直活着,没有 traceback。"""
     proc = start_worker({**pg_lab, "PG_IDLE_CHECK_S": "86400", "BACKOFF_BASE_MINUTES": "0", "MAX_ATTEMPTS": "20"})
     try:
@@ -1615,8 +1642,8 @@ def test_a_running_worker_whose_connections_are_cut_says_so_waits_and_goes_on(pg
 
 
 def test_a_running_worker_started_before_the_database_waits_for_it_and_then_works(pg_lab):
-    """开机时 worker 比 PostgreSQL 先起来、或者服务器正在重启:原来说一句「连不上」就退出(常驻的 worker 就此停了);
-    现在和运行中断了一样说一行、隔 POLL_SECONDS 再试,数据库能连上以后照常干活。代理先把每个连接一接上就关掉。"""
+    """开机时 worker 比 PostgreSQL 先起来、或者服务器正在重启:常驻的 worker 不说一句「连不上」就退出(那样就此停了),
+    而是和运行中断了一样说一行、隔 POLL_SECONDS 再试,数据库能连上以后照常干活。代理先把每个连接一接上就关掉。"""
     add("T1012")
     params = conninfo_to_dict(pg_lab["DATABASE_URL"])
     up = threading.Event()
@@ -1641,8 +1668,8 @@ def test_a_running_worker_started_before_the_database_waits_for_it_and_then_work
 
 
 def test_a_running_worker_started_on_a_full_disk_waits_and_works_once_there_is_space(lab):
-    """事件库所在的磁盘满了(FULL_DISK):原来常驻的 worker 说「事件库打不开:EVENTS_DB=…(disk I/O error)」就退出了,
-    腾出空间也没人接着干。现在和数据库没开着一样说一行、隔 POLL_SECONDS 再试;放开限制(腾出空间)之后照常处理。"""
+    """事件库所在的磁盘满了(FULL_DISK):常驻的 worker 要是说「事件库打不开:EVENTS_DB=…(disk I/O error)」就退出,
+    腾出空间也没人接着干。所以它和数据库没开着一样说一行、隔 POLL_SECONDS 再试;放开限制(腾出空间)之后照常处理。"""
     add("T1012")
     store_sqlite.close_connections()  # 这个进程开着事件库时 -shm 已经在了,worker 打开它用不着写(下面等的时候也不去查)
     proc = start_worker(lab, tuple(FULL_DISK))
@@ -1672,9 +1699,9 @@ def signal_until_it_exits(proc: subprocess.Popen, sig: int) -> tuple[str, str]:
 
 
 def test_a_worker_started_with_ctrl_c_ignored_like_a_background_job_keeps_working_and_stops_on_sigterm(lab):
-    """脚本里 `uv run python worker.py &`:shell 让后台的程序不理 SIGINT,终端上的 Ctrl-C 是给前台命令的。原来 worker
-    导入时、开始领事件时都装了自己的 SIGINT 处理函数,把「不理」盖掉了:导入途中的 Ctrl-C 让它一句话都没说就退出,
-    之后的让它停下。现在照旧不理:导入时、处理完一个事件闲着时各收到几次 SIGINT,接着处理新来的事件;SIGTERM 照常停,
+    """脚本里 `uv run python worker.py &`:shell 让后台的程序不理 SIGINT,终端上的 Ctrl-C 是给前台命令的。worker
+    导入时、开始领事件时要是装上自己的 SIGINT 处理函数,就把「不理」盖掉了:导入途中的 Ctrl-C 让它一句话都没说就退出,
+    之后的让它停下。所以它照旧不理:导入时、处理完一个事件闲着时各收到几次 SIGINT,接着处理新来的事件;SIGTERM 照常停,
     停下时那一行不再说「再按一次 Ctrl-C 立即退出」(对它没用)。"""
     add("T1012")
     proc = start_worker(lab, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
@@ -1699,8 +1726,8 @@ def test_a_worker_started_with_ctrl_c_ignored_like_a_background_job_keeps_workin
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_an_idle_worker_signalled_again_and_again_still_exits_0_with_one_line(lab, sig):
     """uv run python worker.py,停止信号发给整个进程组(systemd、kill -- -PGID;终端外的 Ctrl-C):worker 收到两次。
-    原来空闲的 worker 第二次常落在解释器退出的途中,Python 已把处理函数换回默认,进程被信号结束(退出码 143 / 130);
-    现在要退出时不再理停止信号:退出码 0,只说一行。"""
+    空闲的 worker 第二次常落在解释器退出的途中,那时 Python 已把处理函数换回默认,进程会被信号结束(退出码 143 / 130);
+    所以要退出时不再理停止信号:退出码 0,只说一行。"""
     add("T1012")
     proc = start_worker(lab)
     try:
@@ -1713,8 +1740,8 @@ def test_an_idle_worker_signalled_again_and_again_still_exits_0_with_one_line(la
 
 
 def test_a_worker_waiting_for_a_full_disk_signalled_again_and_again_exits_0_with_one_line(lab):
-    """还在等数据库(这里是磁盘满了)时收到一连串 SIGTERM:原来第二个在 except 里又抛 KeyboardInterrupt(一段
-    「Exception ignored … KeyboardInterrupt」),或者落在退出途中(退出码 143)。现在:一行、退出码 0,事件没动。"""
+    """还在等数据库(这里是磁盘满了)时收到一连串 SIGTERM:第二个不能在 except 里又抛 KeyboardInterrupt(一段
+    「Exception ignored … KeyboardInterrupt」),也不能落在退出途中(退出码 143)。应有的:一行、退出码 0,事件没动。"""
     add("T1012")
     store_sqlite.close_connections()
     proc = start_worker(lab, tuple(FULL_DISK))
@@ -1749,8 +1776,8 @@ def signal_while_importing(proc: subprocess.Popen, sig: int) -> tuple[str, str]:
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_a_signal_while_the_worker_is_still_importing_stops_it_with_exit_0_and_one_line(lab, sig):
-    """导入 openai、LangGraph 要几秒:原来这时的 SIGTERM 是退出码 143、一句话没有,Ctrl-C 是一段 traceback。
-    worker.py 一开头就装好处理函数;装好之后马上发信号(这时慢的导入才刚开始),事件原样留在队列里。"""
+    """导入 openai、LangGraph 要几秒:这时的 SIGTERM 按默认处理是退出码 143、一句话没有,Ctrl-C 是一段 traceback。
+    所以 worker.py 一开头就装好处理函数;装好之后马上发信号(这时慢的导入才刚开始),事件原样留在队列里。"""
     add("T1012")
     proc = start_worker(lab)
     out, err = signal_while_importing(proc, sig)
@@ -1760,8 +1787,8 @@ def test_a_signal_while_the_worker_is_still_importing_stops_it_with_exit_0_and_o
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_a_worker_still_waiting_for_the_database_stops_on_a_signal_with_exit_0_and_touches_nothing(pg_lab, sig):
-    """systemd 停服务时 worker 可能还在等数据库(开机时比 PostgreSQL 先起来)。原来这时的 SIGTERM 走信号的默认处理:
-    退出码 143,一句话都没有;Ctrl-C 悄悄退出。现在两样都说一行、退出码 0,事件原样留在队列里。"""
+    """systemd 停服务时 worker 可能还在等数据库(开机时比 PostgreSQL 先起来)。这时的 SIGTERM 不走信号的默认处理
+    (退出码 143,一句话都没有),Ctrl-C 也不悄悄退出:两样都说一行、退出码 0,事件原样留在队列里。"""
     add("T1012")
     params = conninfo_to_dict(pg_lab["DATABASE_URL"])
     with tcp_proxy(params.get("host") or "127.0.0.1", int(params.get("port") or 5432), lambda _: False) \
@@ -1808,14 +1835,14 @@ def test_worker_once_losing_the_database_after_it_claimed_an_event_hands_it_back
         "这一轮停下,下次再跑",
         "evt_T1012_created 交回队列"]
     assert rows("SELECT status, attempts, claimed_by, last_error FROM events") == [("pending", 0, None, None)]
-    again = run(["worker.py", "--once"], pg_lab)
+    again = fresh_cli(["worker.py", "--once"], pg_lab)
     assert (again.returncode, again.stdout) == (0, "evt_T1012_created → waiting_human\n")
     assert events() == [("evt_T1012_created", "waiting_human", 1)]
 
 
 def test_a_database_error_in_one_of_several_threads_ends_the_round_for_all_of_them(lab, monkeypatch, capsys):
-    """--concurrency 2,一个处理线程改状态时数据库出错(被锁太久):「这一轮停下」。原来另一个线程照样把队列领完、
-    起草完(十个事件做了九个),停下的一轮其实一直做到了底。现在另一个线程做完手上的就停,其余的留在队列里。"""
+    """--concurrency 2,一个处理线程改状态时数据库出错(被锁太久):「这一轮停下」。另一个线程不能照样把队列领完、
+    起草完(那样十个事件做了九个,停下的一轮其实一直做到了底):它做完手上的就停,其余的留在队列里。"""
     tickets = ["T1012", "T1041", "T1003", "T1008", "T1020", "T1030", "T1010", "T1011", "T1013", "T1014"]
     for t in tickets:
         add(t)
@@ -1836,26 +1863,26 @@ def test_a_database_error_in_one_of_several_threads_ends_the_round_for_all_of_th
         "数据库暂时用不了(OperationalError: database is locked),这一轮停下,下次再跑", f"{calls[0]} 交回队列"]
     status = dict(rows("SELECT event_id, status FROM events"))
     assert status[calls[0]] == "pending"
-    # 另一个线程最多做完出错时手上的那一个(和出错之前做完的,这里最多再一个):原来十个里九个都做了
+    # 另一个线程最多做完出错时手上的那一个(和出错之前做完的,这里最多再一个):不是十个里做了九个
     assert len(out.splitlines()) == len([s for s in status.values() if s == "waiting_human"]) <= 2
     assert list(status.values()).count("pending") >= 8
 
 
 def test_a_checkpoint_database_locked_mid_graph_hands_the_event_back_without_counting_an_attempt(lab):
-    """图里写 checkpoint 时 checkpoint 库被别人占着写锁超过 BUSY_TIMEOUT_S:原来和模型出错一样算这个事件的一次失败、
-    退避(第 1 次失败 → pending: OperationalError: database is locked),锁上三回事件就进了死信。现在是「数据库暂时
+    """图里写 checkpoint 时 checkpoint 库被别人占着写锁超过 BUSY_TIMEOUT_S:这不像模型出错那样算这个事件的一次失败、
+    退避(第 1 次失败 → pending: OperationalError: database is locked;那样锁上三回事件就进了死信),而是「数据库暂时
     用不了」:一行、退出码 1,事件交回队列,attempts 不变、没有 last_error、不退避;锁放开之后照常处理。"""
-    r = run(["worker.py", "--once"], lab)  # 先建好 checkpoint 库(它的表),再占着它
+    r = fresh_cli(["worker.py", "--once"], lab)  # 先建好 checkpoint 库(它的表),再占着它
     assert (r.returncode, r.stdout) == (0, "")
     add("T1012")
     with write_locked(lab["CHECKPOINTS_DB"]):
-        r = run(["worker.py", "--once"], {**lab, "BUSY_TIMEOUT_S": "0.2"})
+        r = fresh_cli(["worker.py", "--once"], {**lab, "BUSY_TIMEOUT_S": "0.2"})
     assert (r.returncode, r.stdout) == (1, "")
     assert said_besides_offline_model(r.stderr) == [
         "数据库暂时用不了(OperationalError: database is locked),这一轮停下,下次再跑", "evt_T1012_created 交回队列"]
     assert rows("SELECT event_id, status, attempts, last_error, not_before FROM events") == [
         ("evt_T1012_created", "pending", 0, None, None)]
-    r = run(["worker.py", "--once"], lab)
+    r = fresh_cli(["worker.py", "--once"], lab)
     assert (r.returncode, r.stdout) == (0, "evt_T1012_created → waiting_human\n")
     assert events() == [("evt_T1012_created", "waiting_human", 1)]
 
@@ -1917,9 +1944,9 @@ def test_worker_once_on_a_write_locked_database_says_so_in_one_line_exits_1_and_
     事件原样留在队列里;锁放开之后照常处理。"""
     add("T1012")
     with write_locked():
-        r = run(["worker.py", "--once"], {**lab, "BUSY_TIMEOUT_S": "0.2"})
+        r = fresh_cli(["worker.py", "--once"], {**lab, "BUSY_TIMEOUT_S": "0.2"})
     assert (r.returncode, r.stdout) == (1, "")
     assert r.stderr == "数据库暂时用不了(OperationalError: database is locked),这一轮停下,下次再跑\n"
     assert events() == [("evt_T1012_created", "pending", 0)]
-    r = run(["worker.py", "--once"], lab)
+    r = fresh_cli(["worker.py", "--once"], lab)
     assert (r.returncode, r.stdout) == (0, "evt_T1012_created → waiting_human\n")
