@@ -94,7 +94,9 @@ def run(args: list[str], env: dict, timeout: float = 120, input: str | None = No
 def cli(args: list[str], env: dict, input: str | None = None) -> subprocess.CompletedProcess:
     """在本进程里跑一个命令(inbox.py list、worker.py --once……),返回和 run() 一样的 (退出码, stdout, stderr)。
     走的是 `uv run python <脚本>` 的同一条路:config.run(main, argv),只是不再起一个进程、不再导入一遍 LangGraph。
-    环境变量换成 env,命令结束后复原。进程本身才是要测的东西时(kill -9、信号、.env、编码、导入时的行为)用 run()。"""
+    环境变量换成 env(时区 TZ 也跟着换),命令结束后复原;测试这边留着的 SQLite 连接和 PostgreSQL 连接池先关掉,命令按 env 里的
+    设置(BUSY_TIMEOUT_S、PG_POOL_SIZE……)重新打开,像新进程一样。
+    进程本身才是要测的东西时(kill -9、信号、.env、编码、导入时的行为)用 run()。"""
     import importlib
 
     import llm
@@ -104,8 +106,11 @@ def cli(args: list[str], env: dict, input: str | None = None) -> subprocess.Comp
     main = importlib.import_module("store_cli" if script == "store.py" else script.removesuffix(".py")).main
     out, err = io.TextIOWrapper(io.BytesIO(), "utf-8"), io.TextIOWrapper(io.BytesIO(), "utf-8", "backslashreplace")
     saved_env, saved_argv, saved_stdin = dict(os.environ), sys.argv, sys.stdin
+    store_sqlite.close_connections()
+    store_pg.close_pools()
     os.environ.clear()
     os.environ.update(env)
+    time.tzset()
     sys.argv, sys.stdin = [script, *argv], io.StringIO(input or "")
     llm._build.cache_clear()  # 模型每个进程建一次、「使用离线模型」说一次:每个命令都像新进程
     llm_offline._announced = threading.Lock()
@@ -120,6 +125,7 @@ def cli(args: list[str], env: dict, input: str | None = None) -> subprocess.Comp
     finally:
         os.environ.clear()
         os.environ.update(saved_env)
+        time.tzset()
         sys.argv, sys.stdin = saved_argv, saved_stdin
     out.flush(), err.flush()
     return subprocess.CompletedProcess(args, code, out.buffer.getvalue().decode(), err.buffer.getvalue().decode())

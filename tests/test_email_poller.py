@@ -28,7 +28,6 @@ import store
 import store_biz
 import store_events
 import store_pg
-import store_sqlite
 from conftest import LAB, cli, cut_connections, rows, run, write_locked
 
 SAMPLES = LAB / "samples"
@@ -379,7 +378,6 @@ def test_a_write_locked_database_stops_the_run_at_the_first_mail_and_leaves_the_
     """事件库被别人占着写锁超过 BUSY_TIMEOUT_S:第一封已知客户的信存不进去,这一轮就停下(后面的每封都要白等一遍锁),
     剩下的不取、保持未读;一行说明,退出码 1。锁放开之后下一次全部收好,工单号不变。"""
     imap_server.append(ZHANG, STRANGER, LI)
-    store_sqlite.close_connections()  # 像新进程一样按 BUSY_TIMEOUT_S 打开连接,不用测试这边留着的(默认等 30 秒)
     with write_locked():
         r = cli(["email_poller.py"], {**imap_env, "BUSY_TIMEOUT_S": "0.2"})
     assert r.returncode == 1
@@ -400,7 +398,6 @@ def test_a_write_locked_database_stops_the_run_at_the_first_mail_and_leaves_the_
 def test_offline_run_on_a_write_locked_database_stops_at_the_first_failure_and_says_what_is_left(lab, tmp_path):
     (tmp_path / "a.eml").write_bytes(ZHANG)
     (tmp_path / "b.eml").write_bytes(LI)
-    store_sqlite.close_connections()  # 像新进程一样按 BUSY_TIMEOUT_S 打开连接,不用测试这边留着的(默认等 30 秒)
     with write_locked():
         r = cli(["email_poller.py", "--eml", str(tmp_path)], {**lab, "BUSY_TIMEOUT_S": "0.2"})
     assert (r.returncode, r.stdout) == (1, "本次收取 1 封:新工单 0,重复 0,跳过 0,无法解析 0,存储失败 1\n")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from conftest import (FULL_DISK, LAB, cli, cut_at, cut_connections, dead_owner, die_before_checkpoint, drain,
-                      read_write_role, rows, run, tcp_proxy, write_locked)
+                      read_write_role, rows, tcp_proxy, write_locked)
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from openai_stub import OpenAIStub
 
@@ -53,23 +53,6 @@ def checkpointer_class() -> type:
     """这次跑的是 SqliteSaver 还是 PostgresSaver(any_lab 两样都跑)。"""
     with opened_graph() as graph:
         return type(graph.checkpointer)
-
-
-def fresh_cli(args: list[str], env: dict) -> subprocess.CompletedProcess:
-    """在本进程里跑一个命令(见 conftest 的 cli),像新起的进程一样:先关掉本线程留着的 SQLite 连接和 PostgreSQL 连接池,
-    命令按 env 里的设置(BUSY_TIMEOUT_S、PG_POOL_SIZE……)重新打开;env 换了时区(TZ)时,本地时间也按它算。"""
-    store_sqlite.close_connections()
-    store_pg.close_pools()
-    tz = os.environ.get("TZ")
-    if env.get("TZ") == tz:
-        return cli(args, env)
-    os.environ["TZ"] = env["TZ"]
-    time.tzset()
-    try:
-        return cli(args, env)
-    finally:
-        os.environ.pop("TZ") if tz is None else os.environ.__setitem__("TZ", tz)
-        time.tzset()
 
 
 def use_stub(monkeypatch, stub: OpenAIStub, retries: int = 0) -> None:
@@ -204,8 +187,6 @@ def test_the_requeue_command_for_a_mail_event_keeps_its_message_id_unmasked_so_i
     """邮件的事件 id 是 Message-ID,长得像邮箱地址:死信的 last_error 和打印的那一行要是整句打码,命令就成了
     --requeue-dead '<q***@qinghe-trade.cn>',照着敲说「这些事件不是死信」。同一张工单的下一个事件的提示也一样。
     命令原样留着(错误原文里的邮箱照样打码),照着敲就放回来了。"""
-    import shlex
-
     mail_id = "<q313a46@qinghe-trade.cn>"
     command = f"uv run python worker.py --requeue-dead '{mail_id}'"
     with OpenAIStub() as stub:
@@ -616,13 +597,13 @@ def test_an_ignored_ticket_whose_event_comes_back_to_the_worker_stays_ignored(la
 def test_requeue_dead_puts_dead_events_back_and_refuses_unknown_ids(any_lab):
     add("T9999"), add("T9998")
     drain()
-    bad = fresh_cli(["worker.py", "--requeue-dead", "evt_T9999_created", "evt_nope"], any_lab)
+    bad = cli(["worker.py", "--requeue-dead", "evt_T9999_created", "evt_nope"], any_lab)
     assert (bad.returncode, bad.stdout) == (1, "")
     assert bad.stderr == "这些事件不是死信(不存在,或者状态不是 dead),一个都没动: evt_nope\n"
     assert rows("SELECT status FROM events") == [("dead",), ("dead",)]
-    one = fresh_cli(["worker.py", "--requeue-dead", "evt_T9999_created"], any_lab)
+    one = cli(["worker.py", "--requeue-dead", "evt_T9999_created"], any_lab)
     assert (one.returncode, one.stdout) == (0, "已把 1 个死信放回队列\n")
-    every = fresh_cli(["worker.py", "--requeue-dead"], any_lab)
+    every = cli(["worker.py", "--requeue-dead"], any_lab)
     assert (every.returncode, every.stdout) == (0, "已把 1 个死信放回队列\n")
     assert rows("SELECT status, attempts, not_before FROM events") == [("pending", 0, None)] * 2
 
@@ -634,11 +615,11 @@ def test_requeue_dead_given_twice_checks_and_requeues_the_ids_of_both(any_lab):
     drain()
     for args in (["--requeue-dead", "evt_nope", "--requeue-dead", "evt_T9999_created"],
                  ["--requeue-dead", "evt_nope", "--requeue-dead"]):
-        bad = fresh_cli(["worker.py", *args], any_lab)
+        bad = cli(["worker.py", *args], any_lab)
         assert (bad.returncode, bad.stdout) == (1, ""), args
         assert bad.stderr == "这些事件不是死信(不存在,或者状态不是 dead),一个都没动: evt_nope\n"
         assert rows("SELECT status FROM events") == [("dead",)] * 3
-    both = fresh_cli(["worker.py", "--requeue-dead", "evt_T9999_created", "--requeue-dead", "evt_T9998_created"], any_lab)
+    both = cli(["worker.py", "--requeue-dead", "evt_T9999_created", "--requeue-dead", "evt_T9998_created"], any_lab)
     assert (both.returncode, both.stdout, both.stderr) == (0, "已把 2 个死信放回队列\n", "")
     assert rows("SELECT event_id, status FROM events ORDER BY event_id") == [
         ("evt_T9997_created", "dead"), ("evt_T9998_created", "pending"), ("evt_T9999_created", "pending")]
@@ -660,7 +641,7 @@ def test_the_requeue_command_in_hints_can_be_pasted_into_a_shell_even_for_mail_e
     assert (pasted.returncode, pasted.stderr) == (0, "")
     argv = pasted.stdout.split("\0")[:-1]
     assert argv[0] == "worker.py"
-    r = fresh_cli(argv, lab)
+    r = cli(argv, lab)
     assert (r.returncode, r.stdout, r.stderr) == (0, "已把 2 个死信放回队列\n", "")
     assert rows("SELECT event_id, status FROM events ORDER BY event_id") == [
         (first, "pending"), ("evt_T9998_created", "pending")]
@@ -670,11 +651,11 @@ def test_requeue_dead_on_a_write_locked_database_says_so_in_one_line_and_leaves_
     add("T9999")
     drain()
     with write_locked():
-        r = fresh_cli(["worker.py", "--requeue-dead"], {**lab, "BUSY_TIMEOUT_S": "0.2"})
+        r = cli(["worker.py", "--requeue-dead"], {**lab, "BUSY_TIMEOUT_S": "0.2"})
     assert (r.returncode, r.stdout) == (1, "")
     assert r.stderr == "数据库暂时用不了(OperationalError: database is locked),这一轮停下,下次再跑\n"
     assert rows("SELECT status, attempts FROM events") == [("dead", 1)]
-    r = fresh_cli(["worker.py", "--requeue-dead"], lab)
+    r = cli(["worker.py", "--requeue-dead"], lab)
     assert (r.returncode, r.stdout) == (0, "已把 1 个死信放回队列\n")
 
 
@@ -693,7 +674,7 @@ def test_requeue_dead_on_a_write_locked_database_says_so_in_one_line_and_leaves_
 ])
 def test_bad_worker_arguments_exit_2_with_usage_and_claim_nothing(lab, args, message):
     add("T1012")
-    r = fresh_cli(["worker.py", *args], lab)
+    r = cli(["worker.py", *args], lab)
     assert (r.returncode, r.stdout) == (2, "")
     assert r.stderr.startswith("用法:worker.py") and r.stderr.endswith("\n" + message + "\n")
     assert events() == [("evt_T1012_created", "pending", 0)]
@@ -988,7 +969,7 @@ def test_worker_killed_inside_draft_resumes_at_draft_without_rerunning_load(any_
         kill_worker_inside_draft(env, stub)
         assert events() == [("evt_T1012_created", "processing", 1)]
         stub.delay = 0
-        r = fresh_cli(["worker.py", "--once"], env)
+        r = cli(["worker.py", "--once"], env)
         assert r.returncode == 0, r.stderr
         assert r.stdout.splitlines() == ["放回队列 1 个卡住的事件", "evt_T1012_created → waiting_human"]
         assert len(stub.requests) == 2  # draft 跑了两次(第一次被杀),load 不调模型
@@ -1175,7 +1156,7 @@ def test_durability_exit_worker_killed_inside_draft_starts_the_ticket_over(any_l
         kill_worker_inside_draft(env, stub)
         assert thread_history("T1012") == []  # 被杀的这次运行一个 checkpoint 也没写
         stub.delay = 0
-        r = fresh_cli(["worker.py", "--once"], env)
+        r = cli(["worker.py", "--once"], env)
         assert r.returncode == 0, r.stderr
         assert r.stdout.splitlines() == ["放回队列 1 个卡住的事件", "evt_T1012_created → waiting_human"]
         assert len(stub.requests) == 2
@@ -1221,7 +1202,7 @@ def test_durability_exit_worker_killed_inside_draft_starts_the_ticket_over(any_l
 ])
 def test_a_bad_setting_stops_the_worker_before_it_claims_anything(lab, setting, value, message):
     add("T1012")
-    r = fresh_cli(["worker.py", "--once"], {**lab, setting: value})
+    r = cli(["worker.py", "--once"], {**lab, setting: value})
     assert (r.returncode, r.stdout) == (1, "")
     assert r.stderr == message + "\n"
     assert events() == [("evt_T1012_created", "pending", 0)]
@@ -1232,7 +1213,7 @@ def test_a_backup_model_on_another_service_without_its_own_key_stops_the_worker_
     add("T1012")
     env = {**lab, "LLM_API_KEY": "sk-primary", "LLM_BASE_URL": "https://api.deepseek.com",
            "LLM_FALLBACK_MODEL": "backup", "LLM_FALLBACK_BASE_URL": "https://backup.example.com/v1"}
-    r = fresh_cli(["worker.py", "--once"], env)
+    r = cli(["worker.py", "--once"], env)
     assert (r.returncode, r.stdout) == (1, "")
     assert r.stderr == ("配置错误:LLM_FALLBACK_BASE_URL='https://backup.example.com/v1' 和 LLM_BASE_URL 不是同一个服务,"
                         "要另设 LLM_FALLBACK_API_KEY(不会把 LLM_API_KEY 发给别的服务)\n")
@@ -1246,7 +1227,7 @@ def test_a_backup_model_on_another_service_without_its_own_key_stops_the_worker_
 ])
 def test_a_bad_postgres_pool_setting_stops_the_worker_before_it_claims_anything(pg_lab, setting, value, message):
     add("T1012")
-    r = fresh_cli(["worker.py", "--once"], {**pg_lab, setting: value})
+    r = cli(["worker.py", "--once"], {**pg_lab, setting: value})
     assert (r.returncode, r.stdout, r.stderr) == (1, "", message + "\n")
     assert events() == [("evt_T1012_created", "pending", 0)]
 
@@ -1254,7 +1235,7 @@ def test_a_bad_postgres_pool_setting_stops_the_worker_before_it_claims_anything(
 def test_worker_without_the_business_database_stops_before_it_claims_anything_and_creates_no_file(lab, tmp_path):
     add("T1012")
     missing = tmp_path / "gone.db"
-    r = fresh_cli(["worker.py", "--once"], {**lab, "BIZ_DB": str(missing)})
+    r = cli(["worker.py", "--once"], {**lab, "BIZ_DB": str(missing)})
     assert (r.returncode, r.stdout) == (1, "")
     assert r.stderr == f"业务库不存在:{missing}(先运行 uv run python store.py 建库)\n"
     assert events() == [("evt_T1012_created", "pending", 0)]
@@ -1352,7 +1333,7 @@ def test_an_events_database_built_the_lessons_way_is_upgraded_then_worked_on(lab
     assert rows("SELECT ticket_id, sent_at FROM outbox") == [("T1003", utc[5])]
     # 卡了 20 分钟的 T1041(课文的 worker 崩在半路)放回队列;两张都进收件箱,收件箱认得它们
     assert drain() == [("evt_T1012_created", "waiting_human"), ("evt_T1041_created", "waiting_human")]
-    listing = fresh_cli(["inbox.py", "list"], {**lab, "EVENTS_DB": str(path), "TZ": "Asia/Shanghai"})
+    listing = cli(["inbox.py", "list"], {**lab, "EVENTS_DB": str(path), "TZ": "Asia/Shanghai"})
     assert listing.returncode == 0, listing.stderr
     assert [line.split()[0] for line in listing.stdout.splitlines() if not line.startswith(" ")] == ["T1012", "T1041"]
     assert rows("SELECT event_id, status FROM events ORDER BY event_id") == [
@@ -1373,7 +1354,7 @@ def test_a_lesson_database_left_with_two_processing_events_for_one_ticket_is_upg
                          "VALUES (?, 'webhook', 'ticket.created', ?, 'processing', 1, ?, ?)",
                          (event_id, json.dumps({"data": {"ticket_id": "T1014"}}), updated, updated))
     conn.close()
-    r = fresh_cli(["store.py"], {**lab, "EVENTS_DB": str(path), "TZ": "UTC"})
+    r = cli(["store.py"], {**lab, "EVENTS_DB": str(path), "TZ": "UTC"})
     assert (r.returncode, r.stderr) == (0, ""), r.stderr
     assert f"事件库 {path}:events 2 行,outbox 0 行,review_log 0 行,llm_usage 0 行" in r.stdout.splitlines()
     monkeypatch.setenv("EVENTS_DB", str(path))
@@ -1426,7 +1407,7 @@ def lesson_db_with(path, review_log_schema: str, *review_rows: tuple) -> None:
 def dump(path) -> list:
     with sqlite3.connect(path) as conn:
         tables = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")]
-        out = [(t, conn.execute(f"SELECT sql FROM sqlite_master WHERE name = ?", (t,)).fetchone()[0],
+        out = [(t, conn.execute("SELECT sql FROM sqlite_master WHERE name = ?", (t,)).fetchone()[0],
                 conn.execute(f"SELECT * FROM {t}").fetchall()) for t in tables]
     conn.close()
     return out
@@ -1443,7 +1424,7 @@ def test_a_review_log_built_for_exercise_4_in_another_shape_is_named_and_nothing
     lesson_db_with(path, "CREATE TABLE review_log (ticket_id TEXT, category TEXT, draft TEXT, final_text TEXT, "
                          "action TEXT, feedback TEXT);", ("T1041", "refund", "原稿", "终稿", "edit", "[]"))
     before = dump(path)
-    r = fresh_cli(command, {**lab, "EVENTS_DB": str(path)})
+    r = cli(command, {**lab, "EVENTS_DB": str(path)})
     assert (r.returncode, r.stdout, r.stderr) == (code, "", (
         f"事件库 {path} 里已经有一张 review_log 表,却不是这里用的结构(缺 created_at、final 列;多半是自己做练习时建的):"
         f"先给它改个名,比如 sqlite3 {path} 'ALTER TABLE review_log RENAME TO my_review_log',再运行,这里会新建一张。"
@@ -1461,7 +1442,7 @@ def test_the_report_reads_review_log_times_written_without_a_time_zone_as_local_
     lesson_db_with(path, "CREATE TABLE review_log (ticket_id TEXT PRIMARY KEY, category TEXT NOT NULL, draft TEXT NOT NULL, "
                          "final TEXT, action TEXT NOT NULL, feedback TEXT NOT NULL, created_at TEXT NOT NULL);",
                    ("T1041", "refund", "原稿", "终稿", "edit", "[]", written.isoformat(timespec="seconds")))
-    r = fresh_cli(["cron_jobs.py", "report"], {**lab, "EVENTS_DB": str(path), "TZ": "Asia/Shanghai"})
+    r = cli(["cron_jobs.py", "report"], {**lab, "EVENTS_DB": str(path), "TZ": "Asia/Shanghai"})
     assert (r.returncode, r.stderr) == (0, ""), r.stderr
     assert "  refund:1 张,accept 0,edit 1,ignore 0,原样批准率 0%;近 7 天没有" in r.stdout.splitlines(), r.stdout
 
@@ -1587,7 +1568,7 @@ def test_a_running_worker_whose_database_turns_read_only_waits_and_goes_on_when_
     import psycopg
 
     owner_url = pg_lab["DATABASE_URL"]
-    r = fresh_cli(["store.py"], pg_lab)  # checkpoint 的表也建好
+    r = cli(["store.py"], pg_lab)  # checkpoint 的表也建好
     assert r.returncode == 0, r.stderr
     with read_write_role(owner_url) as (url, grant_read_write):
         grant_read_write()
@@ -1835,7 +1816,7 @@ def test_worker_once_losing_the_database_after_it_claimed_an_event_hands_it_back
         "这一轮停下,下次再跑",
         "evt_T1012_created 交回队列"]
     assert rows("SELECT status, attempts, claimed_by, last_error FROM events") == [("pending", 0, None, None)]
-    again = fresh_cli(["worker.py", "--once"], pg_lab)
+    again = cli(["worker.py", "--once"], pg_lab)
     assert (again.returncode, again.stdout) == (0, "evt_T1012_created → waiting_human\n")
     assert events() == [("evt_T1012_created", "waiting_human", 1)]
 
@@ -1872,17 +1853,17 @@ def test_a_checkpoint_database_locked_mid_graph_hands_the_event_back_without_cou
     """图里写 checkpoint 时 checkpoint 库被别人占着写锁超过 BUSY_TIMEOUT_S:这不像模型出错那样算这个事件的一次失败、
     退避(第 1 次失败 → pending: OperationalError: database is locked;那样锁上三回事件就进了死信),而是「数据库暂时
     用不了」:一行、退出码 1,事件交回队列,attempts 不变、没有 last_error、不退避;锁放开之后照常处理。"""
-    r = fresh_cli(["worker.py", "--once"], lab)  # 先建好 checkpoint 库(它的表),再占着它
+    r = cli(["worker.py", "--once"], lab)  # 先建好 checkpoint 库(它的表),再占着它
     assert (r.returncode, r.stdout) == (0, "")
     add("T1012")
     with write_locked(lab["CHECKPOINTS_DB"]):
-        r = fresh_cli(["worker.py", "--once"], {**lab, "BUSY_TIMEOUT_S": "0.2"})
+        r = cli(["worker.py", "--once"], {**lab, "BUSY_TIMEOUT_S": "0.2"})
     assert (r.returncode, r.stdout) == (1, "")
     assert said_besides_offline_model(r.stderr) == [
         "数据库暂时用不了(OperationalError: database is locked),这一轮停下,下次再跑", "evt_T1012_created 交回队列"]
     assert rows("SELECT event_id, status, attempts, last_error, not_before FROM events") == [
         ("evt_T1012_created", "pending", 0, None, None)]
-    r = fresh_cli(["worker.py", "--once"], lab)
+    r = cli(["worker.py", "--once"], lab)
     assert (r.returncode, r.stdout) == (0, "evt_T1012_created → waiting_human\n")
     assert events() == [("evt_T1012_created", "waiting_human", 1)]
 
@@ -1944,9 +1925,9 @@ def test_worker_once_on_a_write_locked_database_says_so_in_one_line_exits_1_and_
     事件原样留在队列里;锁放开之后照常处理。"""
     add("T1012")
     with write_locked():
-        r = fresh_cli(["worker.py", "--once"], {**lab, "BUSY_TIMEOUT_S": "0.2"})
+        r = cli(["worker.py", "--once"], {**lab, "BUSY_TIMEOUT_S": "0.2"})
     assert (r.returncode, r.stdout) == (1, "")
     assert r.stderr == "数据库暂时用不了(OperationalError: database is locked),这一轮停下,下次再跑\n"
     assert events() == [("evt_T1012_created", "pending", 0)]
-    r = fresh_cli(["worker.py", "--once"], lab)
+    r = cli(["worker.py", "--once"], lab)
     assert (r.returncode, r.stdout) == (0, "evt_T1012_created → waiting_human\n")
