@@ -8,8 +8,8 @@ from contextlib import contextmanager
 from datetime import timedelta
 
 import pytest
-from conftest import (LAB, cut_connections, drain, pg_schema, read_write_role, refused_startup, rows, run, webhook_server,
-                      write_locked)
+from conftest import (LAB, cli, cut_connections, drain, pg_schema, read_write_role, refused_startup, rows, run,
+                      webhook_server, write_locked)
 from openai_stub import OpenAIStub
 
 import store
@@ -97,8 +97,8 @@ def sqlite_lab_in_use(lab, monkeypatch):
     add("T1012"), add("T1041"), add("T1003")
     assert drain() == [("evt_T1012_created", "waiting_human"), ("evt_T1041_created", "waiting_human"),
                        ("evt_T1003_created", "waiting_human")]
-    assert run(["inbox.py", "accept", "T1012"], lab).stdout == "T1012 → sent\n"
-    assert run(["inbox.py", "list"], {**lab, "INBOX_USER": "甲"}).returncode == 0
+    assert cli(["inbox.py", "accept", "T1012"], lab).stdout == "T1012 → sent\n"
+    assert cli(["inbox.py", "list"], {**lab, "INBOX_USER": "甲"}).returncode == 0
     with OpenAIStub() as stub, monkeypatch.context() as m:
         for name, value in {"LLM_API_KEY": "sk-test", "LLM_BASE_URL": stub.base_url, "LLM_MODEL": "stub-model",
                             "LLM_MAX_RETRIES": "0"}.items():
@@ -118,11 +118,11 @@ def built_empty(url: str, lab: dict) -> list[str]:
 
 
 def from_sqlite(env: dict):
-    return run(["store.py", "--from-sqlite"], env)
+    return cli(["store.py", "--from-sqlite"], env)
 
 
 def test_a_sqlite_lab_moved_to_postgres_carries_on_there_and_sends_each_reply_once(
-        sqlite_lab_in_use, pg_url, monkeypatch):
+        pg_url, sqlite_lab_in_use, monkeypatch):
     lab, before = sqlite_lab_in_use
     sqlite_history = history("ticket-T1020")  # 开始、load 做完(第 1 步);draft 失败,没有第 2 步
     (checkpoints, threads), = rows("SELECT COUNT(*), COUNT(DISTINCT thread_id) FROM checkpoints", (),
@@ -130,7 +130,7 @@ def test_a_sqlite_lab_moved_to_postgres_carries_on_there_and_sends_each_reply_on
     with pg_schema() as url:
         env = {**lab, "DATABASE_URL": url}
         started = store.parse_time(store.now())
-        first = run(["store.py"], env)  # 照 README 换到 PostgreSQL:先建库,它提醒 SQLite 里还有没做完的
+        first = cli(["store.py"], env)  # 照 README 换到 PostgreSQL:先建库,它提醒 SQLite 里还有没做完的
         assert (first.returncode, first.stderr) == (0, "")
         assert first.stdout.splitlines() == built_empty(url, lab) + [
             f"{lab['EVENTS_DB']} 里还有 4 个没做完的事件(排队、等人审)不在 PostgreSQL 里:要在这边接着处理,"
@@ -149,24 +149,24 @@ def test_a_sqlite_lab_moved_to_postgres_carries_on_there_and_sends_each_reply_on
         assert (where, started <= moved_at <= store.parse_time(store.now())) == (url, True)
         assert moved_mark(lab["EVENTS_DB"])[1] == ["moved_no_insert", "moved_no_update"]
         assert rows("SELECT COUNT(*) FROM checkpoints", (), lab["CHECKPOINTS_DB"]) == [(checkpoints,)]
-        assert run(["store.py"], env).stdout.splitlines() == r.stdout.splitlines()[2:]  # 搬过了就不再提醒
+        assert cli(["store.py"], env).stdout.splitlines() == r.stdout.splitlines()[2:]  # 搬过了就不再提醒
         monkeypatch.setenv("DATABASE_URL", url)
         assert snapshot() == before  # PostgreSQL 里一模一样
         assert history("ticket-T1020") == sqlite_history  # 图的历史也一样,一个不少
 
         # 甲在 SQLite 上看过的草稿,在 PostgreSQL 上照样认得:不用再 list 一遍就能 accept
-        listing = run(["inbox.py", "list"], env)
+        listing = cli(["inbox.py", "list"], env)
         assert [line.split()[0] for line in listing.stdout.splitlines()[::2]] == ["T1041", "T1003"]
-        accept = run(["inbox.py", "accept", "T1041"], {**env, "INBOX_USER": "甲"})
+        accept = cli(["inbox.py", "accept", "T1041"], {**env, "INBOX_USER": "甲"})
         assert (accept.returncode, accept.stdout) == (0, "T1041 → sent\n")
-        assert run(["inbox.py", "ignore", "T1003"], env).stdout == "T1003 → ignored\n"
+        assert cli(["inbox.py", "ignore", "T1003"], env).stdout == "T1003 → ignored\n"
 
         with store.opened() as conn:  # 把 T1020 的重试时间拨到现在
             conn.execute("UPDATE events SET not_before = ? WHERE event_id = 'evt_T1020_created'", (store.now(),))
         assert sorted(drain()) == [("evt_T1020_created", "waiting_human"), ("evt_T1021_created", "waiting_human")]
         newest, *older = history("ticket-T1020")
         assert (newest[1:], older) == (("loop", 2), sqlite_history)  # 从 draft 接着跑:只多了第 2 步,没有从头再来
-        assert run(["inbox.py", "accept", "T1020"], env).stdout == "T1020 → sent\n"
+        assert cli(["inbox.py", "accept", "T1020"], env).stdout == "T1020 → sent\n"
 
         assert rows("SELECT ticket_id, COUNT(*) FROM outbox GROUP BY ticket_id ORDER BY ticket_id") == [
             ("T1012", 1), ("T1020", 1), ("T1041", 1)]
@@ -198,7 +198,7 @@ def already_there(lab: dict, path, url: str) -> list[str]:
             f"业务库 {url}:customers 30 行,tickets 41 行"]
 
 
-def test_moving_twice_is_refused_and_nothing_is_moved_again(sqlite_lab_in_use, pg_url, monkeypatch, tmp_path):
+def test_moving_twice_is_refused_and_nothing_is_moved_again(pg_url, sqlite_lab_in_use, monkeypatch, tmp_path):
     lab, before = sqlite_lab_in_use
     copy = copy_of(lab["EVENTS_DB"], tmp_path / "copy-of-ambient.db")  # 有人在搬之前拷了一份
     # 另一份:同样的事件 id,其中一个收到的时间差 1 微秒 —— 不是搬过去的那一套(比如另一套实验发过同样的事件)
@@ -237,7 +237,7 @@ def test_moving_twice_is_refused_and_nothing_is_moved_again(sqlite_lab_in_use, p
         # 真的拷贝里没有搬走的记号,东西却一样不少都在 PostgreSQL 里:不再搬,只补上记号,拷贝也就不会再被拿去用
         again = from_sqlite({**env, "EVENTS_DB": copy})
         assert (again.returncode, again.stderr, again.stdout.splitlines()) == (0, "", already_there(lab, copy, url))
-        r = run(["worker.py", "--once"], {**lab, "EVENTS_DB": copy})
+        r = cli(["worker.py", "--once"], {**lab, "EVENTS_DB": copy})
         assert (r.returncode, r.stdout, r.stderr) == (1, "", refusal({**lab, "EVENTS_DB": copy}, url) + "\n")
         monkeypatch.setenv("DATABASE_URL", url)
         assert snapshot() == before
@@ -245,33 +245,33 @@ def test_moving_twice_is_refused_and_nothing_is_moved_again(sqlite_lab_in_use, p
         # 提醒去运行 --from-sqlite,可那个库已经搬过,运行了只会被上面那样拒绝
         with store.opened() as conn:
             conn.execute("TRUNCATE events, outbox, review_log, llm_usage, inbox_seen")
-        r = run(["store.py"], env)
+        r = cli(["store.py"], env)
         assert (r.returncode, r.stderr) == (0, "")
         assert r.stdout.splitlines() == [f"事件库 {url}:events 0 行,outbox 0 行,review_log 0 行,llm_usage 0 行",
                                          f"业务库 {url}:customers 30 行,tickets 41 行"]
 
 
-def test_store_py_on_another_postgres_database_says_where_the_sqlite_lab_was_moved(sqlite_lab_in_use, pg_url,
-                                                                                    monkeypatch):
+def test_store_py_on_another_postgres_database_says_where_the_sqlite_lab_was_moved(
+        pg_url, sqlite_lab_in_use, monkeypatch):
     """搬过以后 DATABASE_URL 换成了另一个库(写错了库名、换了 schema):原来 store.py 只在新库里建出空表、打印 0 行,
     看着像搬过去的事件和待办都没了。现在最后一行说 SQLite 里的东西搬去了哪里;两个库、SQLite 都不少一行。"""
     lab, before = sqlite_lab_in_use
     with pg_schema() as moved_here, pg_schema() as other:
         assert from_sqlite({**lab, "DATABASE_URL": moved_here}).returncode == 0
         (_, moved_at), = moved_mark(lab["EVENTS_DB"])[0]
-        r = run(["store.py"], {**lab, "DATABASE_URL": other})
+        r = cli(["store.py"], {**lab, "DATABASE_URL": other})
         assert (r.returncode, r.stderr) == (0, "")
         assert r.stdout.splitlines() == built_empty(other, lab) + [
             f"{lab['EVENTS_DB']} 里的事件在 {moved_at:%Y-%m-%d %H:%M:%S} UTC 搬进的是 {moved_here},"
             "不是现在 DATABASE_URL 的这个库:要接着处理搬过去的事件和待办,把 DATABASE_URL 改回那个库"]
-        back = run(["store.py"], {**lab, "DATABASE_URL": moved_here})  # 改回去:不再提醒
+        back = cli(["store.py"], {**lab, "DATABASE_URL": moved_here})  # 改回去:不再提醒
         assert (back.returncode, back.stderr, back.stdout.splitlines()) == (0, "", [
             f"事件库 {moved_here}:events 5 行,outbox 1 行,review_log 1 行,llm_usage 3 行",
             f"业务库 {moved_here}:customers 30 行,tickets 41 行"])
         # 同一个库,换成只有读写权限的用户连(所有者搬的家):也是「改回去了」,原来因为 URL 里的用户不同照样提醒
         with read_write_role(moved_here) as (as_user, grant_read_write):
             grant_read_write()
-            back = run(["store.py"], {**lab, "DATABASE_URL": as_user})
+            back = cli(["store.py"], {**lab, "DATABASE_URL": as_user})
             assert (back.returncode, back.stderr, back.stdout.splitlines()) == (0, "", [
                 f"事件库 {as_user}:events 5 行,outbox 1 行,review_log 1 行,llm_usage 3 行",
                 f"业务库 {as_user}:customers 30 行,tickets 41 行"])
@@ -299,7 +299,7 @@ def test_without_database_url_it_says_what_to_set_and_does_nothing(sqlite_lab_in
 
 
 def test_an_event_still_being_processed_in_sqlite_stops_the_move_and_nothing_is_moved(
-        sqlite_lab_in_use, pg_url, monkeypatch):
+        pg_url, sqlite_lab_in_use, monkeypatch):
     lab, _ = sqlite_lab_in_use
     assert worker.claim("somebody")["event_id"] == "evt_T1021_created"  # 还有一个用 SQLite 的 worker 在做 T1021
     before = snapshot()
@@ -312,13 +312,13 @@ def test_an_event_still_being_processed_in_sqlite_stops_the_move_and_nothing_is_
         nothing_moved(url, monkeypatch, before)
 
 
-def test_checkpoints_without_their_events_stop_the_move_and_nothing_is_moved(sqlite_lab_in_use, pg_url, monkeypatch,
-                                                                             tmp_path):
+def test_checkpoints_without_their_events_stop_the_move_and_nothing_is_moved(
+        pg_url, sqlite_lab_in_use, monkeypatch, tmp_path):
     """EVENTS_DB 指着另一个库(或者拷事件库时漏了 -wal,拷出来的库里没有这些事件),CHECKPOINTS_DB 还是这一套的:
     原来照样「搬好了」,退出码 0,四个没人认领的 thread 进了 PostgreSQL,那个库还被记成已搬走。"""
     lab, before = sqlite_lab_in_use
     other = tmp_path / "other.db"
-    assert run(["store.py"], {**lab, "EVENTS_DB": str(other)}).returncode == 0  # 一个新建的、空的事件库
+    assert cli(["store.py"], {**lab, "EVENTS_DB": str(other)}).returncode == 0  # 一个新建的、空的事件库
     with pg_schema() as url:
         r = from_sqlite({**lab, "EVENTS_DB": str(other), "DATABASE_URL": url})
         built = f"已在 {store_errors._safe_url(url)} 新建业务表 customers、tickets(从 {lab['BIZ_DB']} 拷过来)\n"  # 搬之前的一步
@@ -332,7 +332,7 @@ def test_checkpoints_without_their_events_stop_the_move_and_nothing_is_moved(sql
 
 
 def test_inbox_items_whose_checkpoints_are_not_in_checkpoints_db_stop_the_move_and_nothing_is_moved(
-        sqlite_lab_in_use, pg_url, monkeypatch, tmp_path):
+        pg_url, sqlite_lab_in_use, monkeypatch, tmp_path):
     """CHECKPOINTS_DB 写错了(这里指到一个不存在的文件):原来照样「搬好了」(checkpoint 0 个 thread),SQLite 记成已搬走;
     PostgreSQL 上收件箱的两条待办 accept 不了,设置改回来再搬又说「已经搬过」,只能 restart、再调模型重新起草。"""
     lab, before = sqlite_lab_in_use
@@ -351,7 +351,7 @@ def test_inbox_items_whose_checkpoints_are_not_in_checkpoints_db_stop_the_move_a
 
 
 def test_a_reply_postgres_already_sent_for_the_same_ticket_stops_the_move_and_nothing_is_moved(
-        sqlite_lab_in_use, pg_url, monkeypatch):
+        pg_url, sqlite_lab_in_use, monkeypatch):
     """PostgreSQL 这边已经给 T1012 发过回复(没有 checkpoint,比如有人手工补的):两边的发件箱合不到一起,一行说清楚哪一条。"""
     lab, before = sqlite_lab_in_use
     with pg_schema() as url:
@@ -370,7 +370,8 @@ def test_a_reply_postgres_already_sent_for_the_same_ticket_stops_the_move_and_no
         assert snapshot() == before
 
 
-def test_a_ticket_postgres_already_worked_on_stops_the_move_and_nothing_is_moved(sqlite_lab_in_use, pg_url, monkeypatch):
+def test_a_ticket_postgres_already_worked_on_stops_the_move_and_nothing_is_moved(
+        pg_url, sqlite_lab_in_use, monkeypatch):
     lab, before = sqlite_lab_in_use
     with pg_schema() as url:
         with on_postgres(monkeypatch, url):
@@ -412,8 +413,8 @@ def test_a_missing_or_lesson_built_events_database_is_named_and_left_alone(lab, 
 NOT_SQLITE = b"this is not a SQLite database, just text that somebody saved under the name\n" * 20
 
 
-def test_a_checkpoint_file_that_is_not_sqlite_stops_the_move_and_nothing_is_moved(sqlite_lab_in_use, pg_url,
-                                                                                 monkeypatch, tmp_path):
+def test_a_checkpoint_file_that_is_not_sqlite_stops_the_move_and_nothing_is_moved(
+        pg_url, sqlite_lab_in_use, monkeypatch, tmp_path):
     """CHECKPOINTS_DB 指到一个不是 SQLite 的文件(指错了,或者拷坏了):一行说是哪个文件、什么都没搬,退出码 2;
     那个文件不动,SQLite 事件库也没记下搬走。"""
     lab, before = sqlite_lab_in_use
@@ -437,7 +438,7 @@ def test_an_events_file_that_is_not_sqlite_stops_the_move_and_is_left_as_it_was(
     assert bad.read_bytes() == NOT_SQLITE
 
 
-def test_a_row_postgres_cannot_store_stops_the_move_and_nothing_is_moved(sqlite_lab_in_use, pg_url, monkeypatch):
+def test_a_row_postgres_cannot_store_stops_the_move_and_nothing_is_moved(pg_url, sqlite_lab_in_use, monkeypatch):
     """SQLite 的 TEXT 里可以有 NUL 字符,PostgreSQL 的不行:说是哪种错,什么都没搬(不是搬了一半)。"""
     lab, _ = sqlite_lab_in_use
     with store.opened() as conn:
@@ -459,7 +460,7 @@ def test_an_unreadable_business_database_stops_the_move_when_a_ticket_must_be_co
     add("T1012"), add("T9999")
     before = snapshot()
     with pg_schema() as url:
-        assert run(["store.py"], {**lab, "DATABASE_URL": url}).returncode == 0
+        assert cli(["store.py"], {**lab, "DATABASE_URL": url}).returncode == 0
         with open(lab["BIZ_DB"], "wb") as f:
             f.write(NOT_SQLITE)
         r = from_sqlite({**lab, "DATABASE_URL": url})
@@ -473,7 +474,7 @@ def test_an_unreadable_business_database_stops_the_move_when_a_ticket_must_be_co
 
 
 def test_a_sqlite_lab_from_before_waiting_since_is_upgraded_by_the_move_and_keeps_the_waiting_times(
-        sqlite_lab_in_use, pg_url, monkeypatch):
+        pg_url, sqlite_lab_in_use, monkeypatch):
     """上一版的 SQLite 库(没有 waiting_since,升级以后还没有程序用 SQLite 打开过):原来 --from-sqlite 说它是「旧版的
     事件库」、不搬。现在搬的时候顺手补上这一列(收件箱里的待办从 updated_at 算起),PostgreSQL 里一样。"""
     lab, _ = sqlite_lab_in_use
@@ -493,7 +494,7 @@ def test_a_sqlite_lab_from_before_waiting_since_is_upgraded_by_the_move_and_keep
 
 
 def test_connections_cut_in_the_middle_of_the_move_leave_nothing_moved_and_the_rerun_moves_it_all(
-        sqlite_lab_in_use, pg_url, monkeypatch, capsys):
+        pg_url, sqlite_lab_in_use, monkeypatch, capsys):
     """搬到一半(第 5 个 checkpoint)PostgreSQL 断了:一行说明、退出码 1,那边什么都没留下;再运行一次全部搬过去。"""
     from langgraph.checkpoint.postgres import PostgresSaver
 
@@ -544,11 +545,11 @@ def test_mail_that_arrived_after_postgres_got_its_business_tables_moves_with_its
     中间用 SQLite 的邮件轮询(crontab 每分钟一次)又收了一封信:它的工单只在 BIZ_DB 里。原来事件搬过去以后 worker 说
     「工单不存在」直接进死信,邮件早已标了已读。现在搬家时把这样的工单(和它的客户)一起拷过去。"""
     mail = str(LAB / "samples" / "02_gbk_base64.eml")
-    assert run(["email_poller.py", "--eml", str(LAB / "samples" / "01_utf8_plain.eml")], lab).returncode == 0
+    assert cli(["email_poller.py", "--eml", str(LAB / "samples" / "01_utf8_plain.eml")], lab).returncode == 0
     with pg_schema() as url:
         env = {**lab, "DATABASE_URL": url}
-        assert run(["store.py"], env).returncode == 0  # 业务表建好了,里面有第一封信的工单
-        late = run(["email_poller.py", "--eml", mail], lab)  # 还用 SQLite 的邮件轮询收的第二封
+        assert cli(["store.py"], env).returncode == 0  # 业务表建好了,里面有第一封信的工单
+        late = cli(["email_poller.py", "--eml", mail], lab)  # 还用 SQLite 的邮件轮询收的第二封
         assert late.returncode == 0
         ticket = late.stdout.split()[0]
         r = from_sqlite(env)
@@ -565,7 +566,7 @@ def test_mail_that_arrived_after_postgres_got_its_business_tables_moves_with_its
 
 
 def test_after_the_move_every_program_without_database_url_refuses_the_sqlite_files_even_ones_already_running(
-        sqlite_lab_in_use, pg_url, monkeypatch):
+        pg_url, sqlite_lab_in_use, monkeypatch):
     """搬完以后 SQLite 那边一样都不接:搬之前就开着、没停的 worker 领事件时停下,开着的 webhook 回 503;
     新启动的程序一开始就说明原因。SQLite 里什么都没变,PostgreSQL 里也没有多出什么。"""
     import worker
@@ -579,7 +580,7 @@ def test_after_the_move_every_program_without_database_url_refuses_the_sqlite_fi
             with pytest.raises(SystemExit) as stopped:  # T1021 在 SQLite 里还是 pending:这个 worker 本来会再起草一遍
                 running.run_once()
             assert stopped.value.code == refused
-            sent = run(["send_webhook.py", "T1030"], {**lab, "WEBHOOK_URL": f"{base}/hooks/cloudledger"})
+            sent = cli(["send_webhook.py", "T1030"], {**lab, "WEBHOOK_URL": f"{base}/hooks/cloudledger"})
             assert (sent.returncode, sent.stdout, sent.stderr) == (
                 1, f"503 {{'detail': 'event store unavailable (IntegrityError: {store_move.MOVED_AWAY}), retry later'}}\n", "")
             eml = str(LAB / "samples" / "01_utf8_plain.eml")
@@ -599,7 +600,7 @@ def test_after_the_move_every_program_without_database_url_refuses_the_sqlite_fi
 
 
 def test_a_sqlite_writer_holding_the_lock_makes_the_move_wait_then_stop_with_nothing_moved(
-        sqlite_lab_in_use, pg_url, monkeypatch):
+        pg_url, sqlite_lab_in_use, monkeypatch):
     """搬家从读到写完拿着 SQLite 事件库的写锁:有人正在写(这里一直不提交),就等 BUSY_TIMEOUT_S,等不到就什么都不搬;
     锁放开以后再运行就搬过去了。反过来,搬家途中 SQLite 的 worker、收件箱也动不了事件,搬过去的就是读到的。"""
     lab, before = sqlite_lab_in_use
@@ -618,7 +619,7 @@ def test_a_sqlite_writer_holding_the_lock_makes_the_move_wait_then_stop_with_not
 
 
 def test_when_sqlite_cannot_record_the_move_it_says_so_and_postgres_keeps_everything(
-        sqlite_lab_in_use, pg_url, monkeypatch, capsys):
+        pg_url, sqlite_lab_in_use, monkeypatch, capsys):
     """PostgreSQL 已经提交、SQLite 却记不下(这里让建记号表的语句撞上已有的表,和磁盘满时一样是真的 SQLite 错误):
     搬家算成功(退出码 0),标准错误上说清楚 SQLite 没挡住、以后要怎么做;修好以后再运行一次,不再搬,只补上记号。"""
     lab, before = sqlite_lab_in_use
@@ -639,7 +640,7 @@ def test_when_sqlite_cannot_record_the_move_it_says_so_and_postgres_keeps_everyt
         again = from_sqlite({**lab, "DATABASE_URL": url})
         assert (again.returncode, again.stderr, again.stdout.splitlines()) == (
             0, "", already_there(lab, lab["EVENTS_DB"], url))
-        r = run(["worker.py", "--once"], lab)
+        r = cli(["worker.py", "--once"], lab)
         assert (r.returncode, r.stdout, r.stderr) == (1, "", refusal(lab, url) + "\n")
         assert snapshot() == before
         with on_postgres(monkeypatch, url):
@@ -661,14 +662,14 @@ sys.exit(store_cli.main(["--from-sqlite"]))
 
 
 def test_a_move_killed_between_the_postgres_commit_and_the_sqlite_mark_is_finished_by_the_rerun_without_moving_twice(
-        sqlite_lab_in_use, pg_url, monkeypatch):
+        pg_url, sqlite_lab_in_use, monkeypatch):
     """kill -9 正好落在 PostgreSQL 提交之后、SQLite 记下已搬走之前(几毫秒的空子):原来再运行只说「多半已经搬过了」、
     退出码 2,SQLite 一直没记号 —— 不设 DATABASE_URL 的 worker 照样在 SQLite 上起草、发送,同一张工单两边各处理一遍。
     现在再运行认出 PostgreSQL 里一样不少(每个事件连收到时间、每个 checkpoint 的 id),不再搬,只补上记号。"""
     lab, before = sqlite_lab_in_use
     with pg_schema() as url:
         env = {**lab, "DATABASE_URL": url}
-        assert run(["store.py"], env).returncode == 0  # 先建好库:被杀的那一次只剩搬家本身
+        assert cli(["store.py"], env).returncode == 0  # 先建好库:被杀的那一次只剩搬家本身
         killed = run(["-c", KILLED_AFTER_COPY], env)
         assert (killed.returncode, killed.stdout, killed.stderr) == (-signal.SIGKILL, "", "")
         assert moved_mark(lab["EVENTS_DB"]) == ([], [])
@@ -677,7 +678,7 @@ def test_a_move_killed_between_the_postgres_commit_and_the_sqlite_mark_is_finish
         again = from_sqlite(env)
         assert (again.returncode, again.stderr, again.stdout.splitlines()) == (
             0, "", already_there(lab, lab["EVENTS_DB"], url))
-        r = run(["worker.py", "--once"], lab)  # T1021 在 SQLite 里还是 pending:原来这里会在 SQLite 上再起草一遍
+        r = cli(["worker.py", "--once"], lab)  # T1021 在 SQLite 里还是 pending:原来这里会在 SQLite 上再起草一遍
         assert (r.returncode, r.stdout, r.stderr) == (1, "", refusal(lab, url) + "\n")
         assert snapshot() == before
         with on_postgres(monkeypatch, url):
