@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import (FULL_DISK, LAB, RUN_AS_MAIN, free_port, pg_schema, read_write_role, refused_startup, rows,
+from conftest import (FULL_DISK, LAB, RUN_AS_MAIN, cli, free_port, pg_schema, read_write_role, refused_startup, rows,
                       run, schema_of, webhook_server, write_locked)
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
@@ -463,24 +463,24 @@ def test_a_read_write_user_is_told_to_have_the_owner_run_store_py_then_runs_ever
             assert (r.returncode, r.stdout, r.stderr) == (code, "", message + "\n"), command
         assert relations(owner_url) == []
 
-        r = run(["store.py"], {**lab, "DATABASE_URL": owner_url})
+        r = cli(["store.py"], {**lab, "DATABASE_URL": owner_url})
         assert r.returncode == 0, r.stderr
         assert {"events", "outbox", "checkpoints", "checkpoint_migrations", "tickets"} <= set(relations(owner_url))
         grant_read_write()
         as_user = {**lab, "DATABASE_URL": url}
-        r = run(["email_poller.py", "--eml", "samples/01_utf8_plain.eml"], as_user)
+        r = cli(["email_poller.py", "--eml", "samples/01_utf8_plain.eml"], as_user)
         assert r.returncode == 0, r.stderr
         [(event_id, ticket)] = pg_rows(owner_url, "SELECT event_id, ticket_id FROM events")
         with webhook_server(as_user) as (_, webhook):  # webhook 和它的写库进程也用这个用户
-            r = run(["send_webhook.py", "T1012"], {**as_user, "WEBHOOK_URL": webhook + "/hooks/cloudledger"})
+            r = cli(["send_webhook.py", "T1012"], {**as_user, "WEBHOOK_URL": webhook + "/hooks/cloudledger"})
         assert (r.returncode, r.stdout) == (0, "202 {'accepted': True, 'duplicate': False}\n"), r.stderr
-        r = run(["worker.py", "--once"], as_user)
+        r = cli(["worker.py", "--once"], as_user)
         assert r.returncode == 0, r.stderr
         assert pg_rows(owner_url, "SELECT ticket_id, status FROM events ORDER BY ticket_id") == [
             (ticket, "waiting_human"), ("T1012", "waiting_human")]
-        r = run(["inbox.py", "list"], as_user)
+        r = cli(["inbox.py", "list"], as_user)
         assert (r.returncode, ticket in r.stdout) == (0, True), r.stderr
-        r = run(["inbox.py", "accept", ticket], as_user)
+        r = cli(["inbox.py", "accept", ticket], as_user)
         assert r.returncode == 0, r.stderr
         for command in (["cron_jobs.py", "report"], ["store.py"]):
             r = run(command, as_user)
@@ -494,7 +494,7 @@ def test_a_read_write_user_meeting_a_table_that_needs_an_upgrade_is_told_to_have
     """这一版程序要给表加东西(这里:上一版的事件表没有 waiting_since),只有读写权限的用户加不了:每个程序一行说清楚、
     什么都没领;所有者运行一次 store.py 把表升上去之后,同一个用户照常运行。"""
     owner_url = pg_lab["DATABASE_URL"]
-    r = run(["store.py"], pg_lab)  # checkpoint 的表也建好
+    r = cli(["store.py"], pg_lab)  # checkpoint 的表也建好
     assert r.returncode == 0, r.stderr
     with read_write_role(owner_url) as (url, grant_read_write):
         grant_read_write()
@@ -503,9 +503,9 @@ def test_a_read_write_user_meeting_a_table_that_needs_an_upgrade_is_told_to_have
         schema = schema_of(owner_url)
         refused_everywhere(pg_lab, url, [(code, NO_CREATE.format(reason=f"permission denied for schema {schema}"))
                                          for code in (1, 1, 2, 1, 2)])
-        r = run(["store.py"], pg_lab)
+        r = cli(["store.py"], pg_lab)
         assert r.returncode == 0, r.stderr
-        r = run(["worker.py", "--once"], {**pg_lab, "DATABASE_URL": url})
+        r = cli(["worker.py", "--once"], {**pg_lab, "DATABASE_URL": url})
         assert r.returncode == 0, r.stderr
         assert rows("SELECT status, attempts FROM events") == [("waiting_human", 1)]
 
@@ -516,7 +516,7 @@ def test_a_user_missing_write_rights_is_told_what_to_grant_and_nothing_is_claime
     就拦下了它;不再执行 DDL 之后,worker 领事件、cron scan 写事件时才是 InsufficientPrivilege 的 traceback。
     现在一开始就说缺哪几张表的什么权限、GRANT 什么,什么都没领(一点权限都没有时也不说成「表还没建好」)。"""
     owner_url = pg_lab["DATABASE_URL"]
-    r = run(["store.py"], pg_lab)  # checkpoint 的表也建好
+    r = cli(["store.py"], pg_lab)  # checkpoint 的表也建好
     assert r.returncode == 0, r.stderr
     with read_write_role(owner_url) as (url, _):
         import psycopg
@@ -536,7 +536,7 @@ def test_checkpoint_tables_built_after_the_rights_check_are_checked_again_before
     """init() 查权限时 checkpoint 的表可能还没有(所有者的 store.py 刚好在它之后建好、还没 GRANT):打开 checkpoint 时
     原来直接读 checkpoint_migrations,是 InsufficientPrivilege 的 traceback;现在同样一行说缺哪几张表的权限。"""
     owner_url = pg_lab["DATABASE_URL"]
-    r = run(["store.py"], pg_lab)
+    r = cli(["store.py"], pg_lab)
     assert r.returncode == 0, r.stderr
     with read_write_role(owner_url) as (url, grant_read_write):
         import psycopg
@@ -566,13 +566,13 @@ def test_store_py_run_by_a_read_write_user_where_the_business_tables_are_missing
     """上一版只在 PostgreSQL 里建了事件表和 checkpoint 表,业务表还没有:worker 叫人运行 store.py,只有读写权限的用户
     照做时,建业务表那一步原来是 InsufficientPrivilege 的 traceback。现在和别的建表一样一行说清楚,一张表都没建。"""
     owner_url = pg_lab["DATABASE_URL"]
-    r = run(["store.py"], pg_lab)
+    r = cli(["store.py"], pg_lab)
     assert r.returncode == 0, r.stderr
     with store.opened() as conn:
         conn.execute("DROP TABLE tickets, customers")
     with read_write_role(owner_url) as (url, grant_read_write):
         grant_read_write()
-        r = run(["store.py"], {**pg_lab, "DATABASE_URL": url})
+        r = cli(["store.py"], {**pg_lab, "DATABASE_URL": url})
         reason = f"permission denied for schema {schema_of(owner_url)}"
         assert (r.returncode, r.stdout, r.stderr) == (1, "", NO_CREATE.format(reason=reason) + "\n")
         assert not {"customers", "tickets"} & set(relations(owner_url))
@@ -684,7 +684,7 @@ def test_a_full_disk_under_the_events_database_is_temporary_not_a_setting_error_
     assert (r.returncode, r.stdout, r.stderr) == refused_startup(r, f"{full},webhook 没有启动:数据库能连上以后再启动")
     assert rows("SELECT status, attempts FROM events") == [("pending", 0)]
     assert rows("SELECT COUNT(*) FROM tickets", path=lab["BIZ_DB"]) == tickets
-    r = run(["email_poller.py", "--eml", "samples/01_utf8_plain.eml"], lab)  # 腾出空间之后:同一封信照常收下
+    r = cli(["email_poller.py", "--eml", "samples/01_utf8_plain.eml"], lab)  # 腾出空间之后:同一封信照常收下
     assert (r.returncode, r.stderr) == (0, "")
     assert r.stdout.endswith("本次收取 1 封:新工单 1,重复 0,跳过 0,无法解析 0,存储失败 0\n")
 
@@ -703,7 +703,7 @@ def test_a_new_events_database_someone_keeps_locked_is_temporary_not_a_setting_e
             assert (r.returncode, r.stdout, r.stderr) == (code, "", message + "\n"), command
     assert rows("SELECT name FROM sqlite_master", path=path) == []
     assert rows("SELECT COUNT(*) FROM tickets", path=lab["BIZ_DB"]) == tickets
-    r = run(["email_poller.py", "--eml", "samples/01_utf8_plain.eml"], env)
+    r = cli(["email_poller.py", "--eml", "samples/01_utf8_plain.eml"], env)
     assert (r.returncode, r.stderr) == (0, "")
     assert r.stdout.endswith("本次收取 1 封:新工单 1,重复 0,跳过 0,无法解析 0,存储失败 0\n")
 
@@ -719,9 +719,9 @@ def test_a_read_only_events_database_says_what_to_check_and_loses_nothing(lab):
             "是不是在只读的文件系统上、有没有被 chattr +i 锁住)")
     subprocess.run(["chattr", "+i", lab["EVENTS_DB"]], check=True)
     try:
-        worker = run(["worker.py", "--once"], lab)
-        scan = run(["cron_jobs.py", "scan"], lab)
-        mail = run(["email_poller.py", "--eml", "samples/01_utf8_plain.eml"], lab)
+        worker = cli(["worker.py", "--once"], lab)
+        scan = cli(["cron_jobs.py", "scan"], lab)
+        mail = cli(["email_poller.py", "--eml", "samples/01_utf8_plain.eml"], lab)
         reading = [run(command, lab) for command in (["cron_jobs.py", "report"], ["inbox.py", "list"], ["store.py"])]
     finally:
         subprocess.run(["chattr", "-i", lab["EVENTS_DB"]], check=True)
@@ -743,7 +743,7 @@ def test_a_full_disk_under_the_checkpoint_database_is_temporary_and_the_reply_is
     现在是「数据库暂时用不了」:待办还在收件箱里,发件箱是空的;腾出空间后 accept 照常,回复只发一次。"""
     store.add_event("evt_T1012_created", "webhook", "ticket.created",
                     '{"id": "evt_T1012_created", "type": "ticket.created", "data": {"ticket_id": "T1012"}}')
-    assert run(["worker.py", "--once"], lab).returncode == 0
+    assert cli(["worker.py", "--once"], lab).returncode == 0
     full = full_disk_under("checkpoint 库", lab["CHECKPOINTS_DB"])
     r = run([*FULL_DISK, "inbox.py", "accept", "T1012"], lab)
     assert (r.returncode, r.stdout, r.stderr) == (1, "", f"{full},这次没有做完;稍后再试,做到一半的下次运行 inbox.py "
@@ -755,7 +755,7 @@ def test_a_full_disk_under_the_checkpoint_database_is_temporary_and_the_reply_is
     assert rows("SELECT event_id, status, attempts FROM events ORDER BY event_id") == [
         ("evt_T1012_created", "waiting_human", 1), ("evt_T1041_created", "pending", 0)]
     assert rows("SELECT COUNT(*) FROM outbox") == [(0,)]
-    r = run(["inbox.py", "accept", "T1012"], lab)
+    r = cli(["inbox.py", "accept", "T1012"], lab)
     assert (r.returncode, r.stderr) == (0, "")
     assert rows("SELECT ticket_id FROM outbox") == [("T1012",)]
 
