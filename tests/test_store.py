@@ -9,7 +9,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from conftest import LAB, pg_schema, rows, run, someone_holds_the_events_table, tcp_proxy
+from conftest import LAB, cli, pg_schema, rows, run, someone_holds_the_events_table, tcp_proxy
 
 import store
 import store_biz
@@ -23,7 +23,7 @@ def test_a_business_database_in_a_missing_directory_names_the_setting_and_create
     """原来是「数据库暂时用不了(OperationalError: unable to open database file),稍后再运行…」:
     稍后再运行也没用,要改的是 BIZ_DB。(设了 DATABASE_URL 时不用 BIZ_DB,见下面几个测试。)"""
     path = (tmp_path / "missing" / "cloudledger.db").resolve()
-    r = run(["store.py"], {**lab, "BIZ_DB": str(path)})
+    r = cli(["store.py"], {**lab, "BIZ_DB": str(path)})
     assert (r.returncode, r.stdout, r.stderr) == (1, "", f"业务库打不开:BIZ_DB={path}(目录 {path.parent} 不存在)\n")
     assert not path.parent.exists()
     assert list(tmp_path.rglob("*.building*")) == []
@@ -60,11 +60,11 @@ def test_events_db_pointing_at_the_business_or_checkpoint_db_is_named_and_that_f
     """EVENTS_DB 写成了业务库(或 checkpoint 库)的路径:原来 store.py 悄悄在里面建起事件表、把它改成 WAL,退出码 0,
     worker、收件箱接着就在别人的库里记事件。反过来 BIZ_DB 指到事件库早就会说。现在每个程序一开始就说清楚,文件一点不动。"""
     if other == "CHECKPOINTS_DB":
-        run(["-c", "import store_pg; store_pg.open_checkpointer()[1].close()"], lab).check_returncode()
+        store_pg.open_checkpointer()[1].close()  # 建出 checkpoint 库(worker 第一次运行时也是这样)
     path = Path(lab[other])
     before = path.read_bytes()
     for command, code in ((["store.py"], 1), (["worker.py", "--once"], 1), (["inbox.py", "list"], 1)):
-        r = run(command, {**lab, "EVENTS_DB": str(path)})
+        r = cli(command, {**lab, "EVENTS_DB": str(path)})
         assert (r.returncode, r.stdout, r.stderr) == (code, "", (
             f"EVENTS_DB 指的 {path} {role}(里面有 {tables} 表、没有 events 表),不是事件库:没有动它。"
             "让 EVENTS_DB 指到事件库(不设就是脚本旁边的 ambient.db)\n")), command
@@ -119,13 +119,13 @@ def test_store_builds_the_business_tables_in_postgres_once_and_no_sqlite_file(pg
     biz = tmp_path / "nowhere" / "cloudledger.db"
     env = {**pg_lab, "BIZ_DB": str(biz)}
     url = store_errors._safe_url(pg_lab["DATABASE_URL"])
-    first = run(["store.py"], env)
+    first = cli(["store.py"], env)
     assert (first.returncode, first.stderr) == (0, "")
     assert first.stdout.splitlines() == [f"已在 {url} 新建业务表 customers、tickets(种子数据)",
                                          f"事件库 {url}:{EVENT_COUNTS}",
                                          f"业务库 {url}:customers 30 行,tickets 41 行"]
     store_biz.add_mail_ticket(["M1"], "C001", "发票", "麻烦重开", "2026-12-01")
-    again = run(["store.py"], env)  # 已经有了:不重建,邮件建的工单还在
+    again = cli(["store.py"], env)  # 已经有了:不重建,邮件建的工单还在
     assert (again.returncode, again.stderr) == (0, "")
     assert again.stdout.splitlines() == [f"事件库 {url}:{EVENT_COUNTS}", f"业务库 {url}:customers 30 行,tickets 42 行"]
     assert not biz.parent.exists()
@@ -138,7 +138,7 @@ def test_the_first_build_in_postgres_copies_the_sqlite_business_db_that_biz_db_n
     path = pg_lab["BIZ_DB"]
     with store.transaction(path) as conn:
         conn.execute("INSERT INTO tickets VALUES ('M1a2b3c', 'C001', ?, '抬头写错了', 'open', '2026-11-30')", ("发票\x00开错了",))
-    r = run(["store.py"], pg_lab)
+    r = cli(["store.py"], pg_lab)
     url = store_errors._safe_url(pg_lab["DATABASE_URL"])
     assert (r.returncode, r.stderr) == (0, "")
     assert r.stdout.splitlines() == [f"已在 {url} 新建业务表 customers、tickets(从 {path} 拷过来)",
@@ -166,7 +166,7 @@ def test_a_sqlite_business_db_that_cannot_be_copied_is_named_and_nothing_is_buil
     with store.transaction(path) as conn:
         conn.execute(broken)
     before = rows("SELECT * FROM customers ORDER BY id", path=path)
-    r = run(["store.py"], pg_lab)
+    r = cli(["store.py"], pg_lab)
     assert (r.returncode, r.stdout) == (1, "")
     assert r.stderr == (f"业务库 {path} 拷不进 PostgreSQL:{error}。业务表一张都没建:修好它,或者让 BIZ_DB 指到一个不存在的文件、"
                         "改用种子数据\n")
@@ -199,7 +199,7 @@ def test_without_business_tables_in_postgres_every_command_says_run_store_and_to
                "(先运行 uv run python store.py 建库)")
     for command, code in ((["worker.py", "--once"], 1), (["email_poller.py", "--eml", "samples/01_utf8_plain.eml"], 2),
                           (["cron_jobs.py", "scan"], 2)):
-        r = run(command, pg_lab)
+        r = cli(command, pg_lab)
         assert (r.returncode, r.stdout, r.stderr) == (code, "", problem + "\n"), command
     assert rows("SELECT event_id, status, attempts FROM events") == [("evt_T1012_created", "pending", 0)]
     assert rows("SELECT to_regclass('tickets') IS NULL") == [(True,)]
@@ -211,11 +211,11 @@ def test_half_of_the_business_tables_in_postgres_is_named_and_left_alone(pg_lab)
     with store.transaction() as conn:
         conn.execute("DROP TABLE tickets")
     url = store_errors._safe_url(pg_lab["DATABASE_URL"])
-    r = run(["store.py"], pg_lab)
+    r = cli(["store.py"], pg_lab)
     assert (r.returncode, r.stdout, r.stderr) == (
         2, "", f"业务库 {url} 里没有表:tickets。没有动它:确定剩下的那张业务表没用了(不是别的程序的),才把它也删掉"
                "(DROP TABLE)再运行 uv run python store.py,就会新建一套\n")
-    worker = run(["worker.py", "--once"], pg_lab)
+    worker = cli(["worker.py", "--once"], pg_lab)
     assert (worker.returncode, worker.stdout, worker.stderr) == (
         1, "", f"业务库 {url} 里没有表:tickets(运行 uv run python store.py,它说怎么修)\n")
     assert rows("SELECT COUNT(*), to_regclass('tickets') IS NULL FROM customers") == [(30, True)]
@@ -272,7 +272,7 @@ def test_a_table_of_another_shape_in_postgres_is_named_by_store_py_and_nothing_i
     """PostgreSQL 里已经有一张同名、却不是这里结构的表:store.py 一开始就说是哪张、缺哪几列、怎么办,什么都不建、不动。"""
     with pg_schema() as url:
         before = {table: foreign_pg_table(url, table)}
-        r = run(["store.py"], {**lab, "DATABASE_URL": url})
+        r = cli(["store.py"], {**lab, "DATABASE_URL": url})
         assert (r.returncode, r.stdout, r.stderr) == (1, "", named_foreign(url, table))
         assert pg_tables(url) == before
 
@@ -289,7 +289,7 @@ def test_every_program_names_a_table_of_another_shape_in_postgres_and_touches_no
         store_pg.close_pools()
         foreign_pg_table(url, table)
         before = pg_tables(url)
-        r = run(command, {**lab, "DATABASE_URL": url})
+        r = cli(command, {**lab, "DATABASE_URL": url})
         assert (r.returncode, r.stdout, r.stderr) == (code, "", named_foreign(url, table))
         assert pg_tables(url) == before
 
@@ -319,7 +319,7 @@ def test_an_events_table_with_text_time_columns_in_postgres_is_named_and_nothing
                          "VALUES ('evt_1', 'webhook', 'ticket.created', '{\"data\": {\"ticket_id\": \"T1001\"}}', "
                          "'2026-12-05T09:00:00+00:00', '2026-12-05T09:00:00+00:00', 'T1001')")
         before = pg_tables(url)
-        r = run(command, {**lab, "DATABASE_URL": url})
+        r = cli(command, {**lab, "DATABASE_URL": url})
         assert (r.returncode, r.stdout, r.stderr) == (code, "", (
             f"{store_errors._safe_url(url)} 里已经有一张 events 表,却不是这里用的结构(not_before、received_at、updated_at 列是 "
             "text,waiting_since 列是 timestamp without time zone,这里要 TIMESTAMPTZ;多半是自己做练习时建的,"
@@ -407,13 +407,15 @@ for durable in (True, False):
 """
 
 
-def test_postgres_connections_set_their_own_commit_durability_and_lock_wait(pg_lab):
+def test_postgres_connections_set_their_own_commit_durability_and_lock_wait(pg_lab, monkeypatch, capsys):
     """回了 202 的事件断电也在,靠的是等 WAL 落盘的提交:不能随服务器、库或用户上的默认值(有人
     ALTER DATABASE … SET synchronous_commit = off,或者连接参数里这样写)。等锁的时限是 BUSY_TIMEOUT_S。"""
     # 这里的 DATABASE_URL 已经用 options 指定了 search_path:接着写上两个别的默认值(%20 是空格,%3D 是 =)
     url = pg_lab["DATABASE_URL"] + "%20-csynchronous_commit%3Doff%20-clock_timeout%3D0"
-    r = run(["-c", SHOW_PG_SETTINGS], {**pg_lab, "BUSY_TIMEOUT_S": "2", "DATABASE_URL": url})
-    assert (r.returncode, r.stdout, r.stderr) == (0, "True on 2s\nFalse off 2s\n", "")
+    monkeypatch.setenv("BUSY_TIMEOUT_S", "2")
+    monkeypatch.setenv("DATABASE_URL", url)  # 新的 URL:新的连接池,按这里的设置建连接
+    exec(SHOW_PG_SETTINGS, {})
+    assert capsys.readouterr() == ("True on 2s\nFalse off 2s\n", "")
 
 
 def test_a_program_whose_sqlite_files_were_deleted_while_it_ran_stops_instead_of_writing_into_them(lab):
@@ -438,7 +440,7 @@ def test_a_program_whose_sqlite_files_were_deleted_while_it_ran_stops_instead_of
             w.run_once()
         assert str(stop.value) == replaced(lab["CHECKPOINTS_DB"])
         delete(lab["EVENTS_DB"])
-        assert run(["store.py"], lab).returncode == 0  # 新的一套库
+        assert run(["store.py"], lab).returncode == 0  # 另一个程序(新进程)建了新的一套库
         with pytest.raises(SystemExit) as stop:
             store.add_event("evt_T1012_created", "webhook", "ticket.created", '{"data": {"ticket_id": "T1012"}}')
         assert str(stop.value) == replaced(lab["EVENTS_DB"])
@@ -462,14 +464,14 @@ def test_an_events_table_from_before_waiting_since_gets_the_column_and_keeps_the
     rows("UPDATE events SET updated_at = ? WHERE event_id = ? RETURNING event_id", (entered, "evt_T1041_created"))
     with store.opened() as conn:
         conn.execute("ALTER TABLE events DROP COLUMN waiting_since")
-    first = run(["cron_jobs.py", "report"], any_lab)
+    first = cli(["cron_jobs.py", "report"], any_lab)
     assert (first.returncode, first.stderr) == (0, "")
     waiting = rows("SELECT event_id, status, waiting_since FROM events")
     assert [(e, s, store.parse_time(w)) for e, s, w in waiting] == [
         ("evt_T1041_created", "waiting_human", store.parse_time(entered))]
-    respond = run(["inbox.py", "respond", "T1041", "先道歉"], any_lab)
+    respond = cli(["inbox.py", "respond", "T1041", "先道歉"], any_lab)
     assert respond.returncode == 0 and respond.stdout.startswith("已按意见重写,新草稿:"), respond.stderr
-    for r in (first, run(["cron_jobs.py", "report"], any_lab)):
+    for r in (first, cli(["cron_jobs.py", "report"], any_lab)):
         assert ("收件箱里等得最久的:evt_T1041_created,已等 50.0 小时(超过 24 小时,该提醒值班的人了)(收件箱共 1 条)"
                 in r.stdout.splitlines())
 
