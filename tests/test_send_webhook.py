@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from conftest import LAB, cli, cut_connections, free_port, proxies_that_are_not_running, rows, run, webhook_server
-from test_webhook import unread_in_pipe, writer_pids
+from test_webhook import unread_in_pipe, webhook_here, writer_pids
 
 import send_webhook
 import store
@@ -22,29 +22,6 @@ import store_cli
 import store_pg
 import webhook
 import worker_owner
-
-
-@contextmanager
-def webhook_here():
-    """真的 uvicorn 上的 webhook(真的 HTTP、真的写库子进程),跑在 pytest 进程的一个线程里:不用为每个测试再起一个
-    uvicorn 进程、再导入一遍 FastAPI。设置读本进程的环境变量(lab 设好的那一套,事件写进这个测试自己的库);
-    返回基础 URL。webhook 进程本身才是要测的东西时(kill -9)用 webhook_server()。"""
-    import uvicorn
-
-    sock = socket.create_server(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(webhook.app, log_config=None, log_level="warning"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="uvicorn", daemon=True)
-    thread.start()
-    try:
-        deadline = time.time() + 30
-        while not server.started:
-            assert thread.is_alive() and time.time() < deadline, "webhook 服务没起来"
-            time.sleep(0.01)
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    finally:
-        server.should_exit = True
-        thread.join(30)
-        sock.close()
 
 
 def send(args: list[str], env: dict, url: str) -> subprocess.CompletedProcess:

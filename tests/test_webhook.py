@@ -9,6 +9,7 @@ import hmac
 import json
 import os
 import signal
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -247,14 +248,15 @@ def test_malformed_body_is_rejected_with_400_and_nothing_stored(client, body, de
     assert stored() == []
 
 
-def test_valid_json_with_an_integer_over_4300_digits_is_rejected_with_400_naming_the_limit_and_nothing_stored(lab):
+def test_valid_json_with_an_integer_over_4300_digits_is_rejected_with_400_naming_the_limit_and_nothing_stored(lab, monkeypatch):
     """合法的 JSON,只是有个整数超过了 Python 肯转换的 4300 位:仍然 400,但说的是整数太长,
     不是「不是 JSON」(原来这样说)。不处理的事件类型也一样(整个请求体先解析)。真的 HTTP,真的 uvicorn。"""
     huge = "1" * 5000
     bodies = [f'{{"id": "e1", "type": "ticket.created", "data": {{"ticket_id": "T1", "amount": {huge}}}}}'.encode(),
               f'{{"id": "e2", "type": "ticket.closed", "n": -{huge}}}'.encode()]
     assert all(json.loads(b.decode().replace(huge, "1")) for b in bodies)  # 除了那个数,就是普通的 JSON
-    with webhook_server({**lab, "WEBHOOK_SECRET": SECRET}) as (_, base_url):
+    monkeypatch.setenv("WEBHOOK_SECRET", SECRET)
+    with webhook_here() as base_url:
         answers = [deliver(base_url, b) for b in bodies]
         assert deliver(base_url, body_for("T1012")) == (202, {"accepted": True, "duplicate": False})
     assert answers == [(400, {"detail": "body has an integer longer than 4300 digits"})] * 2
@@ -318,14 +320,16 @@ def test_bad_standard_webhooks_headers_are_rejected_and_nothing_stored(client, c
 
 def batches_written(monkeypatch, hold_until_pending: int) -> list[int]:
     """记下组提交每一批交给写库进程几个事件。第一批先等一等,直到排队的请求有 hold_until_pending 个
-    (最多 10 秒):写库进程在写的时候到达的请求排成下一批,这里让这件事确定发生,而不是看线程调度的运气。"""
+    (另外那些在发的请求都排上了也算;最多 10 秒):写库进程在写的时候到达的请求排成下一批,这里让这件事确定发生,而不是看线程调度的运气。"""
     sizes: list[int] = []
     write = webhook.committer._write
 
     async def counted(events):
         sizes.append(len(events))
         deadline = time.monotonic() + 10
-        while len(sizes) == 1 and len(webhook.committer.pending) < hold_until_pending and time.monotonic() < deadline:
+        # 排队的最多是另外那些在发的(SENDERS 个里减去这一批的):都排上了就不用再等
+        wanted = min(hold_until_pending, SENDERS - sizes[0])
+        while len(sizes) == 1 and len(webhook.committer.pending) < wanted and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
         return await write(events)
 
@@ -333,8 +337,11 @@ def batches_written(monkeypatch, hold_until_pending: int) -> list[int]:
     return sizes
 
 
+SENDERS = 16  # send_concurrently 同时发几个请求
+
+
 def send_concurrently(client, bodies: list[bytes]) -> list[dict]:
-    with ThreadPoolExecutor(16) as pool:
+    with ThreadPoolExecutor(SENDERS) as pool:
         return list(pool.map(lambda b: post(client, b, send_webhook.sign(b, SECRET)).json(), bodies))
 
 
@@ -501,6 +508,29 @@ def test_writer_process_killed_mid_batch_answers_503_then_a_new_one_takes_the_re
     assert (r.status_code, r.json()) == (202, {"accepted": True, "duplicate": False})
     assert stored() == [("evt_T1012_created", "webhook", "ticket.created", "pending", 0)]
     assert webhook.committer.proc.pid != old and worker_owner._process_alive(webhook.committer.proc.pid)
+
+
+@contextlib.contextmanager
+def webhook_here():
+    """真的 uvicorn 上的 webhook(真的 HTTP、真的写库子进程),跑在 pytest 进程的一个线程里:不用为每个测试再起一个
+    uvicorn 进程、再导入一遍 FastAPI。设置读本进程的环境变量(lab 设好的那一套,事件写进这个测试自己的库);
+    返回基础 URL。webhook 进程本身才是要测的东西时(kill -9)用 conftest 的 webhook_server()。"""
+    import uvicorn
+
+    sock = socket.create_server(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(webhook.app, log_config=None, log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="uvicorn", daemon=True)
+    thread.start()
+    try:
+        deadline = time.time() + 30
+        while not server.started:
+            assert thread.is_alive() and time.time() < deadline, "webhook 服务没起来"
+            time.sleep(0.01)
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(30)
+        sock.close()
 
 
 def deliver(base_url: str, body: bytes) -> tuple[int, dict]:
