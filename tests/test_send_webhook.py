@@ -31,7 +31,7 @@ def send(args: list[str], env: dict, url: str) -> subprocess.CompletedProcess:
 
 @pytest.mark.parametrize("args, problem", [
     ([], "缺少工单号"),
-    (["T1012", "0"], "重复次数要是正整数,现在是 '0'"),  # 原来这几种只打印用法,不说哪里不对
+    (["T1012", "0"], "重复次数要是正整数,现在是 '0'"),  # 每一种先说哪里不对,再打印用法
     (["T1012", "two"], "重复次数要是正整数,现在是 'two'"),
     (["T1012", "2", "extra"], "参数太多了"),
     (["T1012", "²"], "重复次数要是正整数,现在是 '²'"),
@@ -46,7 +46,7 @@ def test_bad_arguments_say_what_is_wrong_print_usage_and_exit_2_without_sending(
 
 @pytest.mark.parametrize("times", ["101", "99999999999999999999999", "1" + "0" * 5000])  # 5001 位:int() 不肯转
 def test_a_repeat_count_over_100_is_refused_and_nothing_is_sent(lab, times):
-    """原来重复次数没有上限:多写几个 0 就一直发下去(走查时发了两万多次才按住)。"""
+    """重复次数最多 100:多写几个 0 也不会一直发下去(没有上限的话,走查时发了两万多次才按住)。"""
     with webhook_here() as url:
         r = send(["T1012", times], lab, url + "/hooks/cloudledger")
     assert (r.returncode, r.stdout) == (2, "")
@@ -55,7 +55,7 @@ def test_a_repeat_count_over_100_is_refused_and_nothing_is_sent(lab, times):
 
 
 def test_a_repeat_count_with_thousands_of_leading_zeros_is_just_that_number(lab):
-    """原来 int() 遇到超过 4300 位的数字串就是 ValueError 的 traceback、退出码 1,哪怕它的值只是 2。"""
+    """超过 4300 位的数字串 int() 不肯转(ValueError 的 traceback):先去掉开头的 0,值是 2 就发两次。"""
     with webhook_here() as url:
         r = send(["T1012", "0" * 5000 + "2"], lab, url + "/hooks/cloudledger")
     assert (r.returncode, r.stderr, r.stdout) == (0, "", "202 {'accepted': True, 'duplicate': False}\n"
@@ -65,7 +65,7 @@ def test_a_repeat_count_with_thousands_of_leading_zeros_is_just_that_number(lab)
 
 @pytest.mark.parametrize("ticket_id", ["--halp", "-T1012", "", "  "])
 def test_option_like_or_empty_ticket_id_is_refused_and_nothing_is_sent(lab, ticket_id):
-    """以前 send_webhook.py --help 把 --help 当工单号签好发出去,事件表里多了一个 evt_--help_created。"""
+    """以 - 开头的、空的工单号不签也不发:不然 --halp 会被当成工单号发出去,事件表里多一个 evt_--halp_created。"""
     with webhook_here() as url:
         r = send([ticket_id], lab, url + "/hooks/cloudledger")
     assert (r.returncode, r.stdout) == (2, "")
@@ -75,7 +75,8 @@ def test_option_like_or_empty_ticket_id_is_refused_and_nothing_is_sent(lab, tick
 
 @pytest.mark.parametrize("ticket_id", ["T 1012", "T１２", "T\x01", "A" * 65, "T1012/../x", "工单1"])
 def test_a_ticket_id_the_webhook_would_refuse_is_refused_in_chinese_before_sending(lab, ticket_id):
-    """原来照样签好发出去,webhook 回一句英文的 400(控制字符时说的还是 id 而不是工单号),退出码 1。"""
+    """webhook 不收的工单号在发之前就用中文说清楚、退出码 2;发出去的话,webhook 回一句英文的 400
+    (控制字符时说的还是 id 而不是工单号)。"""
     with webhook_here() as url:
         r = send([ticket_id], lab, url + "/hooks/cloudledger")
     assert (r.returncode, r.stdout) == (2, "")
@@ -86,7 +87,7 @@ def test_a_ticket_id_the_webhook_would_refuse_is_refused_in_chinese_before_sendi
 
 @pytest.mark.parametrize("args", [["-h"], ["--help"], ["T1012", "-h"], ["T1012", "2", "--help"]])
 def test_help_prints_usage_and_sends_nothing(lab, args):
-    """-h 写在后面也是要看用法(原来 T1012 -h 说「重复次数要是正整数,现在是 '-h'」)。"""
+    """-h 写在后面也是要看用法(T1012 -h 不是重复次数 '-h')。"""
     with webhook_here() as url:
         r = send([*args], lab, url + "/hooks/cloudledger")
     assert (r.returncode, r.stdout, r.stderr) == (0, "用法:uv run python send_webhook.py 工单号 [重复次数,正整数]\n", "")
@@ -96,14 +97,14 @@ def test_help_prints_usage_and_sends_nothing(lab, args):
 @pytest.mark.parametrize("url, problem", [
     ("http://[::1", "Invalid IPv6 URL"),
     ("http://127.0.0.1:http/hooks", "Port could not be cast to integer value as 'http'"),
-    # 原来这几种被当成「webhook 服务没起来」,退出码 1,让人去查服务
+    # 这几种是 WEBHOOK_URL 写错了,不是「webhook 服务没起来」:退出码 2,不让人去查服务
     ("127.0.0.1:8139/hooks/cloudledger", "要以 http:// 或 https:// 开头,后面是主机名"),
     ("ftp://127.0.0.1/hooks", "要以 http:// 或 https:// 开头,后面是主机名"),
     ("http://", "要以 http:// 或 https:// 开头,后面是主机名"),
-    # idna 编不出来的主机名:原来是连接时的 UnicodeError traceback、退出码 1
+    # idna 编不出来的主机名:连接之前就说,不是连接时的 UnicodeError traceback
     ("http://a..b/hooks", "主机名有一段是空的(连着两个点、以点开头)或者超过 63 个字符"),
     ("http://hooks\x80.example/hooks", "主机名有域名里不允许的字符:'hooks\\x80'"),
-    # 网址里的密码不打印出来(原来原样打印;连不上时却打成 ***)
+    # 网址里的密码不打印出来,和连不上时一样打成 ***
     ("http://admin:S3cretPW@127.0.0.1:99999/hooks/cloudledger", "Port out of range 0-65535"),
 ])
 def test_malformed_webhook_url_is_a_clear_error_and_nothing_is_sent(lab, url, problem):
@@ -115,7 +116,7 @@ def test_malformed_webhook_url_is_a_clear_error_and_nothing_is_sent(lab, url, pr
 
 
 def test_a_redirect_says_which_address_to_use_and_nothing_is_stored(lab):
-    """WEBHOOK_URL 末尾多了一个 /:FastAPI 回 307 让改发到没有 / 的地址。原来只打印「307 」、退出码 1,看不出哪里不对。
+    """WEBHOOK_URL 末尾多了一个 /:FastAPI 回 307 让改发到没有 / 的地址。光一个「307 」看不出哪里不对:说要改发到哪个地址、退出码 1。
     不跟着跳过去(POST 跳转要重发请求体,由人改好设置再发)。"""
     with webhook_here() as url:
         r = send(["T1012"], lab, url + "/hooks/cloudledger/")
@@ -125,7 +126,7 @@ def test_a_redirect_says_which_address_to_use_and_nothing_is_stored(lab):
 
 
 def test_a_double_dash_before_the_ticket_id_sends_that_ticket(lab):
-    """-- 是「后面都不是选项」的老写法:原来 -- T1012 把 T1012 当成了重复次数,说「重复次数要是正整数」。"""
+    """-- 是「后面都不是选项」的老写法:-- T1012 的工单号是 T1012,不是重复次数。"""
     with webhook_here() as url:
         r = send(["--", "T1012"], lab, url + "/hooks/cloudledger")
     assert (r.returncode, r.stdout, r.stderr) == (0, "202 {'accepted': True, 'duplicate': False}\n", "")
@@ -133,8 +134,8 @@ def test_a_double_dash_before_the_ticket_id_sends_that_ticket(lab):
 
 
 def test_a_proxy_set_in_the_terminal_is_not_used_for_the_webhook_on_this_machine(lab):
-    """原来本机的请求也绕到代理上:all_proxy 是 socks5:// 时是一段 ImportError(没装 socksio)的 traceback,
-    http_proxy 指着没开的代理时说「webhook 服务起来了吗?」,其实 webhook 好好的。现在发给本机的不走代理。"""
+    """发给本机的请求不走终端里设的代理:走的话,all_proxy 是 socks5:// 而没装 socksio 时是一段 ImportError 的
+    traceback,http_proxy 指着没开的代理时说「webhook 服务起来了吗?」,其实 webhook 好好的。"""
     with webhook_here() as url:
         for host in ("127.0.0.1", "localhost"):
             target = url.replace("127.0.0.1", host) + "/hooks/cloudledger"
@@ -156,7 +157,7 @@ def test_a_proxy_that_is_not_running_is_named_when_the_webhook_is_elsewhere(lab)
 
 
 def test_server_not_running_is_one_clear_message_with_the_port_of_webhook_url_and_exit_1(lab):
-    """提示的端口是 WEBHOOK_URL 里的那个(原来总说 8139)。"""
+    """提示的端口是 WEBHOOK_URL 里的那个,不总是 8139。"""
     port = free_port()
     url = f"http://127.0.0.1:{port}/hooks/cloudledger"
     r = send(["T1012"], lab, url)
@@ -167,7 +168,7 @@ def test_server_not_running_is_one_clear_message_with_the_port_of_webhook_url_an
 
 
 def test_https_against_the_http_webhook_says_to_use_http_not_that_the_service_is_down(lab):
-    """原来 SSL 握手失败也说「webhook 服务起来了吗?」,可服务明明在跑。"""
+    """SSL 握手失败说的是改成 http://,不说「webhook 服务起来了吗?」:服务明明在跑。"""
     with webhook_here() as url:
         https = url.replace("http://", "https://") + "/hooks/cloudledger"
         r = send(["T1012"], lab, https)
@@ -187,8 +188,9 @@ def no_answer_message(url: str, what: str, error: str, ticket_id: str) -> str:
 
 
 def test_a_delivery_the_webhook_does_not_answer_in_time_says_it_may_be_stored_and_resending_is_safe(lab, monkeypatch):
-    """webhook 开着,只是没在时限内回答(写库进程停住了,像事件库被锁着的时候):原来说「连不上……webhook 服务起来了吗?」,
-    让人去起一个已经在跑的服务。现在说事件可能已经存下了、再发一次是安全的,退出码 1;照着再发一次,回 duplicate。"""
+    """webhook 开着,只是没在时限内回答(写库进程停住了,像事件库被锁着的时候):说事件可能已经存下了、
+    再发一次是安全的,退出码 1,而不是「连不上……webhook 服务起来了吗?」(那会让人去起一个已经在跑的服务)。
+    照着再发一次,回 duplicate。"""
     with webhook_here() as base:
         url = base + "/hooks/cloudledger"
         writer = webhook.committer.proc.pid
@@ -224,8 +226,8 @@ def waiting_for_the_answer(env: dict, writer: int, url: str, ticket_id: str, **p
 
 
 def test_a_delivery_whose_connection_drops_before_the_answer_says_it_may_be_stored_and_it_was(lab):
-    """请求已经交给写库进程,webhook 这时被 kill -9,连接断了:原来也说「webhook 服务起来了吗?」。
-    其实事件已经存下了(写库进程照样写完这一批):现在说可能已经存下、再发一次是安全的;再发一次回 duplicate,只有一行。"""
+    """请求已经交给写库进程,webhook 这时被 kill -9,连接断了:事件其实已经存下了(写库进程照样写完这一批),
+    所以说可能已经存下、再发一次是安全的,不说「webhook 服务起来了吗?」;再发一次回 duplicate,只有一行。"""
     with webhook_server(lab) as (proc, base):
         url = base + "/hooks/cloudledger"
         (writer,) = writer_pids(proc.pid)
@@ -249,9 +251,9 @@ def test_a_delivery_whose_connection_drops_before_the_answer_says_it_may_be_stor
 
 @pytest.mark.parametrize("again_and_again", [False, True], ids=["once", "again-and-again"])
 def test_ctrl_c_while_waiting_for_the_answer_is_one_line_exit_130_and_resending_is_a_duplicate(lab, again_and_again):
-    """原来是一段 KeyboardInterrupt 的 traceback(send_webhook.py 没走 config.run)。
-    连按几下(或者 uv run 把发给进程组的 SIGINT 再转发一次):原来第二下落在退出途中,进程被信号结束(退出码 -2);
-    config.run 让 Ctrl-C 只抛一次,之后的不理:和按一下一样。"""
+    """Ctrl-C 是一行说明、退出码 130,没有 KeyboardInterrupt 的 traceback(send_webhook.py 走 config.run)。
+    连按几下(或者 uv run 把发给进程组的 SIGINT 再转发一次)也一样:config.run 让 Ctrl-C 只抛一次,之后的不理,
+    第二下落在退出途中也不会让进程被信号结束(退出码 -2)。"""
     from test_worker import signal_until_it_exits
 
     with webhook_here() as base:
@@ -285,7 +287,7 @@ def test_started_with_ctrl_c_ignored_like_a_background_job_it_still_ignores_it_a
 
 
 def test_output_closed_early_exits_141_quietly_after_the_delivery_it_made(lab):
-    """send_webhook.py T1030 3 | head -0:原来是 BrokenPipeError 的 traceback、退出码 1。第一次投递存下了,
+    """send_webhook.py T1030 3 | head -0:安静退出,没有 BrokenPipeError 的 traceback。第一次投递存下了,
     打印它的结果时发现没人看,就不再发了(和 cat、grep 一样,退出码 141)。"""
     from test_config import into_a_closed_pipe
 
@@ -296,8 +298,8 @@ def test_output_closed_early_exits_141_quietly_after_the_delivery_it_made(lab):
 
 
 def test_a_webhook_url_pointing_at_a_service_that_does_not_speak_http_says_to_check_the_url(lab):
-    """WEBHOOK_URL 的端口写成了别的服务的(这里是一个像 Redis 那样回一行错误就断开的 TCP 服务):原来只说「webhook
-    可能已经存下了」,让人以为是 webhook 出了事。现在多一句先核对 WEBHOOK_URL;退出码 1,什么都没存。"""
+    """WEBHOOK_URL 的端口写成了别的服务的(这里是一个像 Redis 那样回一行错误就断开的 TCP 服务):除了「webhook
+    可能已经存下了」,还多一句先核对 WEBHOOK_URL,不让人以为是 webhook 出了事;退出码 1,什么都没存。"""
     with socket.create_server(("127.0.0.1", 0)) as server:
         def answer_like_redis():
             conn, _ = server.accept()
@@ -365,7 +367,7 @@ STORE_USAGE = ("用法:uv run python store.py               建好缺的库,打�
     (["--from-sqlite", "now"], 2, "", "store.py 不认识这些参数:--from-sqlite now\n" + STORE_USAGE),
 ])
 def test_store_with_arguments_prints_usage_and_builds_nothing(tmp_path, args, code, out, err):
-    """以前 store.py 不看参数:store.py --help 也照样建库。"""
+    """store.py 认得 -h / --help,别的参数一律不认:打印用法,什么库都不建。"""
     env = {"EVENTS_DB": str(tmp_path / "e.db"), "CHECKPOINTS_DB": str(tmp_path / "c.db"),
            "BIZ_DB": str(tmp_path / "b.db"), "AMBIENT_NO_DOTENV": "1", "PATH": "/usr/bin:/bin"}
     r = cli(["store.py", *args], env)
@@ -420,8 +422,8 @@ def test_store_builds_the_business_database_over_an_empty_file(tmp_path):
 
 @pytest.mark.parametrize("which, role", [("EVENTS_DB", "是事件库"), ("CHECKPOINTS_DB", "是 checkpoint 库")])
 def test_biz_db_pointing_at_the_events_or_checkpoint_db_says_so_and_never_says_to_delete_it(lab, which, role):
-    """BIZ_DB 写成了事件库(或 checkpoint 库)的路径:原来 store.py 说「里没有表……删掉它再运行」,照做就删掉了全部事件
-    和收件箱里的待办。现在说它是哪个库、让 BIZ_DB 指回业务库;什么都不动,事件照旧在。"""
+    """BIZ_DB 写成了事件库(或 checkpoint 库)的路径:store.py 说它是哪个库、让 BIZ_DB 指回业务库,
+    不说「里没有表……删掉它再运行」(照做就删掉了全部事件和收件箱里的待办);什么都不动,事件照旧在。"""
     store.add_event("evt_T1012_created", "webhook", "ticket.created",
                     '{"id": "evt_T1012_created", "type": "ticket.created", "data": {"ticket_id": "T1012"}}')
     saver, conn = store_pg.open_checkpointer()  # 建出 checkpoint 库(worker 第一次运行时也是这样)
@@ -436,8 +438,8 @@ def test_biz_db_pointing_at_the_events_or_checkpoint_db_says_so_and_never_says_t
 
 
 def test_biz_db_pointing_where_the_checkpoint_db_will_be_is_refused_before_store_builds_anything_there(tmp_path):
-    """新目录,worker 还没跑过(checkpoint 库还没建出来),BIZ_DB 却写成了 CHECKPOINTS_DB 的路径:原来 store.py 在那里
-    建起业务库、退出码 0,之后 worker 把 LangGraph 的表也写进同一个文件,哪个程序都不说。现在一开始就说,什么都不建。"""
+    """新目录,worker 还没跑过(checkpoint 库还没建出来),BIZ_DB 却写成了 CHECKPOINTS_DB 的路径:store.py 一开始就说,
+    什么都不建。不然它在那里建起业务库、退出码 0,之后 worker 把 LangGraph 的表也写进同一个文件,哪个程序都不说。"""
     checkpoints = tmp_path / "checkpoints.db"
     env = {"EVENTS_DB": str(tmp_path / "ambient.db"), "CHECKPOINTS_DB": str(checkpoints), "BIZ_DB": str(checkpoints),
            "AMBIENT_NO_DOTENV": "1", "PATH": "/usr/bin:/bin"}
@@ -448,7 +450,7 @@ def test_biz_db_pointing_where_the_checkpoint_db_will_be_is_refused_before_store
 
 
 def test_biz_db_pointing_at_a_directory_is_named_by_every_command_and_store_does_not_say_delete_it(lab, tmp_path):
-    """原来 store.py 说「业务库打不开:…:unable to open database file。没有动它:删掉它」:是个目录,删掉它不是办法。"""
+    """每个命令都说 BIZ_DB 是一个目录;store.py 只叫人把 BIZ_DB 指到业务库,不叫人删掉它(是个目录,删掉它不是办法)。"""
     folder = tmp_path / "biz"
     folder.mkdir()
     problem = f"业务库打不开:BIZ_DB={folder}(这是一个目录,不是文件)"

@@ -20,8 +20,8 @@ import store_upgrade
 
 
 def test_a_business_database_in_a_missing_directory_names_the_setting_and_creates_nothing(lab, tmp_path):
-    """原来是「数据库暂时用不了(OperationalError: unable to open database file),稍后再运行…」:
-    稍后再运行也没用,要改的是 BIZ_DB。(设了 DATABASE_URL 时不用 BIZ_DB,见下面几个测试。)"""
+    """说的是 BIZ_DB 指的目录不存在,不是「数据库暂时用不了(OperationalError: unable to open database file),
+    稍后再运行…」:稍后再运行也没用,要改的是 BIZ_DB。(设了 DATABASE_URL 时不用 BIZ_DB,见下面几个测试。)"""
     path = (tmp_path / "missing" / "cloudledger.db").resolve()
     r = cli(["store.py"], {**lab, "BIZ_DB": str(path)})
     assert (r.returncode, r.stdout, r.stderr) == (1, "", f"业务库打不开:BIZ_DB={path}(目录 {path.parent} 不存在)\n")
@@ -30,9 +30,9 @@ def test_a_business_database_in_a_missing_directory_names_the_setting_and_create
 
 
 def test_store_py_started_four_times_at_once_on_a_new_directory_builds_the_business_db_once_and_all_succeed(tmp_path):
-    """几个终端(或 cron 里几个程序)同时第一次运行 store.py:原来共用一个临时文件「cloudledger.db.building」,一个删掉
-    另一个正写着的,多半个个都报「disk I/O error」「库文件只能读」退出 1,业务库谁也没建成,还留下那个临时文件。
-    现在每一个都成功;只有一个说「已新建业务库」,别的用它建好的那份。一共 5 轮,每轮一个新目录。"""
+    """几个终端(或 cron 里几个程序)同时第一次运行 store.py:每一个都成功;只有一个说
+    「已新建业务库」,别的用它建好的那份。它们不共用一个临时文件:共用的话一个删掉另一个正写着的,多半个个都报
+    「disk I/O error」「库文件只能读」退出 1,业务库谁也没建成,还留下那个临时文件。一共 5 轮,每轮一个新目录。"""
     base = {k: v for k, v in os.environ.items() if k not in ("LLM_API_KEY", "DATABASE_URL")}
     for i in range(5):
         folder = tmp_path / f"lab{i}"
@@ -57,8 +57,8 @@ def test_store_py_started_four_times_at_once_on_a_new_directory_builds_the_busin
                                                  ("CHECKPOINTS_DB", "checkpoints、writes", "是 checkpoint 库")])
 def test_events_db_pointing_at_the_business_or_checkpoint_db_is_named_and_that_file_is_left_alone(lab, other, tables,
                                                                                                    role):
-    """EVENTS_DB 写成了业务库(或 checkpoint 库)的路径:原来 store.py 悄悄在里面建起事件表、把它改成 WAL,退出码 0,
-    worker、收件箱接着就在别人的库里记事件。反过来 BIZ_DB 指到事件库早就会说。现在每个程序一开始就说清楚,文件一点不动。"""
+    """EVENTS_DB 写成了业务库(或 checkpoint 库)的路径:每个程序一开始就说清楚,文件一点不动(和 BIZ_DB
+    指到事件库时一样)。不然 store.py 会在里面建起事件表、把它改成 WAL,worker、收件箱接着就在别人的库里记事件。"""
     if other == "CHECKPOINTS_DB":
         store_pg.open_checkpointer()[1].close()  # 建出 checkpoint 库(worker 第一次运行时也是这样)
     path = Path(lab[other])
@@ -112,8 +112,8 @@ EVENT_COUNTS = "events 0 行,outbox 0 行,review_log 0 行,llm_usage 0 行"
 
 
 def test_store_builds_the_business_tables_in_postgres_once_and_no_sqlite_file(pg_lab, tmp_path):
-    """原来设了 DATABASE_URL,业务库还是每台机器各一份 SQLite 文件:邮件工单只在收信的那台机器上,
-    别的机器上的 worker 说「工单不存在」、进死信。现在业务表和事件表在同一个 PostgreSQL 库里;BIZ_DB 指的
+    """设了 DATABASE_URL 时,业务表和事件表在同一个 PostgreSQL 库里,不是每台机器各一份 SQLite 文件(那样邮件工单
+    只在收信的那台机器上,别的机器上的 worker 说「工单不存在」、进死信);BIZ_DB 指的
     SQLite 库不在时用种子数据,也不会建出这个文件。"""
     drop_business_tables()
     biz = tmp_path / "nowhere" / "cloudledger.db"
@@ -156,7 +156,7 @@ def test_the_first_build_in_postgres_copies_the_sqlite_business_db_that_biz_db_n
     ("ALTER TABLE tickets DROP COLUMN body", "OperationalError: no such column: body"),
     ("UPDATE tickets SET customer_id = 'C999' WHERE id = 'T1012'",
      'ForeignKeyViolation: insert or update on table "tickets" violates foreign key constraint "tickets_customer_id_fkey";'
-     'Key (customer_id)=(C999) is not present in table "customers"'),  # DETAIL 说是哪一行(原来没有)
+     'Key (customer_id)=(C999) is not present in table "customers"'),  # DETAIL 说是哪一行
 ])
 def test_a_sqlite_business_db_that_cannot_be_copied_is_named_and_nothing_is_built(pg_lab, broken, error):
     """Day 23 的库列不一样,或者工单的客户不存在(SQLite 默认不查外键,PostgreSQL 查):说清楚、退出码 1,
@@ -227,14 +227,14 @@ LESSON_PG_EVENTS = ("CREATE TABLE events (event_id TEXT PRIMARY KEY, source TEXT
 
 
 FOREIGN_PG_TABLES = {
-    # 练习 6 照课文的表结构在 PostgreSQL 里自己建的事件表:原来 store.py 是 UndefinedColumn 的 traceback
+    # 练习 6 照课文的表结构在 PostgreSQL 里自己建的事件表:说缺哪几列,不是 UndefinedColumn 的 traceback
     "events": ("CREATE TABLE events (event_id TEXT PRIMARY KEY, source TEXT NOT NULL, kind TEXT NOT NULL, "
                "payload TEXT NOT NULL, status TEXT NOT NULL DEFAULT 'pending', attempts INTEGER NOT NULL DEFAULT 0, "
                "last_error TEXT, received_at TEXT NOT NULL, updated_at TEXT NOT NULL)", "claimed_by、not_before、ticket_id"),
-    # 练习 4 自己起的列名:原来 store.py 说一切正常,inbox accept 失败、日报是 traceback
+    # 练习 4 自己起的列名:一开始就说,不然 store.py 说一切正常,之后 inbox accept 失败、日报是 traceback
     "review_log": ("CREATE TABLE review_log (id SERIAL PRIMARY KEY, ticket_id TEXT, original TEXT, edited TEXT, "
                    "decision TEXT)", "action、category、created_at、draft、feedback、final"),
-    # 同一个 schema 里别的程序的 tickets:原来 store.py 叫人把它 DROP 掉
+    # 同一个 schema 里别的程序的 tickets:叫人改名或换 schema,不叫人把它 DROP 掉
     "tickets": ("CREATE TABLE tickets (id SERIAL PRIMARY KEY, title TEXT, opened_by TEXT)",
                 "body、created_at、customer_id、status、subject"),
 }
@@ -305,8 +305,8 @@ TEXT_TIME_PG_EVENTS = ("CREATE TABLE events (event_id TEXT PRIMARY KEY, source T
                                            (["inbox.py", "list"], 1), (["cron_jobs.py", "report"], 2)])
 def test_an_events_table_with_text_time_columns_in_postgres_is_named_and_nothing_is_touched(lab, pg_url, monkeypatch,
                                                                                            command, code):
-    """列都对、存时间的列却不是 TIMESTAMPTZ:原来 store.py 说建好了,worker 领取时是 DatatypeMismatch 的 traceback。
-    现在每个程序一开始就说是哪几列、是什么类型、要什么类型、怎么办;表里的事件一个不动。"""
+    """列都对、存时间的列却不是 TIMESTAMPTZ:每个程序一开始就说是哪几列、是什么类型、要什么类型、怎么办;表里的事件
+    一个不动。不然 store.py 说建好了,worker 领取时是 DatatypeMismatch 的 traceback。"""
     import psycopg
 
     with pg_schema() as url:
@@ -330,7 +330,7 @@ def test_an_events_table_with_text_time_columns_in_postgres_is_named_and_nothing
 
 def test_programs_opening_a_new_lab_at_the_same_moment_all_get_it(tmp_path, monkeypatch):
     """两个 worker(或者 webhook 和 worker)同时第一次打开一套新库:换成 WAL 的那一下 SQLite 不等 busy_timeout,
-    当场说 database is locked,原来后到的那个就以「库打不开」退出(CI 上两个 worker 进程一起起来时碰到过,退出码 1)。
+    当场说 database is locked:隔一会儿再试,后到的那个不会以「库打不开」退出(CI 上两个 worker 进程一起起来时碰到过)。
     这里每一轮 4 个线程、各自的连接,同时打开一个新的事件库(init),再同时打开一个新的 checkpoint 库,
     一共 200 轮:每一个都打开了、都是 WAL。"""
     monkeypatch.delenv("DATABASE_URL", raising=False)
@@ -344,7 +344,7 @@ def test_programs_opening_a_new_lab_at_the_same_moment_all_get_it(tmp_path, monk
             try:
                 together.wait()
                 opening()
-            except BaseException as e:  # noqa: BLE001 —— 原来是 SystemExit(库打不开)
+            except BaseException as e:  # noqa: BLE001 —— 撞锁没再试时是 SystemExit(库打不开)
                 failures.append(f"{type(e).__name__}: {e}")
             finally:
                 store_sqlite.close_connections()
@@ -382,8 +382,8 @@ print(round(time.monotonic() - started))
 
 def test_a_write_blocked_by_someone_elses_transaction_gives_up_after_busy_timeout_on_both_databases(any_lab):
     """SQLite 上等别人的写锁最多 BUSY_TIMEOUT_S 秒,之后就是「数据库暂时用不了」(webhook 回 503、上游重试)。
-    原来 PostgreSQL 上一直等:有人在 psql 里开着事务没提交,webhook 那一批、连同后面排队的请求都一直挂着没有回答。
-    现在两种库一样,等 BUSY_TIMEOUT_S 秒就放弃,什么都没写;锁放开以后照常写进去。"""
+    PostgreSQL 上也一样(lock_timeout),等 BUSY_TIMEOUT_S 秒就放弃,什么都没写;锁放开以后照常写进去。一直等的话,
+    有人在 psql 里开着事务没提交,webhook 那一批、连同后面排队的请求都一直挂着没有回答。"""
     env = {**any_lab, "BUSY_TIMEOUT_S": "2"}
     with someone_holds_the_events_table():
         r = run(["-c", ADD_ONE_EVENT], env, timeout=60)
@@ -420,8 +420,8 @@ def test_postgres_connections_set_their_own_commit_durability_and_lock_wait(pg_l
 
 def test_a_program_whose_sqlite_files_were_deleted_while_it_ran_stops_instead_of_writing_into_them(lab):
     """「想从头再来」删了 ambient.db*、checkpoints.db*,又运行了 store.py,可 worker、webhook 还开着:它们开着的连接
-    还连着删掉的文件,原来 webhook 照样回 202,事件却写进了没人看得见的文件;worker 的草稿也一样。现在下一次用到时
-    说清楚、停下(SystemExit),新文件里什么都没被写进去。"""
+    还连着删掉的文件。下一次用到时说清楚、停下(SystemExit),新文件里什么都没被写进去;不然 webhook 照样回 202,
+    事件却写进了没人看得见的文件,worker 的草稿也一样。"""
     import worker as worker_mod
 
     def delete(path: str) -> None:
@@ -499,9 +499,9 @@ def pooled_writer(pool: str):
 @pytest.mark.parametrize("pool", ["events", "checkpoints"])
 def test_a_pooled_connection_that_finds_the_server_read_only_is_dropped_so_the_pool_reconnects(pg_lab, monkeypatch,
                                                                                                pool):
-    """主备切换时连到了只能读的那台:这个连接整个会话都只能读。原来它回到连接池里接着用,服务器早就能写了,
-    程序还一直说「只能读」;现在碰上 ReadOnlySqlTransaction 的连接还回去之前关掉,连接池另连一个。
-    checkpoint 的连接池原来不管这个:服务器能写了,每个事件起草完存 checkpoint 还是失败,一次次退避、最后全进死信。
+    """主备切换时连到了只能读的那台:这个连接整个会话都只能读。碰上 ReadOnlySqlTransaction 的连接还回去之前
+    关掉,连接池另连一个:不然它回到连接池里接着用,服务器早就能写了,程序还一直说「只能读」。checkpoint 的连接池
+    也这样:不然服务器能写了,每个事件起草完存 checkpoint 还是失败,一次次退避、最后全进死信。
     这里用给用户设 default_transaction_read_only 来造「只能读的会话」:设回去以后不再断连接,全靠扔掉坏的。"""
     import psycopg
     from conftest import read_write_role
