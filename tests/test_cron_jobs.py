@@ -18,7 +18,7 @@ import cron_jobs
 import store
 import store_events
 import store_pg
-from conftest import LAB, cut_connections, drain, rows, run, write_locked
+from conftest import LAB, cli, cut_connections, drain, rows, run, write_locked
 
 SEED = json.loads((LAB / "cloudledger_seed.json").read_text(encoding="utf-8"))
 EVENTS = "SELECT event_id, source, kind, payload, status FROM events ORDER BY received_at, event_id"
@@ -60,13 +60,13 @@ def add_event_with(event_id: str, ticket_id: str, status: str, updated_at: str |
 def test_scan_enqueues_the_oldest_unreplied_tickets_up_to_the_limit_and_a_same_day_rerun_adds_none(any_lab):
     stale = old_open_tickets(20)
     assert stale == ["T1029", "T1020", "T1010", "T1007", "T1022", "T1002", "T1031", "T1011", "T1038"]
-    r = run(["cron_jobs.py", "scan"], any_lab)
+    r = cli(["cron_jobs.py", "scan"], any_lab)
     assert (r.returncode, r.stderr) == (0, "")
     assert r.stdout.splitlines() == ["超过 20 天还开着的工单 9 张,其中没回复过的 9 张,本次入队 5 个",
                                      "没有入队的:超出 --limit 5 4 张"]
     assert rows(EVENTS) == [stale_event(t) for t in stale[:5]]
 
-    again = run(["cron_jobs.py", "scan"], any_lab)  # 补跑、手动再跑:同一天同一批工单,一个都不多
+    again = cli(["cron_jobs.py", "scan"], any_lab)  # 补跑、手动再跑:同一天同一批工单,一个都不多
     assert (again.returncode, again.stderr) == (0, "")
     assert again.stdout.splitlines() == ["超过 20 天还开着的工单 9 张,其中没回复过的 9 张,本次入队 0 个",
                                          "没有入队的:今天已经入过队 5 张,超出 --limit 5 4 张"]
@@ -84,7 +84,7 @@ def test_tickets_enqueued_today_by_a_larger_limit_are_counted_as_enqueued_today_
         (["--limit", "2"], 0, "没有入队的:今天已经入过队 9 张"),
     ]
     for args, enqueued, held in expected:
-        r = run(["cron_jobs.py", "scan", *args], lab)
+        r = cli(["cron_jobs.py", "scan", *args], lab)
         assert (r.returncode, r.stderr) == (0, "")
         assert r.stdout.splitlines() == [f"超过 20 天还开着的工单 9 张,其中没回复过的 9 张,本次入队 {enqueued} 个", held]
     assert sorted(rows(EVENTS)) == sorted(stale_event(t) for t in stale)
@@ -94,17 +94,17 @@ def test_scan_on_a_write_locked_database_says_so_in_one_line_and_enqueues_nothin
     """事件库被别人占着写锁超过 BUSY_TIMEOUT_S(有人在 sqlite3 里改了东西没提交):scan 一行说明、退出码 3,一个都没入队;
     只读的 report 照样出(WAL 下读不等写锁)。锁放开之后 scan 照常。"""
     env = {**lab, "BUSY_TIMEOUT_S": "0.2"}
-    with write_locked():
+    with write_locked():  # 新进程:本进程留着的连接是按默认的 BUSY_TIMEOUT_S 打开的
         scan = run(["cron_jobs.py", "scan"], env)
         report = run(["cron_jobs.py", "report"], env)
     assert (scan.returncode, scan.stdout) == (3, "")
     assert scan.stderr == ("数据库暂时用不了(OperationalError: database is locked),"
                            "scan 没有做完,稍后再跑(同一天重跑不会重复入队)\n")
     assert (report.returncode, report.stderr) == (0, "")
-    unlocked = run(["cron_jobs.py", "report"], lab)
+    unlocked = cli(["cron_jobs.py", "report"], lab)
     assert report.stdout.splitlines()[1:] == unlocked.stdout.splitlines()[1:]  # 第一行是时间
     assert rows(EVENTS) == []
-    again = run(["cron_jobs.py", "scan"], lab)
+    again = cli(["cron_jobs.py", "scan"], lab)
     assert (again.returncode, again.stderr) == (0, "")
     assert rows(EVENTS) == [stale_event(t) for t in old_open_tickets(20)[:5]]
 
@@ -131,7 +131,7 @@ def test_cut_database_connections_stop_the_job_in_one_line_with_exit_3_and_the_n
 
 
 def test_scan_uses_stale_days_and_limit(lab):
-    r = run(["cron_jobs.py", "scan", "--limit", "1"], {**lab, "STALE_DAYS": "40"})
+    r = cli(["cron_jobs.py", "scan", "--limit", "1"], {**lab, "STALE_DAYS": "40"})
     assert (r.returncode, r.stderr) == (0, "")
     assert r.stdout.splitlines() == ["超过 40 天还开着的工单 2 张,其中没回复过的 2 张,本次入队 1 个",
                                      "没有入队的:超出 --limit 1 1 张"]
@@ -147,7 +147,7 @@ def test_scan_names_open_tickets_whose_created_at_is_not_a_date_and_does_not_enq
                      "SELECT ?, customer_id, subject, body, 'open', ? FROM tickets WHERE id = 'T1029'",
                      (ticket_id, created_at))
     conn.close()
-    r = run(["cron_jobs.py", "scan", "--limit", "1"], {**any_lab, "STALE_DAYS": "40"})
+    r = cli(["cron_jobs.py", "scan", "--limit", "1"], {**any_lab, "STALE_DAYS": "40"})
     assert (r.returncode, r.stdout.splitlines(), r.stderr) == (0, [
         "超过 40 天还开着的工单 2 张,其中没回复过的 2 张,本次入队 1 个", "没有入队的:超出 --limit 1 1 张"],
         "业务库里 4 张开着的工单 created_at 不是 YYYY-MM-DD 开头的日期,算不出开了几天,没有算进来:X1=''、X2='15/11/2026'、"
@@ -187,7 +187,7 @@ def test_scan_dates_timestamptz_tickets_in_utc_whatever_the_sessions_time_zone(p
                      "SELECT 'X1', customer_id, subject, body, 'open', %s FROM tickets WHERE id = 'T1029'",
                      (datetime(day.year, day.month, day.day, 20, tzinfo=timezone.utc),))
     for zone in ("UTC", "Asia/Shanghai"):
-        r = run(["cron_jobs.py", "scan", "--limit", "1"], {**pg_lab, "STALE_DAYS": "40", "PGTZ": zone})
+        r = cli(["cron_jobs.py", "scan", "--limit", "1"], {**pg_lab, "STALE_DAYS": "40", "PGTZ": zone})
         assert (r.returncode, r.stderr) == (0, ""), zone
         assert r.stdout.splitlines()[0].startswith("超过 40 天还开着的工单 3 张,其中没回复过的 3 张,"), (zone, r.stdout)
 
@@ -201,7 +201,7 @@ def test_scan_dates_text_timestamps_with_an_offset_in_utc_like_timestamptz(lab):
         conn.execute("INSERT INTO tickets (id, customer_id, subject, body, status, created_at) "
                      "SELECT ?, customer_id, subject, body, 'open', ? FROM tickets WHERE id = 'T1029'", (ticket, written))
     conn.close()
-    r = run(["cron_jobs.py", "scan", "--limit", "1"], {**lab, "STALE_DAYS": "40"})
+    r = cli(["cron_jobs.py", "scan", "--limit", "1"], {**lab, "STALE_DAYS": "40"})
     assert (r.returncode, r.stderr) == (0, "")
     assert r.stdout.splitlines() == ["超过 40 天还开着的工单 4 张,其中没回复过的 4 张,本次入队 1 个", "没有入队的:超出 --limit 1 3 张"]
 
@@ -215,7 +215,7 @@ def test_scan_leaves_out_replied_ignored_and_already_queued_tickets(any_lab):
     add_event_with(f"cron:stale:T1007:{yesterday}", "T1007", "pending", kind="ticket.stale")  # 昨天的提醒还没处理
     # 昨天的提醒试了 MAX_ATTEMPTS 次进了死信:要人查清后 --requeue-dead,今天的扫描不能绕过死信再入队、再调模型
     add_event_with(f"cron:stale:T1022:{yesterday}", "T1022", "dead", kind="ticket.stale")
-    r = run(["cron_jobs.py", "scan"], any_lab)
+    r = cli(["cron_jobs.py", "scan"], any_lab)
     assert (r.returncode, r.stderr) == (0, "")
     assert r.stdout.splitlines() == [
         "超过 20 天还开着的工单 9 张,其中没回复过的 8 张,本次入队 4 个",
@@ -224,7 +224,7 @@ def test_scan_leaves_out_replied_ignored_and_already_queued_tickets(any_lab):
     assert new == [stale_event(t)[0] for t in ("T1002", "T1031", "T1011", "T1038")]
     # 死信放回队列之后,它就是「已在队列里」;今天入队的 4 个算今天这次扫描自己的,重跑照旧挑出它们,不重复入队
     assert store_events.requeue_dead() == 1
-    again = run(["cron_jobs.py", "scan"], any_lab)
+    again = cli(["cron_jobs.py", "scan"], any_lab)
     assert (again.returncode, again.stderr) == (0, "")
     assert again.stdout.splitlines() == ["超过 20 天还开着的工单 9 张,其中没回复过的 8 张,本次入队 0 个",
                                          "没有入队的:今天已经入过队 4 张,已在队列或收件箱里 3 张,客服选了不回 1 张"]
@@ -237,7 +237,7 @@ def test_the_next_days_scan_enqueues_what_the_limit_left_out_and_the_report_flag
     第二天的扫描换了日期:没轮上的 4 张入队;昨天那 5 张的跟进还在收件箱里等人,不再起草第二份(一张工单一个 thread),
     第二天的日报说它们等了一天多、该提醒值班的人了。"""
     day1 = today()
-    first = run(["cron_jobs.py", "scan"], any_lab)
+    first = cli(["cron_jobs.py", "scan"], any_lab)
     assert first.stdout.splitlines() == ["超过 20 天还开着的工单 9 张,其中没回复过的 9 张,本次入队 5 个",
                                          "没有入队的:超出 --limit 5 4 张"]
     reminded = ["T1029", "T1020", "T1010", "T1007", "T1022"]
@@ -259,13 +259,13 @@ def test_the_next_days_scan_enqueues_what_the_limit_left_out_and_the_report_flag
 
 
 def test_worker_drafts_an_apologising_follow_up_for_stale_tickets(lab):
-    assert run(["cron_jobs.py", "scan", "--limit", "1"], lab).returncode == 0
+    assert cli(["cron_jobs.py", "scan", "--limit", "1"], lab).returncode == 0
     store.add_event("evt_T1041_created", "webhook", "ticket.created",
                     json.dumps({"id": "evt_T1041_created", "type": "ticket.created", "data": {"ticket_id": "T1041"}}))
-    w = run(["worker.py", "--once"], lab)
+    w = cli(["worker.py", "--once"], lab)
     assert (w.returncode, w.stdout.splitlines()) == (0, [f"cron:stale:T1029:{today()} → waiting_human",
                                                         "evt_T1041_created → waiting_human"])
-    listing = run(["inbox.py", "list"], lab).stdout.splitlines()
+    listing = cli(["inbox.py", "list"], lab).stdout.splitlines()
     assert listing[0:2] == ["T1029  [refund] 客户反映:退费审核通过迟迟没到账",
                             "        草稿:您好,让您久等了,非常抱歉。关于您提到的扣款和退款问题,我们已转交财务核实扣款记录,"
                             "核实后会按原支付渠道处理,进度会在 1–3 个工作日内通过工单告知您。感谢您的耐心。"]
@@ -307,7 +307,7 @@ def test_worker_drafts_an_apologising_follow_up_for_stale_tickets(lab):
 def test_bad_arguments_and_settings_exit_2_before_anything_is_printed_or_enqueued(lab, tmp_path, args, env, code,
                                                                                   message):
     fresh = tmp_path / "fresh-events.db"  # 还没有的事件库:设置不对时连文件都不该建出来
-    r = run(["cron_jobs.py", *args], {**lab, **env, "EVENTS_DB": str(fresh)})
+    r = cli(["cron_jobs.py", *args], {**lab, **env, "EVENTS_DB": str(fresh)})
     assert (r.returncode, r.stdout) == (code, "")
     assert not fresh.exists()
     if message.startswith("配置错误"):
@@ -319,7 +319,7 @@ def test_bad_arguments_and_settings_exit_2_before_anything_is_printed_or_enqueue
 
 def test_scan_without_business_database_says_how_to_build_it(lab, tmp_path):
     missing = tmp_path / "gone.db"
-    r = run(["cron_jobs.py", "scan"], {**lab, "BIZ_DB": str(missing)})
+    r = cli(["cron_jobs.py", "scan"], {**lab, "BIZ_DB": str(missing)})
     assert (r.returncode, r.stdout) == (2, "")
     assert r.stderr == f"业务库不存在:{missing}(先运行 uv run python store.py 建库)\n"
     assert rows(EVENTS) == [] and not missing.exists()
@@ -328,7 +328,7 @@ def test_scan_without_business_database_says_how_to_build_it(lab, tmp_path):
 def test_scan_without_business_database_does_not_create_the_event_database(lab, tmp_path):
     """先查业务库、再建事件库:退出码 2 说「什么都没做」,事件库文件也就真的没建出来(和 email_poller 一样)。"""
     missing, fresh = tmp_path / "gone.db", tmp_path / "fresh-events.db"
-    r = run(["cron_jobs.py", "scan"], {**lab, "BIZ_DB": str(missing), "EVENTS_DB": str(fresh)})
+    r = cli(["cron_jobs.py", "scan"], {**lab, "BIZ_DB": str(missing), "EVENTS_DB": str(fresh)})
     assert (r.returncode, r.stdout, r.stderr) == (2, "", f"业务库不存在:{missing}(先运行 uv run python store.py 建库)\n")
     assert not fresh.exists() and not missing.exists()
 
@@ -349,7 +349,7 @@ def test_report_on_an_empty_database(any_lab):
         "处理结果:还没有审核记录(review_log 是空的)",
         "模型成本:还没有模型调用记录(llm_usage 是空的)",
     ]
-    r = run(["cron_jobs.py", "report"], any_lab)
+    r = cli(["cron_jobs.py", "report"], any_lab)
     assert (r.returncode, r.stderr) == (0, "")
     assert r.stdout.splitlines()[1:] == cron_jobs.build_report(moment=moment).splitlines()[1:]
 
@@ -438,7 +438,7 @@ def test_report_lists_at_most_report_max_dead_lines_dead_letters_one_line_each(l
         "处理结果:还没有审核记录(review_log 是空的)"]
     monkeypatch.setenv("REPORT_MAX_DEAD_LINES", "30")
     assert len([x for x in cron_jobs.build_report(moment=moment).splitlines() if x.startswith("死信:")]) == 25
-    r = run(["cron_jobs.py", "report"], {**lab, "REPORT_MAX_DEAD_LINES": "0"})
+    r = cli(["cron_jobs.py", "report"], {**lab, "REPORT_MAX_DEAD_LINES": "0"})
     assert (r.returncode, r.stdout) == (2, "")
     assert r.stderr.startswith("配置错误:REPORT_MAX_DEAD_LINES=")
 
@@ -471,7 +471,7 @@ def test_report_flags_a_category_whose_edit_rate_jumped_this_week_although_its_h
 
 def test_report_command_prints_the_same_report(lab):
     fill_watch_list_data()
-    r = run(["cron_jobs.py", "report"], lab)
+    r = cli(["cron_jobs.py", "report"], lab)
     assert (r.returncode, r.stderr) == (0, "")
     expected = cron_jobs.build_report().splitlines()
     hours = re.compile(r"已等 [\d.]+ 小时")
@@ -517,7 +517,7 @@ def report_to_slack(env: dict) -> tuple[subprocess.CompletedProcess, list]:
     """跑 report,发给本机的假 Slack;返回运行结果和假 Slack 收到的请求。"""
     slack = Receiver()
     try:
-        return run(["cron_jobs.py", "report"], {**env, "SLACK_WEBHOOK_URL": slack.url}), slack.received
+        return cli(["cron_jobs.py", "report"], {**env, "SLACK_WEBHOOK_URL": slack.url}), slack.received
     finally:
         slack.close()
 
@@ -554,7 +554,7 @@ def test_a_socks_proxy_in_the_environment_is_used_and_named_when_it_is_not_runni
     proxy = f"socks5://127.0.0.1:{closed_port()}"
     env = {**slack_env, "all_proxy": proxy, "ALL_PROXY": proxy, "NO_PROXY": "", "no_proxy": "",
            "SLACK_WEBHOOK_URL": "https://hooks.slack.invalid/services/T000/B000/SECRETTOKEN"}
-    r = run(["cron_jobs.py", "report"], env)
+    r = cli(["cron_jobs.py", "report"], env)
     assert r.returncode == 1
     assert r.stdout.splitlines()[1:] == cron_jobs.build_report().splitlines()[1:]  # 日报照样打印了
     assert r.stderr == ("日报没有发到 Slack:连不上 Slack(https://hooks.slack.invalid):[Errno 111] Connection refused"

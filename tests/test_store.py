@@ -9,7 +9,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from conftest import LAB, pg_schema, rows, run, someone_holds_the_events_table, tcp_proxy
+from conftest import LAB, cli, pg_schema, rows, run, someone_holds_the_events_table, tcp_proxy
 
 import store
 import store_biz
@@ -20,19 +20,19 @@ import store_upgrade
 
 
 def test_a_business_database_in_a_missing_directory_names_the_setting_and_creates_nothing(lab, tmp_path):
-    """原来是「数据库暂时用不了(OperationalError: unable to open database file),稍后再运行…」:
-    稍后再运行也没用,要改的是 BIZ_DB。(设了 DATABASE_URL 时不用 BIZ_DB,见下面几个测试。)"""
+    """说的是 BIZ_DB 指的目录不存在,不是「数据库暂时用不了(OperationalError: unable to open database file),
+    稍后再运行…」:稍后再运行也没用,要改的是 BIZ_DB。(设了 DATABASE_URL 时不用 BIZ_DB,见下面几个测试。)"""
     path = (tmp_path / "missing" / "cloudledger.db").resolve()
-    r = run(["store.py"], {**lab, "BIZ_DB": str(path)})
+    r = cli(["store.py"], {**lab, "BIZ_DB": str(path)})
     assert (r.returncode, r.stdout, r.stderr) == (1, "", f"业务库打不开:BIZ_DB={path}(目录 {path.parent} 不存在)\n")
     assert not path.parent.exists()
     assert list(tmp_path.rglob("*.building*")) == []
 
 
 def test_store_py_started_four_times_at_once_on_a_new_directory_builds_the_business_db_once_and_all_succeed(tmp_path):
-    """几个终端(或 cron 里几个程序)同时第一次运行 store.py:原来共用一个临时文件「cloudledger.db.building」,一个删掉
-    另一个正写着的,多半个个都报「disk I/O error」「库文件只能读」退出 1,业务库谁也没建成,还留下那个临时文件。
-    现在每一个都成功;只有一个说「已新建业务库」,别的用它建好的那份。一共 5 轮,每轮一个新目录。"""
+    """几个终端(或 cron 里几个程序)同时第一次运行 store.py:每一个都成功;只有一个说
+    「已新建业务库」,别的用它建好的那份。它们不共用一个临时文件:共用的话一个删掉另一个正写着的,多半个个都报
+    「disk I/O error」「库文件只能读」退出 1,业务库谁也没建成,还留下那个临时文件。一共 5 轮,每轮一个新目录。"""
     base = {k: v for k, v in os.environ.items() if k not in ("LLM_API_KEY", "DATABASE_URL")}
     for i in range(5):
         folder = tmp_path / f"lab{i}"
@@ -57,14 +57,14 @@ def test_store_py_started_four_times_at_once_on_a_new_directory_builds_the_busin
                                                  ("CHECKPOINTS_DB", "checkpoints、writes", "是 checkpoint 库")])
 def test_events_db_pointing_at_the_business_or_checkpoint_db_is_named_and_that_file_is_left_alone(lab, other, tables,
                                                                                                    role):
-    """EVENTS_DB 写成了业务库(或 checkpoint 库)的路径:原来 store.py 悄悄在里面建起事件表、把它改成 WAL,退出码 0,
-    worker、收件箱接着就在别人的库里记事件。反过来 BIZ_DB 指到事件库早就会说。现在每个程序一开始就说清楚,文件一点不动。"""
+    """EVENTS_DB 写成了业务库(或 checkpoint 库)的路径:每个程序一开始就说清楚,文件一点不动(和 BIZ_DB
+    指到事件库时一样)。不然 store.py 会在里面建起事件表、把它改成 WAL,worker、收件箱接着就在别人的库里记事件。"""
     if other == "CHECKPOINTS_DB":
-        run(["-c", "import store_pg; store_pg.open_checkpointer()[1].close()"], lab).check_returncode()
+        store_pg.open_checkpointer()[1].close()  # 建出 checkpoint 库(worker 第一次运行时也是这样)
     path = Path(lab[other])
     before = path.read_bytes()
     for command, code in ((["store.py"], 1), (["worker.py", "--once"], 1), (["inbox.py", "list"], 1)):
-        r = run(command, {**lab, "EVENTS_DB": str(path)})
+        r = cli(command, {**lab, "EVENTS_DB": str(path)})
         assert (r.returncode, r.stdout, r.stderr) == (code, "", (
             f"EVENTS_DB 指的 {path} {role}(里面有 {tables} 表、没有 events 表),不是事件库:没有动它。"
             "让 EVENTS_DB 指到事件库(不设就是脚本旁边的 ambient.db)\n")), command
@@ -112,20 +112,20 @@ EVENT_COUNTS = "events 0 行,outbox 0 行,review_log 0 行,llm_usage 0 行"
 
 
 def test_store_builds_the_business_tables_in_postgres_once_and_no_sqlite_file(pg_lab, tmp_path):
-    """原来设了 DATABASE_URL,业务库还是每台机器各一份 SQLite 文件:邮件工单只在收信的那台机器上,
-    别的机器上的 worker 说「工单不存在」、进死信。现在业务表和事件表在同一个 PostgreSQL 库里;BIZ_DB 指的
+    """设了 DATABASE_URL 时,业务表和事件表在同一个 PostgreSQL 库里,不是每台机器各一份 SQLite 文件(那样邮件工单
+    只在收信的那台机器上,别的机器上的 worker 说「工单不存在」、进死信);BIZ_DB 指的
     SQLite 库不在时用种子数据,也不会建出这个文件。"""
     drop_business_tables()
     biz = tmp_path / "nowhere" / "cloudledger.db"
     env = {**pg_lab, "BIZ_DB": str(biz)}
     url = store_errors._safe_url(pg_lab["DATABASE_URL"])
-    first = run(["store.py"], env)
+    first = cli(["store.py"], env)
     assert (first.returncode, first.stderr) == (0, "")
     assert first.stdout.splitlines() == [f"已在 {url} 新建业务表 customers、tickets(种子数据)",
                                          f"事件库 {url}:{EVENT_COUNTS}",
                                          f"业务库 {url}:customers 30 行,tickets 41 行"]
     store_biz.add_mail_ticket(["M1"], "C001", "发票", "麻烦重开", "2026-12-01")
-    again = run(["store.py"], env)  # 已经有了:不重建,邮件建的工单还在
+    again = cli(["store.py"], env)  # 已经有了:不重建,邮件建的工单还在
     assert (again.returncode, again.stderr) == (0, "")
     assert again.stdout.splitlines() == [f"事件库 {url}:{EVENT_COUNTS}", f"业务库 {url}:customers 30 行,tickets 42 行"]
     assert not biz.parent.exists()
@@ -138,7 +138,7 @@ def test_the_first_build_in_postgres_copies_the_sqlite_business_db_that_biz_db_n
     path = pg_lab["BIZ_DB"]
     with store.transaction(path) as conn:
         conn.execute("INSERT INTO tickets VALUES ('M1a2b3c', 'C001', ?, '抬头写错了', 'open', '2026-11-30')", ("发票\x00开错了",))
-    r = run(["store.py"], pg_lab)
+    r = cli(["store.py"], pg_lab)
     url = store_errors._safe_url(pg_lab["DATABASE_URL"])
     assert (r.returncode, r.stderr) == (0, "")
     assert r.stdout.splitlines() == [f"已在 {url} 新建业务表 customers、tickets(从 {path} 拷过来)",
@@ -156,7 +156,7 @@ def test_the_first_build_in_postgres_copies_the_sqlite_business_db_that_biz_db_n
     ("ALTER TABLE tickets DROP COLUMN body", "OperationalError: no such column: body"),
     ("UPDATE tickets SET customer_id = 'C999' WHERE id = 'T1012'",
      'ForeignKeyViolation: insert or update on table "tickets" violates foreign key constraint "tickets_customer_id_fkey";'
-     'Key (customer_id)=(C999) is not present in table "customers"'),  # DETAIL 说是哪一行(原来没有)
+     'Key (customer_id)=(C999) is not present in table "customers"'),  # DETAIL 说是哪一行
 ])
 def test_a_sqlite_business_db_that_cannot_be_copied_is_named_and_nothing_is_built(pg_lab, broken, error):
     """Day 23 的库列不一样,或者工单的客户不存在(SQLite 默认不查外键,PostgreSQL 查):说清楚、退出码 1,
@@ -166,7 +166,7 @@ def test_a_sqlite_business_db_that_cannot_be_copied_is_named_and_nothing_is_buil
     with store.transaction(path) as conn:
         conn.execute(broken)
     before = rows("SELECT * FROM customers ORDER BY id", path=path)
-    r = run(["store.py"], pg_lab)
+    r = cli(["store.py"], pg_lab)
     assert (r.returncode, r.stdout) == (1, "")
     assert r.stderr == (f"业务库 {path} 拷不进 PostgreSQL:{error}。业务表一张都没建:修好它,或者让 BIZ_DB 指到一个不存在的文件、"
                         "改用种子数据\n")
@@ -199,7 +199,7 @@ def test_without_business_tables_in_postgres_every_command_says_run_store_and_to
                "(先运行 uv run python store.py 建库)")
     for command, code in ((["worker.py", "--once"], 1), (["email_poller.py", "--eml", "samples/01_utf8_plain.eml"], 2),
                           (["cron_jobs.py", "scan"], 2)):
-        r = run(command, pg_lab)
+        r = cli(command, pg_lab)
         assert (r.returncode, r.stdout, r.stderr) == (code, "", problem + "\n"), command
     assert rows("SELECT event_id, status, attempts FROM events") == [("evt_T1012_created", "pending", 0)]
     assert rows("SELECT to_regclass('tickets') IS NULL") == [(True,)]
@@ -211,11 +211,11 @@ def test_half_of_the_business_tables_in_postgres_is_named_and_left_alone(pg_lab)
     with store.transaction() as conn:
         conn.execute("DROP TABLE tickets")
     url = store_errors._safe_url(pg_lab["DATABASE_URL"])
-    r = run(["store.py"], pg_lab)
+    r = cli(["store.py"], pg_lab)
     assert (r.returncode, r.stdout, r.stderr) == (
         2, "", f"业务库 {url} 里没有表:tickets。没有动它:确定剩下的那张业务表没用了(不是别的程序的),才把它也删掉"
                "(DROP TABLE)再运行 uv run python store.py,就会新建一套\n")
-    worker = run(["worker.py", "--once"], pg_lab)
+    worker = cli(["worker.py", "--once"], pg_lab)
     assert (worker.returncode, worker.stdout, worker.stderr) == (
         1, "", f"业务库 {url} 里没有表:tickets(运行 uv run python store.py,它说怎么修)\n")
     assert rows("SELECT COUNT(*), to_regclass('tickets') IS NULL FROM customers") == [(30, True)]
@@ -227,14 +227,14 @@ LESSON_PG_EVENTS = ("CREATE TABLE events (event_id TEXT PRIMARY KEY, source TEXT
 
 
 FOREIGN_PG_TABLES = {
-    # 练习 6 照课文的表结构在 PostgreSQL 里自己建的事件表:原来 store.py 是 UndefinedColumn 的 traceback
+    # 练习 6 照课文的表结构在 PostgreSQL 里自己建的事件表:说缺哪几列,不是 UndefinedColumn 的 traceback
     "events": ("CREATE TABLE events (event_id TEXT PRIMARY KEY, source TEXT NOT NULL, kind TEXT NOT NULL, "
                "payload TEXT NOT NULL, status TEXT NOT NULL DEFAULT 'pending', attempts INTEGER NOT NULL DEFAULT 0, "
                "last_error TEXT, received_at TEXT NOT NULL, updated_at TEXT NOT NULL)", "claimed_by、not_before、ticket_id"),
-    # 练习 4 自己起的列名:原来 store.py 说一切正常,inbox accept 失败、日报是 traceback
+    # 练习 4 自己起的列名:一开始就说,不然 store.py 说一切正常,之后 inbox accept 失败、日报是 traceback
     "review_log": ("CREATE TABLE review_log (id SERIAL PRIMARY KEY, ticket_id TEXT, original TEXT, edited TEXT, "
                    "decision TEXT)", "action、category、created_at、draft、feedback、final"),
-    # 同一个 schema 里别的程序的 tickets:原来 store.py 叫人把它 DROP 掉
+    # 同一个 schema 里别的程序的 tickets:叫人改名或换 schema,不叫人把它 DROP 掉
     "tickets": ("CREATE TABLE tickets (id SERIAL PRIMARY KEY, title TEXT, opened_by TEXT)",
                 "body、created_at、customer_id、status、subject"),
 }
@@ -272,7 +272,7 @@ def test_a_table_of_another_shape_in_postgres_is_named_by_store_py_and_nothing_i
     """PostgreSQL 里已经有一张同名、却不是这里结构的表:store.py 一开始就说是哪张、缺哪几列、怎么办,什么都不建、不动。"""
     with pg_schema() as url:
         before = {table: foreign_pg_table(url, table)}
-        r = run(["store.py"], {**lab, "DATABASE_URL": url})
+        r = cli(["store.py"], {**lab, "DATABASE_URL": url})
         assert (r.returncode, r.stdout, r.stderr) == (1, "", named_foreign(url, table))
         assert pg_tables(url) == before
 
@@ -289,7 +289,7 @@ def test_every_program_names_a_table_of_another_shape_in_postgres_and_touches_no
         store_pg.close_pools()
         foreign_pg_table(url, table)
         before = pg_tables(url)
-        r = run(command, {**lab, "DATABASE_URL": url})
+        r = cli(command, {**lab, "DATABASE_URL": url})
         assert (r.returncode, r.stdout, r.stderr) == (code, "", named_foreign(url, table))
         assert pg_tables(url) == before
 
@@ -305,8 +305,8 @@ TEXT_TIME_PG_EVENTS = ("CREATE TABLE events (event_id TEXT PRIMARY KEY, source T
                                            (["inbox.py", "list"], 1), (["cron_jobs.py", "report"], 2)])
 def test_an_events_table_with_text_time_columns_in_postgres_is_named_and_nothing_is_touched(lab, pg_url, monkeypatch,
                                                                                            command, code):
-    """列都对、存时间的列却不是 TIMESTAMPTZ:原来 store.py 说建好了,worker 领取时是 DatatypeMismatch 的 traceback。
-    现在每个程序一开始就说是哪几列、是什么类型、要什么类型、怎么办;表里的事件一个不动。"""
+    """列都对、存时间的列却不是 TIMESTAMPTZ:每个程序一开始就说是哪几列、是什么类型、要什么类型、怎么办;表里的事件
+    一个不动。不然 store.py 说建好了,worker 领取时是 DatatypeMismatch 的 traceback。"""
     import psycopg
 
     with pg_schema() as url:
@@ -319,7 +319,7 @@ def test_an_events_table_with_text_time_columns_in_postgres_is_named_and_nothing
                          "VALUES ('evt_1', 'webhook', 'ticket.created', '{\"data\": {\"ticket_id\": \"T1001\"}}', "
                          "'2026-12-05T09:00:00+00:00', '2026-12-05T09:00:00+00:00', 'T1001')")
         before = pg_tables(url)
-        r = run(command, {**lab, "DATABASE_URL": url})
+        r = cli(command, {**lab, "DATABASE_URL": url})
         assert (r.returncode, r.stdout, r.stderr) == (code, "", (
             f"{store_errors._safe_url(url)} 里已经有一张 events 表,却不是这里用的结构(not_before、received_at、updated_at 列是 "
             "text,waiting_since 列是 timestamp without time zone,这里要 TIMESTAMPTZ;多半是自己做练习时建的,"
@@ -330,7 +330,7 @@ def test_an_events_table_with_text_time_columns_in_postgres_is_named_and_nothing
 
 def test_programs_opening_a_new_lab_at_the_same_moment_all_get_it(tmp_path, monkeypatch):
     """两个 worker(或者 webhook 和 worker)同时第一次打开一套新库:换成 WAL 的那一下 SQLite 不等 busy_timeout,
-    当场说 database is locked,原来后到的那个就以「库打不开」退出(CI 上两个 worker 进程一起起来时碰到过,退出码 1)。
+    当场说 database is locked:隔一会儿再试,后到的那个不会以「库打不开」退出(CI 上两个 worker 进程一起起来时碰到过)。
     这里每一轮 4 个线程、各自的连接,同时打开一个新的事件库(init),再同时打开一个新的 checkpoint 库,
     一共 200 轮:每一个都打开了、都是 WAL。"""
     monkeypatch.delenv("DATABASE_URL", raising=False)
@@ -344,7 +344,7 @@ def test_programs_opening_a_new_lab_at_the_same_moment_all_get_it(tmp_path, monk
             try:
                 together.wait()
                 opening()
-            except BaseException as e:  # noqa: BLE001 —— 原来是 SystemExit(库打不开)
+            except BaseException as e:  # noqa: BLE001 —— 撞锁没再试时是 SystemExit(库打不开)
                 failures.append(f"{type(e).__name__}: {e}")
             finally:
                 store_sqlite.close_connections()
@@ -382,8 +382,8 @@ print(round(time.monotonic() - started))
 
 def test_a_write_blocked_by_someone_elses_transaction_gives_up_after_busy_timeout_on_both_databases(any_lab):
     """SQLite 上等别人的写锁最多 BUSY_TIMEOUT_S 秒,之后就是「数据库暂时用不了」(webhook 回 503、上游重试)。
-    原来 PostgreSQL 上一直等:有人在 psql 里开着事务没提交,webhook 那一批、连同后面排队的请求都一直挂着没有回答。
-    现在两种库一样,等 BUSY_TIMEOUT_S 秒就放弃,什么都没写;锁放开以后照常写进去。"""
+    PostgreSQL 上也一样(lock_timeout),等 BUSY_TIMEOUT_S 秒就放弃,什么都没写;锁放开以后照常写进去。一直等的话,
+    有人在 psql 里开着事务没提交,webhook 那一批、连同后面排队的请求都一直挂着没有回答。"""
     env = {**any_lab, "BUSY_TIMEOUT_S": "2"}
     with someone_holds_the_events_table():
         r = run(["-c", ADD_ONE_EVENT], env, timeout=60)
@@ -407,19 +407,21 @@ for durable in (True, False):
 """
 
 
-def test_postgres_connections_set_their_own_commit_durability_and_lock_wait(pg_lab):
+def test_postgres_connections_set_their_own_commit_durability_and_lock_wait(pg_lab, monkeypatch, capsys):
     """回了 202 的事件断电也在,靠的是等 WAL 落盘的提交:不能随服务器、库或用户上的默认值(有人
     ALTER DATABASE … SET synchronous_commit = off,或者连接参数里这样写)。等锁的时限是 BUSY_TIMEOUT_S。"""
     # 这里的 DATABASE_URL 已经用 options 指定了 search_path:接着写上两个别的默认值(%20 是空格,%3D 是 =)
     url = pg_lab["DATABASE_URL"] + "%20-csynchronous_commit%3Doff%20-clock_timeout%3D0"
-    r = run(["-c", SHOW_PG_SETTINGS], {**pg_lab, "BUSY_TIMEOUT_S": "2", "DATABASE_URL": url})
-    assert (r.returncode, r.stdout, r.stderr) == (0, "True on 2s\nFalse off 2s\n", "")
+    monkeypatch.setenv("BUSY_TIMEOUT_S", "2")
+    monkeypatch.setenv("DATABASE_URL", url)  # 新的 URL:新的连接池,按这里的设置建连接
+    exec(SHOW_PG_SETTINGS, {})
+    assert capsys.readouterr() == ("True on 2s\nFalse off 2s\n", "")
 
 
 def test_a_program_whose_sqlite_files_were_deleted_while_it_ran_stops_instead_of_writing_into_them(lab):
     """「想从头再来」删了 ambient.db*、checkpoints.db*,又运行了 store.py,可 worker、webhook 还开着:它们开着的连接
-    还连着删掉的文件,原来 webhook 照样回 202,事件却写进了没人看得见的文件;worker 的草稿也一样。现在下一次用到时
-    说清楚、停下(SystemExit),新文件里什么都没被写进去。"""
+    还连着删掉的文件。下一次用到时说清楚、停下(SystemExit),新文件里什么都没被写进去;不然 webhook 照样回 202,
+    事件却写进了没人看得见的文件,worker 的草稿也一样。"""
     import worker as worker_mod
 
     def delete(path: str) -> None:
@@ -438,7 +440,7 @@ def test_a_program_whose_sqlite_files_were_deleted_while_it_ran_stops_instead_of
             w.run_once()
         assert str(stop.value) == replaced(lab["CHECKPOINTS_DB"])
         delete(lab["EVENTS_DB"])
-        assert run(["store.py"], lab).returncode == 0  # 新的一套库
+        assert run(["store.py"], lab).returncode == 0  # 另一个程序(新进程)建了新的一套库
         with pytest.raises(SystemExit) as stop:
             store.add_event("evt_T1012_created", "webhook", "ticket.created", '{"data": {"ticket_id": "T1012"}}')
         assert str(stop.value) == replaced(lab["EVENTS_DB"])
@@ -462,14 +464,14 @@ def test_an_events_table_from_before_waiting_since_gets_the_column_and_keeps_the
     rows("UPDATE events SET updated_at = ? WHERE event_id = ? RETURNING event_id", (entered, "evt_T1041_created"))
     with store.opened() as conn:
         conn.execute("ALTER TABLE events DROP COLUMN waiting_since")
-    first = run(["cron_jobs.py", "report"], any_lab)
+    first = cli(["cron_jobs.py", "report"], any_lab)
     assert (first.returncode, first.stderr) == (0, "")
     waiting = rows("SELECT event_id, status, waiting_since FROM events")
     assert [(e, s, store.parse_time(w)) for e, s, w in waiting] == [
         ("evt_T1041_created", "waiting_human", store.parse_time(entered))]
-    respond = run(["inbox.py", "respond", "T1041", "先道歉"], any_lab)
+    respond = cli(["inbox.py", "respond", "T1041", "先道歉"], any_lab)
     assert respond.returncode == 0 and respond.stdout.startswith("已按意见重写,新草稿:"), respond.stderr
-    for r in (first, run(["cron_jobs.py", "report"], any_lab)):
+    for r in (first, cli(["cron_jobs.py", "report"], any_lab)):
         assert ("收件箱里等得最久的:evt_T1041_created,已等 50.0 小时(超过 24 小时,该提醒值班的人了)(收件箱共 1 条)"
                 in r.stdout.splitlines())
 
@@ -497,9 +499,9 @@ def pooled_writer(pool: str):
 @pytest.mark.parametrize("pool", ["events", "checkpoints"])
 def test_a_pooled_connection_that_finds_the_server_read_only_is_dropped_so_the_pool_reconnects(pg_lab, monkeypatch,
                                                                                                pool):
-    """主备切换时连到了只能读的那台:这个连接整个会话都只能读。原来它回到连接池里接着用,服务器早就能写了,
-    程序还一直说「只能读」;现在碰上 ReadOnlySqlTransaction 的连接还回去之前关掉,连接池另连一个。
-    checkpoint 的连接池原来不管这个:服务器能写了,每个事件起草完存 checkpoint 还是失败,一次次退避、最后全进死信。
+    """主备切换时连到了只能读的那台:这个连接整个会话都只能读。碰上 ReadOnlySqlTransaction 的连接还回去之前
+    关掉,连接池另连一个:不然它回到连接池里接着用,服务器早就能写了,程序还一直说「只能读」。checkpoint 的连接池
+    也这样:不然服务器能写了,每个事件起草完存 checkpoint 还是失败,一次次退避、最后全进死信。
     这里用给用户设 default_transaction_read_only 来造「只能读的会话」:设回去以后不再断连接,全靠扔掉坏的。"""
     import psycopg
     from conftest import read_write_role

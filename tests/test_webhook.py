@@ -9,6 +9,7 @@ import hmac
 import json
 import os
 import signal
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -106,8 +107,8 @@ def test_any_matching_v1_signature_passes_during_secret_rotation(client):
 
 @pytest.mark.parametrize("scheme", ["cloudledger", "standard"])
 def test_a_valid_signature_on_a_second_signature_header_line_is_accepted_like_on_one_merged_line(client, scheme):
-    """换密钥期间上游每把密钥各写一行签名头(代理也可能把它们合成一行,RFC 9110 §5.3 说两种一样):原来只看第一行,
-    新密钥的签名在第二行时回 401,同样的签名合成一行却回 202。现在两种都是 202;两行都不对照样 401、什么都不存。"""
+    """换密钥期间上游每把密钥各写一行签名头(代理也可能把它们合成一行,RFC 9110 §5.3 说两种一样):每一行都看,
+    新密钥的签名在第二行时和合成一行时一样回 202(只看第一行的话是 401);两行都不对照样 401、什么都不存。"""
     body = body_for()
     ts = int(time.time())
     if scheme == "cloudledger":
@@ -129,8 +130,8 @@ def test_a_valid_signature_on_a_second_signature_header_line_is_accepted_like_on
 
 
 def test_signature_lines_signed_a_second_apart_are_each_checked_against_their_own_timestamp(client):
-    """换密钥期间上游每把密钥各签一行,两行的 t 差一秒(正好跨过一秒)。原来只留最后一个 t 核对所有签名:新密钥那行
-    在前时,它自己明明对,却回 401(反过来的顺序才 202)。现在每个 v1 和它自己的 t 一起核对,哪种顺序、分行还是合成一行都是 202。"""
+    """换密钥期间上游每把密钥各签一行,两行的 t 差一秒(正好跨过一秒)。每个 v1 和它自己的 t 一起核对,哪种顺序、
+    分行还是合成一行都是 202。只留最后一个 t 核对所有签名的话,新密钥那行在前时,它自己明明对,却回 401。"""
     body = body_for()
     ts = int(time.time())
     new, old = send_webhook.sign(body, SECRET, ts), send_webhook.sign(body, "old-secret", ts + 1)
@@ -184,7 +185,7 @@ def test_timestamp_up_to_300_seconds_off_either_way_is_accepted_and_stored(clien
     ("t={now},v0=00", 400, "bad signature header"),
     ("t={old},v1={sig_old}", 400, "timestamp too old"),
     ("t={future},v1={sig_future}", 400, "timestamp too far in the future"),
-    # 毫秒时间戳:原来 13 位一律说「签名头格式不对」,README 却说未来的时间戳是 too far in the future
+    # 毫秒时间戳:说是毫秒,而不是一律说「签名头格式不对」(README 说未来的时间戳是 too far in the future)
     ("t={millis},v1={sig_millis}", 400, "timestamp is in milliseconds: send unix seconds"),
     ("t={now}000000,v1=00", 400, "timestamp too far in the future"),
     ("t=1{now}00000000,v1=00", 400, "bad signature header"),  # 19 位:不像任何时间戳
@@ -247,14 +248,15 @@ def test_malformed_body_is_rejected_with_400_and_nothing_stored(client, body, de
     assert stored() == []
 
 
-def test_valid_json_with_an_integer_over_4300_digits_is_rejected_with_400_naming_the_limit_and_nothing_stored(lab):
+def test_valid_json_with_an_integer_over_4300_digits_is_rejected_with_400_naming_the_limit_and_nothing_stored(lab, monkeypatch):
     """合法的 JSON,只是有个整数超过了 Python 肯转换的 4300 位:仍然 400,但说的是整数太长,
-    不是「不是 JSON」(原来这样说)。不处理的事件类型也一样(整个请求体先解析)。真的 HTTP,真的 uvicorn。"""
+    不是「不是 JSON」。不处理的事件类型也一样(整个请求体先解析)。真的 HTTP,真的 uvicorn。"""
     huge = "1" * 5000
     bodies = [f'{{"id": "e1", "type": "ticket.created", "data": {{"ticket_id": "T1", "amount": {huge}}}}}'.encode(),
               f'{{"id": "e2", "type": "ticket.closed", "n": -{huge}}}'.encode()]
     assert all(json.loads(b.decode().replace(huge, "1")) for b in bodies)  # 除了那个数,就是普通的 JSON
-    with webhook_server({**lab, "WEBHOOK_SECRET": SECRET}) as (_, base_url):
+    monkeypatch.setenv("WEBHOOK_SECRET", SECRET)
+    with webhook_here() as base_url:
         answers = [deliver(base_url, b) for b in bodies]
         assert deliver(base_url, body_for("T1012")) == (202, {"accepted": True, "duplicate": False})
     assert answers == [(400, {"detail": "body has an integer longer than 4300 digits"})] * 2
@@ -318,14 +320,16 @@ def test_bad_standard_webhooks_headers_are_rejected_and_nothing_stored(client, c
 
 def batches_written(monkeypatch, hold_until_pending: int) -> list[int]:
     """记下组提交每一批交给写库进程几个事件。第一批先等一等,直到排队的请求有 hold_until_pending 个
-    (最多 10 秒):写库进程在写的时候到达的请求排成下一批,这里让这件事确定发生,而不是看线程调度的运气。"""
+    (另外那些在发的请求都排上了也算;最多 10 秒):写库进程在写的时候到达的请求排成下一批,这里让这件事确定发生,而不是看线程调度的运气。"""
     sizes: list[int] = []
     write = webhook.committer._write
 
     async def counted(events):
         sizes.append(len(events))
         deadline = time.monotonic() + 10
-        while len(sizes) == 1 and len(webhook.committer.pending) < hold_until_pending and time.monotonic() < deadline:
+        # 排队的最多是另外那些在发的(SENDERS 个里减去这一批的):都排上了就不用再等
+        wanted = min(hold_until_pending, SENDERS - sizes[0])
+        while len(sizes) == 1 and len(webhook.committer.pending) < wanted and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
         return await write(events)
 
@@ -333,8 +337,11 @@ def batches_written(monkeypatch, hold_until_pending: int) -> list[int]:
     return sizes
 
 
+SENDERS = 16  # send_concurrently 同时发几个请求
+
+
 def send_concurrently(client, bodies: list[bytes]) -> list[dict]:
-    with ThreadPoolExecutor(16) as pool:
+    with ThreadPoolExecutor(SENDERS) as pool:
         return list(pool.map(lambda b: post(client, b, send_webhook.sign(b, SECRET)).json(), bodies))
 
 
@@ -423,7 +430,7 @@ NOWHERE = "postgresql://postgres@127.0.0.1:1/nowhere"
 
 def test_the_webhook_warns_at_startup_when_it_runs_on_the_lessons_public_default_secret(lab):
     for env, expected in ((lab, f"WARNING:  {webhook.DEFAULT_SECRET_WARNING}\n"),
-                          # cp .env.example .env:设了,值还是公开的默认密钥。原来这时不提醒
+                          # cp .env.example .env:设了,值还是公开的默认密钥,也提醒
                           ({**lab, "WEBHOOK_SECRET": "dev-secret-change-me"},
                            "WARNING:  WEBHOOK_SECRET 还是课文里公开的默认密钥 dev-secret-change-me(多半是从 .env.example 抄来的):"
                            "谁都能照着它伪造签名,上线前一定要换掉\n"),
@@ -435,7 +442,7 @@ def test_the_webhook_warns_at_startup_when_it_runs_on_the_lessons_public_default
 
 @pytest.mark.parametrize("settings, message", [
     ({"WEBHOOK_SECRET": "whsec_not*base64"}, "配置错误:WEBHOOK_SECRET 以 whsec_ 开头,但后面不是合法的 base64"),
-    ({"WEBHOOK_SECRET": "whsec_"}, "配置错误:WEBHOOK_SECRET 是 whsec_,后面没有密钥"),  # 原来当成空密钥,谁都能签出对的签名
+    ({"WEBHOOK_SECRET": "whsec_"}, "配置错误:WEBHOOK_SECRET 是 whsec_,后面没有密钥"),  # 不当成空密钥:那样谁都能签出对的签名
     ({"WEBHOOK_BODY_TIMEOUT_S": "0"}, "配置错误:WEBHOOK_BODY_TIMEOUT_S='0' 不能小于 0.1"),
     ({"DATABASE_URL": NOWHERE}, '数据库暂时用不了(OperationalError: connection failed: connection to server at "127.0.0.1", '
      "port 1 failed: Connection refused),webhook 没有启动:数据库能连上以后再启动"),
@@ -503,6 +510,29 @@ def test_writer_process_killed_mid_batch_answers_503_then_a_new_one_takes_the_re
     assert webhook.committer.proc.pid != old and worker_owner._process_alive(webhook.committer.proc.pid)
 
 
+@contextlib.contextmanager
+def webhook_here():
+    """真的 uvicorn 上的 webhook(真的 HTTP、真的写库子进程),跑在 pytest 进程的一个线程里:不用为每个测试再起一个
+    uvicorn 进程、再导入一遍 FastAPI。设置读本进程的环境变量(lab 设好的那一套,事件写进这个测试自己的库);
+    返回基础 URL。webhook 进程本身才是要测的东西时(kill -9)用 conftest 的 webhook_server()。"""
+    import uvicorn
+
+    sock = socket.create_server(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(webhook.app, log_config=None, log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="uvicorn", daemon=True)
+    thread.start()
+    try:
+        deadline = time.time() + 30
+        while not server.started:
+            assert thread.is_alive() and time.time() < deadline, "webhook 服务没起来"
+            time.sleep(0.01)
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(30)
+        sock.close()
+
+
 def deliver(base_url: str, body: bytes) -> tuple[int, dict]:
     """真的 HTTP:签好名 POST 给 uvicorn 上的 webhook,返回 (状态码, 响应 JSON)。"""
     request = urllib.request.Request(base_url + URL, data=body, method="POST", headers={
@@ -516,7 +546,7 @@ def deliver(base_url: str, body: bytes) -> tuple[int, dict]:
 
 def test_a_writer_that_dies_before_reading_the_batch_hands_it_to_a_new_writer_and_the_delivery_gets_202(lab):
     """写库进程在两批之间没了(被 kill -9,webhook 还没收到它退出的消息),下一批交过去时它已经读不了了:这一批它
-    一个字节都没读走,不可能提交过,交给新拉起的写库进程,回 202 duplicate: false —— 原来回 503。
+    一个字节都没读走,不可能提交过,交给新拉起的写库进程,回 202 duplicate: false,而不是 503。
     回答是对的:库里原来没有它(不是 duplicate),之后重发才是 duplicate;库里只有一行。"""
     with webhook_server({**lab, "WEBHOOK_SECRET": SECRET}) as (proc, base_url):
         (old,) = writer_pids(proc.pid)
@@ -543,7 +573,7 @@ def test_a_writer_that_dies_before_reading_the_batch_hands_it_to_a_new_writer_an
 def test_a_delivery_blocked_by_someone_elses_transaction_answers_503_after_busy_timeout_and_the_retry_is_stored(
         any_lab):
     """有人在 sqlite3 / psql 里开着事务、占着事件表没提交:等 BUSY_TIMEOUT_S 秒还等不到就回 503,什么都没存,
-    上游重试时收下。原来 PostgreSQL 上一直等,这一批和排在后面的请求都没有回答(SQLite 上一直是 503)。"""
+    上游重试时收下。PostgreSQL 上也一样,不会一直等下去,让这一批和排在后面的请求都没有回答。"""
     body = body_for("T1041")
     with webhook_server({**any_lab, "WEBHOOK_SECRET": SECRET, "BUSY_TIMEOUT_S": "1"}) as (proc, base_url):
         # 先收一个:写库进程建好表、连上了(它启动时建表也要等锁,那时被占着就是另一回事:它起不来,这一批 503)
@@ -563,8 +593,8 @@ def test_a_delivery_blocked_by_someone_elses_transaction_answers_503_after_busy_
 
 
 def test_deleting_the_database_while_the_webhook_runs_loses_no_acknowledged_event(lab):
-    """「想从头再来」删了 ambient.db*、运行了 store.py,webhook 却还开着:原来写库进程开着的连接还连着删掉的文件,
-    照样回 202,事件写进了没人看得见的文件。现在写库进程发现文件换了就停下(说一行),这一批回 503、什么都没存;
+    """「想从头再来」删了 ambient.db*、运行了 store.py,webhook 却还开着:写库进程开着的连接还连着删掉的文件。
+    它发现文件换了就停下(说一行),这一批回 503、什么都没存,不会回了 202 却把事件写进没人看得见的文件;
     上游重试时新拉起的写库进程写进新文件。回了 202 的都在新文件里。"""
     with webhook_server({**lab, "WEBHOOK_SECRET": SECRET}) as (proc, base_url):
         assert deliver(base_url, body_for("T1012")) == (202, {"accepted": True, "duplicate": False})
@@ -627,8 +657,8 @@ def killed(pid: int) -> None:
 
 
 def test_a_writer_restarted_while_postgres_is_down_answers_503_with_the_reason_and_the_retry_is_stored(pg_lab):
-    """写库进程被杀、重新拉起时 PostgreSQL 正好连不上:原来新的写库进程一起来就带着一段 traceback 退出(每一批一段,
-    打进 webhook 的日志),503 里只有「writer process exited with code 1」。现在它不退出,这一批马上回 503、说出原因;
+    """写库进程被杀、重新拉起时 PostgreSQL 正好连不上:新的写库进程不退出,这一批马上回 503、说出原因,
+    而不是一起来就带着一段 traceback 退出(每一批一段,打进 webhook 的日志)、503 里只有「writer process exited with code 1」;
     数据库回来以后上游重试就收下,还是这一个写库进程。"""
     up = threading.Event()
     up.set()
@@ -652,8 +682,9 @@ def test_a_writer_restarted_while_postgres_is_down_answers_503_with_the_reason_a
 
 
 def test_postgres_going_away_under_a_running_webhook_answers_503_within_seconds_and_the_retry_is_stored(pg_lab):
-    """PostgreSQL 不在了(连接被掐断,新连接连不上):原来写库进程向连接池借连接要等满 30 秒,排在后面的一批再等 30 秒,
-    请求 30–60 秒后才拿到 503,send_webhook.py 这样 10 秒超时的发送方什么回答都没拿到。现在几秒内 503、说原因;
+    """PostgreSQL 不在了(连接被掐断,新连接连不上):几秒内 503、说原因。写库进程向连接池借连接只等
+    几秒:等满连接池默认的 30 秒的话,排在后面的一批再等 30 秒,请求 30–60 秒后才拿到 503,send_webhook.py 这样
+    10 秒超时的发送方什么回答都没拿到。
     数据库回来以后上游重试就收下。"""
     up = threading.Event()
     up.set()
@@ -695,8 +726,8 @@ def a_stalled_writer(pg_lab: dict):
 
 
 def test_a_stalled_database_connection_answers_503_after_the_time_limit_and_a_new_writer_takes_the_retry(pg_lab):
-    """和 PostgreSQL 之间的网络不通了(连接还在,谁也等不到回话):原来写库进程一直卡在读 socket 上,这一批和后面的
-    请求都没有回答,关服务也卡住。现在等 BUSY_TIMEOUT_S + 5 秒还没回话就杀掉它,这一批回 503;下一批拉起新的写库进程。"""
+    """和 PostgreSQL 之间的网络不通了(连接还在,谁也等不到回话):写库进程卡在读 socket 上。等 BUSY_TIMEOUT_S + 5
+    秒还没回话就杀掉它,这一批回 503;下一批拉起新的写库进程。一直等的话,这一批和后面的请求都没有回答,关服务也卡住。"""
     with a_stalled_writer(pg_lab) as (proc, base_url, writer, hold):
         started = time.monotonic()
         answer = deliver(base_url, body_for("T1041"))
@@ -722,8 +753,7 @@ def with_no_answer(base_url: str, body: bytes) -> None:
 
 
 def test_a_writer_stuck_on_the_database_dies_with_a_killed_webhook(pg_lab):
-    """写库进程卡在数据库上(网络不通)时 webhook 被 kill -9:它读不到输入结束,原来一直挂着,成了孤儿进程。
-    现在它发现 webhook 没了以后,手上那一批再给 BUSY_TIMEOUT_S + 5 秒,还卡着就退出。它手上那一批没回过 202,上游会重发。"""
+    """写库进程卡在数据库上(网络不通)时 webhook 被 kill -9:它读不到输入结束。它发现 webhook 没了以后,手上那一批再给 BUSY_TIMEOUT_S + 5 秒,还卡着就退出,不会一直挂着成了孤儿进程。它手上那一批没回过 202,上游会重发。"""
     with a_stalled_writer(pg_lab) as (proc, base_url, writer, hold):
         with ThreadPoolExecutor(1) as pool:
             pool.submit(with_no_answer, base_url, body_for("T1041"))
@@ -838,13 +868,14 @@ def test_webhook_writer_with_an_unusable_events_db_says_why_and_answers_no_batch
 
 def test_webhook_writer_demo_command_copied_from_the_file_works(lab):
     """学员从 webhook_writer.py 文件开头照抄那条 echo 命令(源文件里的样子,不是 help() 渲染后的):
-    以前 docstring 不是 raw 字符串,源文件里写的是 \\\\",抄下来喂进去只得到 JSONDecodeError。"""
+    docstring 是 raw 字符串,源文件里写的就是 \\",抄下来照样能喂进去(不是 raw 的话源文件里是 \\\\",只得到
+    JSONDecodeError)。"""
     line = next(l for l in (LAB / "webhook_writer.py").read_text().splitlines() if l.lstrip().startswith("echo "))
     echo, pipe = line.strip().split(" | ")
     assert pipe == "DATABASE_URL= EVENTS_DB=/tmp/writer-demo.db uv run python webhook_writer.py"
     batch = subprocess.run(["bash", "-c", echo], capture_output=True, text=True, check=True).stdout
     # 学员设着 DATABASE_URL(README 建议写进 .env):命令开头的 DATABASE_URL= 让演示照样写进 SQLite 临时库,不进真的
-    # 事件表(原来的命令没有它,演示事件进了 PostgreSQL,worker 去给 T1012 起草)。照命令设环境变量,临时库换成 lab 的
+    # 事件表(没有它的话,演示事件进了 PostgreSQL,worker 去给 T1012 起草)。照命令设环境变量,临时库换成 lab 的
     assignments = dict(a.split("=", 1) for a in pipe.split(" uv run ")[0].split())
     assert assignments == {"DATABASE_URL": "", "EVENTS_DB": "/tmp/writer-demo.db"}
     env = {**lab, "DATABASE_URL": "postgresql://nobody@127.0.0.1:1/not-this-one", **assignments,
@@ -894,9 +925,9 @@ RESERVED = ("id must not start with <, no-message-id:, message-id-sha1:, cron: "
 
 
 def test_ids_of_mail_and_cron_events_are_refused_so_a_signed_request_cannot_take_them(client, lab):
-    """三个来源共用 event_id 这一个唯一键。原来一个签名对的请求拿一封信的 Message-ID 当 id,回 202;那封信来时成了
-    duplicate(IMAP 上标了已读,不建工单),拿 cron:stale:T1007:<今天> 当 id,那天 T1007 的提醒就不再入队。
-    现在这些 id 一律 400、什么都不存;信和提醒照常入队。"""
+    """三个来源共用 event_id 这一个唯一键。邮件和定时扫描的 id 从 webhook 来一律 400、什么都不存;信和提醒照常入队。
+    不然一个签名对的请求拿一封信的 Message-ID 当 id,回 202,那封信来时成了 duplicate(IMAP 上标了已读,不建工单);
+    拿 cron:stale:T1007:<今天> 当 id,那天 T1007 的提醒就不再入队。"""
     import cron_jobs
     import email_poller
 
@@ -920,8 +951,8 @@ def test_ids_of_mail_and_cron_events_are_refused_so_a_signed_request_cannot_take
 
 
 def test_a_body_that_trickles_in_too_slowly_gets_408_nothing_stored_and_the_service_still_stops(lab):
-    """上游发了请求头,请求体却停在半路(它那台机器没了、连接没关,或者一个字节一个字节地挤):原来这个请求一直挂着,
-    关服务(SIGTERM)时 uvicorn 等它,服务停不下来。现在 WEBHOOK_BODY_TIMEOUT_S 里没收完就回 408,什么都不存。"""
+    """上游发了请求头,请求体却停在半路(它那台机器没了、连接没关,或者一个字节一个字节地挤):WEBHOOK_BODY_TIMEOUT_S 里
+    没收完就回 408,什么都不存。不然这个请求一直挂着,关服务(SIGTERM)时 uvicorn 等它,服务停不下来。"""
     import socket
 
     body = body_for("T1012")
@@ -946,9 +977,9 @@ def test_a_body_that_trickles_in_too_slowly_gets_408_nothing_stored_and_the_serv
 
 
 def test_an_upstream_that_hangs_up_mid_body_gets_one_line_not_a_traceback_and_nothing_is_stored(lab):
-    """上游发了一半的请求体就断开(它那边超时了,稍后会重发):原来 uvicorn 的日志里是一整段 traceback
-    (Exception in ASGI application … ClientDisconnect),盯着日志报警的以为服务出错了。现在什么都不记、什么都不存,
-    服务照常收下一个。真的 uvicorn,真的 TCP 连接。"""
+    """上游发了一半的请求体就断开(它那边超时了,稍后会重发):什么都不记、什么都不存,服务照常收下
+    一个。uvicorn 的日志里没有一整段 traceback(Exception in ASGI application … ClientDisconnect),盯着日志报警的
+    不会以为服务出错了。真的 uvicorn,真的 TCP 连接。"""
     import socket
 
     body = body_for("T1012")
