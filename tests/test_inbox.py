@@ -310,7 +310,7 @@ def test_arguments_that_are_not_utf8_are_refused_before_the_database_and_the_wor
     before = everything("T1008")
     refused_as_usage(inbox(any_lab, *args), NOT_UTF8)
     assert everything("T1008") == before
-    worker = run(["worker.py", "--once"], any_lab)
+    worker = cli(["worker.py", "--once"], any_lab)
     assert (worker.returncode, worker.stdout) == (0, "")
     assert everything("T1008") == before
     assert rows("SELECT status FROM events") == [("waiting_human",)]
@@ -1057,7 +1057,7 @@ def test_list_hands_a_dead_workers_event_back_with_the_crash_mark_so_a_crash_loo
     assert (listing.returncode, listing.stdout, listing.stderr) == (
         0, "收件箱是空的\n", "(更正:T1012 上次处理中途中断,事件 evt_T1012_created 改为 pending)\n")
     assert rows("SELECT status, attempts, last_error FROM events") == [("pending", 1, worker_owner.REQUEUED_STALE)]
-    r = run(["worker.py", "--once"], env)
+    r = cli(["worker.py", "--once"], env)
     reason = ("领了 2 次都没做完,超过 MAX_ATTEMPTS=1:最后一次处理到一半进程没了(被杀、崩溃或卡住),"
               "多半是这个事件让 worker 崩溃;查清原因后运行 uv run python worker.py --requeue-dead evt_T1012_created")
     assert (r.returncode, r.stdout) == (0, f"evt_T1012_created 第 2 次失败 → dead: {reason}\n")
@@ -1268,7 +1268,7 @@ def report_still_counts_from(entered: dict[str, str], env: dict) -> None:
     waiting = rows("SELECT ticket_id, status, waiting_since FROM events ORDER BY ticket_id")
     assert [(t, s, store.parse_time(u)) for t, s, u in waiting] == [
         (t, "waiting_human", store.parse_time(entered[t])) for t in sorted(entered)]
-    report = run(["cron_jobs.py", "report"], env)
+    report = cli(["cron_jobs.py", "report"], env)
     assert report.returncode == 0, report.stderr
     assert ("收件箱里等得最久的:evt_T1041_created,已等 50.0 小时(超过 24 小时,该提醒值班的人了)(收件箱共 2 条)"
             in report.stdout.splitlines())
