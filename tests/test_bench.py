@@ -11,7 +11,8 @@ from conftest import run
 ])
 def test_a_bench_given_zero_or_negative_rounds_or_requests_refuses_before_measuring_anything(lab, script, args,
                                                                                              message):
-    """原来 0 悄悄换成默认值(--rounds 0 跑了 7 轮),负数算出 nan 的比值、旁边还打 ✓,-1 个请求是 ZeroDivisionError。"""
+    """0 和负数在量之前就被拒绝:0 不会被悄悄换成默认值(--rounds 0 跑 7 轮),负数不会算出 nan 的比值、旁边还打 ✓,
+    -1 个请求不会是 ZeroDivisionError。"""
     r = run([script, *args], lab)
     name = script.split("/")[1]
     assert (r.returncode, r.stdout) == (2, "")

@@ -192,14 +192,14 @@ DOTENV_READERS = ((1, ["worker.py", "--once"]), (1, ["store.py"]), (2, ["cron_jo
                  NOT_UTF8.format("开头是 UTF-16 的标记:Windows 记事本存成「Unicode」就是这样"), id="utf-16"),
     pytest.param(b'WEBHOOK_SECRET="my-real-secret\nMAX_ATTEMPTS=3\n', UNCLOSED.format(1, "WEBHOOK_SECRET", '"', '"'),
                  id="unclosed-quote"),
-    # 读不了的 .env(别的用户建的、权限 600;以 root 跑测试时权限拦不住,用绕成圈的符号链接):原来是 OSError 的 traceback
+    # 读不了的 .env(别的用户建的、权限 600;以 root 跑测试时权限拦不住,用绕成圈的符号链接):一行说读不了、为什么,不是 OSError 的 traceback
     pytest.param(LOOP, "配置错误:.env 读不了(Too many levels of symbolic links)", id="symlink-loop"),
 ])
 def test_a_dotenv_that_cannot_be_read_stops_every_program_with_the_reason_and_changes_nothing(lab, tmp_path, content,
                                                                                              message):
-    """原来不是 UTF-8 的 .env(中文 Windows 存成 GBK、记事本存成 UTF-16)让每个程序都以 UnicodeDecodeError 的 traceback
-    结束;读不懂的一行(少了右引号)只有一句英文 WARNING,那一项悄悄用了默认值:send_webhook.py 拿公开的默认密钥签名发出去。
-    现在和别的配置错误一样:各个程序按自己的退出码说一行,什么都没做。"""
+    """读不了的 .env 和别的配置错误一样:各个程序按自己的退出码说一行,什么都没做。不是 UTF-8 的 .env(中文 Windows
+    存成 GBK、记事本存成 UTF-16)不让每个程序以 UnicodeDecodeError 的 traceback 结束;读不懂的一行(少了右引号)不是
+    只有一句英文 WARNING、那一项悄悄用默认值 —— 那样 send_webhook.py 会拿公开的默认密钥签名发出去。"""
     here = tmp_path / "here"
     here.mkdir()
     put_dotenv(here, content)
@@ -355,7 +355,7 @@ MALFORMED_URLS = [
 @pytest.mark.parametrize("url, message", [
     ("mysql://app@db/ledger", "配置错误:DATABASE_URL 要以 postgresql:// 开头,现在是 mysql://…"),
     ("notaurl", UNREADABLE_URL.format('missing "=" after "notaurl" in connection info string')),
-    # 少了 :// 里的冒号:libpq 把整串原样引出来,密码不能跟着进终端和 cron.log(原来原样打印了 S3cretPw)
+    # 少了 :// 里的冒号:libpq 把整串原样引出来,密码打成 ***,不跟着进终端和 cron.log(S3cretPw 不原样打印)
     ("postgresql//app:S3cretPw@db/ledger",
      UNREADABLE_URL.format('missing "=" after "postgresql//app:***@db/ledger" in connection info string')),
     ("postgresql://postgres@db host/walk2",
@@ -363,9 +363,9 @@ MALFORMED_URLS = [
     *MALFORMED_URLS,
 ])
 def test_a_database_url_that_cannot_be_used_stops_at_once_with_the_reason_and_claims_nothing(lab, url, message):
-    """原来每种都是等 10 秒、日志刷屏,最后一个 PoolTimeout 的 traceback,不说是哪一项、为什么。
-    端口、主机名写错了原来算「数据库暂时用不了」(常驻的 worker 一直重试,cron 退出码 3);没写库名时 libpq 连上和用户
-    同名的库,store.py 把实验的表建进了系统库 postgres。"""
+    """每种都马上停下、一行说是哪一项、为什么:不等 10 秒、不刷屏日志,也不以一个 PoolTimeout 的 traceback 结束。
+    端口、主机名写错了是设置不对,不算「数据库暂时用不了」(那样常驻的 worker 会一直重试,cron 退出码 3);没写库名时
+    也不连(libpq 会连上和用户同名的库,store.py 就把实验的表建进系统库 postgres)。"""
     refused_everywhere(lab, url, [(1, message), (1, message), (2, message), (1, message), (2, message)])
 
 
@@ -431,7 +431,8 @@ NO_SCHEMA = ("DATABASE_URL 的 search_path 里没有一个存在的 schema(Inval
 
 
 def test_a_read_only_postgres_is_a_setting_error_in_every_program_and_nothing_is_claimed(pg_lab):
-    """连到备库(这里用 default_transaction_read_only 模拟):原来每个程序都是 ReadOnlySqlTransaction 的 traceback。"""
+    """连到备库(这里用 default_transaction_read_only 模拟):每个程序都当设置不对,一行说只能读、换成主库的地址,
+    不是 ReadOnlySqlTransaction 的 traceback;什么都没领。"""
     url = pg_lab["DATABASE_URL"] + "%20-cdefault_transaction_read_only%3Don"
     refused_everywhere(pg_lab, url, [(code, READ_ONLY) for code in (1, 1, 2, 1, 2)])
 
@@ -449,8 +450,8 @@ def relations(url: str) -> list[str]:
 
 
 def test_a_read_write_user_is_told_to_have_the_owner_run_store_py_then_runs_every_program(lab, pg_url):
-    """PostgreSQL 15 起普通用户不能在 public 里建表,生产上程序也常用只有读写权限的用户连。原来每个程序每次启动都执行
-    CREATE … IF NOT EXISTS,这种用户连建好了的表也用不了;现在表都在时一条 DDL 也不执行。
+    """PostgreSQL 15 起普通用户不能在 public 里建表,生产上程序也常用只有读写权限的用户连。表都在时程序启动
+    一条 DDL 也不执行:每次启动都执行 CREATE … IF NOT EXISTS 的话,这种用户连建好了的表也用不了。
     表还没建:建表的程序一行说清楚请所有者运行 store.py,schema 里什么都没建;所有者运行一次 store.py、给了读写权限之后,
     webhook 收事件、收信、起草、收件箱 accept、日报都照常,回复进了发件箱。"""
     with pg_schema() as owner_url, read_write_role(owner_url) as (url, grant_read_write):
@@ -512,9 +513,9 @@ def test_a_read_write_user_meeting_a_table_that_needs_an_upgrade_is_told_to_have
 
 @pytest.mark.parametrize("granted", ["SELECT", None])
 def test_a_user_missing_write_rights_is_told_what_to_grant_and_nothing_is_claimed(pg_lab, granted):
-    """表都建好了,用户却只被给了 SELECT,或者所有者忘了 GRANT(最常见):原来每个程序启动时的 CREATE … IF NOT EXISTS
-    就拦下了它;不再执行 DDL 之后,worker 领事件、cron scan 写事件时才是 InsufficientPrivilege 的 traceback。
-    现在一开始就说缺哪几张表的什么权限、GRANT 什么,什么都没领(一点权限都没有时也不说成「表还没建好」)。"""
+    """表都建好了,用户却只被给了 SELECT,或者所有者忘了 GRANT(最常见):每个程序一开始就说缺哪几张表的
+    什么权限、GRANT 什么,什么都没领(一点权限都没有时也不说成「表还没建好」)。表都在时启动不执行 DDL,不先查权限的话,
+    要到 worker 领事件、cron scan 写事件时才是 InsufficientPrivilege 的 traceback。"""
     owner_url = pg_lab["DATABASE_URL"]
     r = cli(["store.py"], pg_lab)  # checkpoint 的表也建好
     assert r.returncode == 0, r.stderr
@@ -534,7 +535,7 @@ def test_a_user_missing_write_rights_is_told_what_to_grant_and_nothing_is_claime
 
 def test_checkpoint_tables_built_after_the_rights_check_are_checked_again_before_use(pg_lab):
     """init() 查权限时 checkpoint 的表可能还没有(所有者的 store.py 刚好在它之后建好、还没 GRANT):打开 checkpoint 时
-    原来直接读 checkpoint_migrations,是 InsufficientPrivilege 的 traceback;现在同样一行说缺哪几张表的权限。"""
+    读 checkpoint_migrations 之前再查一次,同样一行说缺哪几张表的权限,不是 InsufficientPrivilege 的 traceback。"""
     owner_url = pg_lab["DATABASE_URL"]
     r = cli(["store.py"], pg_lab)
     assert r.returncode == 0, r.stderr
@@ -553,8 +554,8 @@ def test_checkpoint_tables_built_after_the_rights_check_are_checked_again_before
 
 
 def test_a_user_without_usage_on_the_schema_is_told_to_have_it_granted(pg_lab):
-    """schema 在,用户却没有它的 USAGE 权限(自建的 schema 默认不给 PUBLIC):PostgreSQL 当它不在。原来只叫人
-    CREATE SCHEMA,可它明明在;现在也说要 GRANT USAGE。要业务表的程序照旧先说「先运行 store.py」,store.py 再说这一行。"""
+    """schema 在,用户却没有它的 USAGE 权限(自建的 schema 默认不给 PUBLIC):PostgreSQL 当它不在。提示不只叫人
+    CREATE SCHEMA(它明明在),也说要 GRANT USAGE。要业务表的程序先说「先运行 store.py」,store.py 再说这一行。"""
     owner_url = pg_lab["DATABASE_URL"]
     with read_write_role(owner_url, usage=False) as (url, grant_read_write):
         grant_read_write()
@@ -563,8 +564,8 @@ def test_a_user_without_usage_on_the_schema_is_told_to_have_it_granted(pg_lab):
 
 
 def test_store_py_run_by_a_read_write_user_where_the_business_tables_are_missing_says_so_in_one_line(pg_lab):
-    """上一版只在 PostgreSQL 里建了事件表和 checkpoint 表,业务表还没有:worker 叫人运行 store.py,只有读写权限的用户
-    照做时,建业务表那一步原来是 InsufficientPrivilege 的 traceback。现在和别的建表一样一行说清楚,一张表都没建。"""
+    """PostgreSQL 里有事件表和 checkpoint 表,业务表还没有(上一版建的库就是这样):worker 叫人运行 store.py,只有读写
+    权限的用户照做时,建业务表那一步和别的建表一样一行说清楚,不是 InsufficientPrivilege 的 traceback;一张表都没建。"""
     owner_url = pg_lab["DATABASE_URL"]
     r = cli(["store.py"], pg_lab)
     assert r.returncode == 0, r.stderr
@@ -581,7 +582,7 @@ def test_store_py_run_by_a_read_write_user_where_the_business_tables_are_missing
 def test_a_read_write_user_waiting_while_the_owner_builds_the_tables_uses_them_instead_of_failing(lab, monkeypatch,
                                                                                                 pg_url):
     """所有者的 store.py(或者部署时的迁移任务)正在建表,同时一个只有读写权限的程序启动了:它先看到表还不全,去排队等
-    建表的锁;等到时表已经建好。原来它拿到锁后照样执行 CREATE … IF NOT EXISTS,被拒绝退出;现在拿到锁先再看一次。
+    建表的锁;等到时表已经建好。它拿到锁先再看一次,表都在就直接用,不去执行 CREATE … IF NOT EXISTS、被拒绝退出。
     checkpoint 的表也一样。"""
     import psycopg
     from langgraph.checkpoint.postgres import PostgresSaver
@@ -623,8 +624,8 @@ def waiting_for(url: str, user: str, call: str, timeout_s: float = 30) -> None:
 
 
 def test_a_search_path_naming_no_existing_schema_is_explained_by_store_py(lab, pg_url):
-    """options 里的 search_path 写错了(schema 不存在):store.py 原来是 InvalidSchemaName 的 traceback;
-    要业务表的程序照旧说「先运行 store.py」,store.py 再说清楚是 search_path 的事。"""
+    """options 里的 search_path 写错了(schema 不存在):要业务表的程序说「先运行 store.py」,store.py 再一行说清楚
+    是 search_path 的事,不是 InvalidSchemaName 的 traceback。"""
     params = conninfo_to_dict(pg_url)
     url = make_conninfo("", **{**params, "options": "-csearch_path=t_no_such_schema"})
     biz = f"业务库还没建:{store_errors._safe_url(url)} 里没有表 customers、tickets(先运行 uv run python store.py 建库)"
@@ -638,8 +639,8 @@ def test_a_search_path_naming_no_existing_schema_is_explained_by_store_py(lab, p
                         'support SSL, but SSL was required'),
 ])
 def test_a_connection_parameter_libpq_refuses_is_a_setting_error_not_a_temporary_outage(lab, pg_url, query, reason):
-    """libpq 按 URL 里的参数就不连(值写错了、要 SSL 而服务器不支持):原来说「数据库暂时用不了」,常驻的 worker 一直重试,
-    cron 按退出码 3(暂时)退出。现在和库不存在一样,是设置的问题:一行、马上退出。"""
+    """libpq 按 URL 里的参数就不连(值写错了、要 SSL 而服务器不支持):和库不存在一样,是设置的问题:一行、马上退出。
+    不说成「数据库暂时用不了」:那样常驻的 worker 会一直重试,cron 按退出码 3(暂时)退出。"""
     params = conninfo_to_dict(pg_url)
     host, port = params.get("host") or "127.0.0.1", params.get("port") or "5432"
     url = make_conninfo("", **{**params, **dict([query.split("=")])})
@@ -649,7 +650,7 @@ def test_a_connection_parameter_libpq_refuses_is_a_setting_error_not_a_temporary
 
 def test_a_database_server_that_is_not_running_is_temporary_not_a_setting_error(lab):
     """连接被拒(服务器没开、在重启):和用着用着断了一样是「数据库暂时用不了」,各自按自己的规矩说一行;
-    cron 的退出码是 3(暂时用不了),不是 2(设置不对)。原来一律说「连不上」、按设置错误退出。"""
+    cron 的退出码是 3(暂时用不了),不是 2(设置不对):不一律说「连不上」、按设置错误退出。"""
     down = ('数据库暂时用不了(OperationalError: connection failed: connection to server at "127.0.0.1", port 1 failed: '
             "Connection refused)")
     refused_everywhere(lab, "postgresql://postgres@127.0.0.1:1/nowhere", unavailable_everywhere(down))
@@ -669,8 +670,8 @@ def full_disk_under(what: str, path: str) -> str:
 
 
 def test_a_full_disk_under_the_events_database_is_temporary_not_a_setting_error_and_loses_nothing(lab):
-    """事件库所在的磁盘满了(FULL_DISK):原来每个程序都说「事件库打不开:EVENTS_DB=…(disk I/O error)」,按设置不对退出
-    (邮件轮询、cron 是 2),叫人去查一项没写错的设置。现在和 PostgreSQL 没开着一样是「数据库暂时用不了」,说是哪个库;
+    """事件库所在的磁盘满了(FULL_DISK):和 PostgreSQL 没开着一样是「数据库暂时用不了」,说是哪个库;不说成「事件库
+    打不开:EVENTS_DB=…(disk I/O error)」、按设置不对退出(邮件轮询、cron 是 2),叫人去查一项没写错的设置。
     事件原样留在队列里,邮件没有建工单,腾出空间后照常。"""
     store.add_event("evt_T1012_created", "webhook", "ticket.created",
                     '{"id": "evt_T1012_created", "type": "ticket.created", "data": {"ticket_id": "T1012"}}')
@@ -691,8 +692,8 @@ def test_a_full_disk_under_the_events_database_is_temporary_not_a_setting_error_
 
 def test_a_new_events_database_someone_keeps_locked_is_temporary_not_a_setting_error(lab, tmp_path):
     """有人开着事务占着一个还不是 WAL 的事件库(新库;或者课文建的库,有人在 sqlite3 里改了东西没提交):换日志模式那一下
-    等到 BUSY_TIMEOUT_S 也等不到。原来说「事件库打不开:EVENTS_DB=…(database is locked)」、按设置不对退出。
-    现在是「数据库暂时用不了」,说是哪个库被占着;没有建表,邮件没有建工单,锁放开后照常。"""
+    等到 BUSY_TIMEOUT_S 也等不到。这是「数据库暂时用不了」,说是哪个库被占着,不说成「事件库打不开:EVENTS_DB=…
+    (database is locked)」、按设置不对退出;没有建表,邮件没有建工单,锁放开后照常。"""
     path = tmp_path / "new-ambient.db"  # lab 的事件库已经是 WAL 了
     env = {**lab, "EVENTS_DB": str(path), "BUSY_TIMEOUT_S": "0.3"}
     tickets = rows("SELECT COUNT(*) FROM tickets", path=lab["BIZ_DB"])
@@ -710,7 +711,7 @@ def test_a_new_events_database_someone_keeps_locked_is_temporary_not_a_setting_e
 
 def test_a_read_only_events_database_says_what_to_check_and_loses_nothing(lab):
     """事件库文件只能读(别的用户建的、权限 444、只读的文件系统):SQLite 退回只读打开,写的时候才说
-    attempt to write a readonly database。原来只有这句英文;现在说查什么。以 root 跑测试时权限拦不住,
+    attempt to write a readonly database。这句英文后面接着说要查什么。以 root 跑测试时权限拦不住,
     用 chattr +i(不可改)造一个连 root 都写不了的文件。事件和邮件都原样留着。"""
     store.add_event("evt_T1012_created", "webhook", "ticket.created",
                     '{"id": "evt_T1012_created", "type": "ticket.created", "data": {"ticket_id": "T1012"}}')
@@ -739,8 +740,8 @@ def test_a_read_only_events_database_says_what_to_check_and_loses_nothing(lab):
 
 def test_a_full_disk_under_the_checkpoint_database_is_temporary_and_the_reply_is_not_lost(lab):
     """事件库开着(这个测试进程拿着它:-shm 已经在了,别的进程打开它用不着写),checkpoint 库却要写才打得开。
-    原来说「checkpoint 库打不开:CHECKPOINTS_DB=…(disk I/O error)」,常驻的 worker 当设置不对退出。
-    现在是「数据库暂时用不了」:待办还在收件箱里,发件箱是空的;腾出空间后 accept 照常,回复只发一次。"""
+    这是「数据库暂时用不了」,不说成「checkpoint 库打不开:CHECKPOINTS_DB=…(disk I/O error)」(那样常驻的 worker
+    当设置不对退出):待办还在收件箱里,发件箱是空的;腾出空间后 accept 照常,回复只发一次。"""
     store.add_event("evt_T1012_created", "webhook", "ticket.created",
                     '{"id": "evt_T1012_created", "type": "ticket.created", "data": {"ticket_id": "T1012"}}')
     assert cli(["worker.py", "--once"], lab).returncode == 0
@@ -764,7 +765,7 @@ def test_a_full_disk_under_the_checkpoint_database_is_temporary_and_the_reply_is
     ("EVENTS_DB", "missing/ambient.db", "目录 {dir} 不存在"),
     ("EVENTS_DB", ".", "这是一个目录,不是文件"),
     ("CHECKPOINTS_DB", "missing/checkpoints.db", "目录 {dir} 不存在"),
-    # 下面两种原来是 traceback(名字太长时连「在不在」都问不了)或只有 sqlite3 的 unable to open database file。
+    # 下面两种也一样说清楚,不是 traceback(名字太长时连「在不在」都问不了)或只有 sqlite3 的 unable to open database file。
     # /proc/1 像只读的文件系统:测试以 root 运行,权限挡不住,它照样不能写
     ("EVENTS_DB", "x" * 300 + ".db", "File name too long"),
     ("EVENTS_DB", "/proc/1/ambient.db", "目录 {dir} 不能写:没有写权限,或者在只读的文件系统上"),
@@ -772,7 +773,7 @@ def test_a_full_disk_under_the_checkpoint_database_is_temporary_and_the_reply_is
 ])
 def test_a_database_path_that_cannot_be_opened_names_the_setting_and_changes_nothing(lab, tmp_path, setting, where,
                                                                                      reason):
-    """原来是 sqlite3 的 traceback:unable to open database file,不说是哪个库、哪一项设置。"""
+    """一行说是哪个库、哪一项设置、为什么打不开,不是 sqlite3 的 traceback(unable to open database file)。"""
     path = (tmp_path / where).resolve()
     what = "事件库" if setting == "EVENTS_DB" else "checkpoint 库"
     message = f"{what}打不开:{setting}={path}({reason.format(dir=path.parent)})\n"
@@ -791,7 +792,8 @@ def test_a_database_path_that_cannot_be_opened_names_the_setting_and_changes_not
 
 @pytest.mark.parametrize("setting", ["EVENTS_DB", "CHECKPOINTS_DB", "BIZ_DB"])
 def test_a_database_path_that_is_a_symlink_loop_is_a_setting_error_and_changes_nothing(lab, tmp_path, setting):
-    """库的路径是绕成圈的符号链接:原来每个程序都是 pathlib 的 RuntimeError: Symlink loop 的 traceback。"""
+    """库的路径是绕成圈的符号链接:每个程序都当设置不对,一行说是哪一项,不是 pathlib 的 RuntimeError: Symlink loop
+    的 traceback。"""
     loop = tmp_path / "loop.db"
     loop.symlink_to(loop)
     store.add_event("evt_T1012_created", "webhook", "ticket.created",
@@ -811,7 +813,8 @@ def test_a_database_path_that_is_a_symlink_loop_is_a_setting_error_and_changes_n
 
 @pytest.mark.parametrize("setting", ["EVENTS_DB", "CHECKPOINTS_DB"])
 def test_an_events_or_checkpoint_database_that_is_not_sqlite_is_named_and_left_as_it_was(lab, tmp_path, setting):
-    """EVENTS_DB、CHECKPOINTS_DB 指到了不是数据库的文件:原来是 sqlite3 的 traceback(file is not a database)。"""
+    """EVENTS_DB、CHECKPOINTS_DB 指到了不是数据库的文件:一行说是哪个库、哪一项,文件原样不动;不是 sqlite3 的
+    traceback(file is not a database)。"""
     notes = tmp_path / "notes.txt"
     notes.write_text("我的笔记,别动\n", encoding="utf-8")
     what = "事件库" if setting == "EVENTS_DB" else "checkpoint 库"
@@ -838,7 +841,7 @@ def test_a_business_database_that_is_not_sqlite_is_refused_by_every_command_and_
     store.add_event("evt_T1012_created", "webhook", "ticket.created",
                     '{"id": "evt_T1012_created", "type": "ticket.created", "data": {"ticket_id": "T1012"}}')
     problem = f"业务库打不开:BIZ_DB={notes}(这个文件不是 SQLite 数据库,指错了文件?)"
-    for command, code, stderr in (  # 原来 store.py 还叫人删掉它:那是笔记
+    for command, code, stderr in (  # store.py 也不叫人删掉它:那是笔记
             (["store.py"], 2, f"{problem}。没有动它:让 BIZ_DB 指到业务库(不设就是脚本旁边的 cloudledger.db)\n"),
             (["worker.py", "--once"], 1, problem + "\n"),
             (["email_poller.py", "--eml", "samples/01_utf8_plain.eml"], 2, problem + "\n"),
@@ -866,8 +869,8 @@ def into_a_closed_pipe(command: list[str], env: dict) -> tuple[int, str]:
 
 @pytest.mark.parametrize("command", [["cron_jobs.py", "report"], ["store.py"], ["worker.py", "--once"]])
 def test_output_closed_early_exits_141_quietly_and_loses_nothing(lab, command):
-    """cron_jobs.py report | head -1 之类:原来是一段 BrokenPipeError 的 traceback、退出码 1。现在和 inbox.py 一样
-    安静退出,退出码 141。worker 每个事件先改好状态再打印:第一个做完了,后面的还在队列里,下次照常领。"""
+    """cron_jobs.py report | head -1 之类:和 inbox.py 一样安静退出,退出码 141,不是一段 BrokenPipeError 的
+    traceback、退出码 1。worker 每个事件先改好状态再打印:第一个做完了,后面的还在队列里,下次照常领。"""
     from test_worker import said_besides_offline_model
 
     for ticket in ("T1012", "T1022"):
@@ -883,7 +886,7 @@ def test_output_closed_early_exits_141_quietly_and_loses_nothing(lab, command):
 
 def test_ctrl_c_that_a_program_does_not_handle_itself_is_one_line_and_exit_130(capsys):
     """config.run() 是 store.py、cron_jobs.py、email_poller.py、worker.py、inbox.py、demo.py、send_webhook.py 的入口:main() 没有接住的
-    Ctrl-C 原来是 KeyboardInterrupt 的 traceback。"""
+    Ctrl-C 只说一行「已中断(Ctrl-C)」、退出码 130,不是 KeyboardInterrupt 的 traceback。"""
     def pressed():
         raise KeyboardInterrupt
 

@@ -54,7 +54,7 @@ bodies = st.one_of(
 modes = st.sampled_from(["valid", "wrong_secret", "garbage", "none", "standard", "standard_garbage", "mixed",
                          "other_scheme", "second_v1"])
 # 窗口是 ±300 秒;291–310 秒这一段不生成:签名那一刻和服务器核对那一刻之间差几秒,这一段算不准该收还是该拒
-# (原来 291–300 秒的有效签名被收下,这里却当成过期,约 2–3% 的运行失败)。边界本身 test_webhook.py 用定住的时钟测
+# (生成的话,291–300 秒的有效签名服务器会收下,这里却当成过期,约 2–3% 的运行失败)。边界本身 test_webhook.py 用定住的时钟测
 skews = st.one_of(st.just(0), st.integers(min_value=-100_000, max_value=100_000).filter(lambda s: not 290 < abs(s) <= 310))
 
 

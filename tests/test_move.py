@@ -241,8 +241,8 @@ def test_moving_twice_is_refused_and_nothing_is_moved_again(pg_url, sqlite_lab_i
         assert (r.returncode, r.stdout, r.stderr) == (1, "", refusal({**lab, "EVENTS_DB": copy}, url) + "\n")
         monkeypatch.setenv("DATABASE_URL", url)
         assert snapshot() == before
-        # README 里 PostgreSQL 的「从头再来」:清空事件表再运行 store.py。原来它看 SQLite 里还有没做完的事件,
-        # 提醒去运行 --from-sqlite,可那个库已经搬过,运行了只会被上面那样拒绝
+        # README 里 PostgreSQL 的「从头再来」:清空事件表再运行 store.py。SQLite 里还有没做完的事件,它也不提醒
+        # 去运行 --from-sqlite:那个库已经搬过,运行了只会被上面那样拒绝
         with store.opened() as conn:
             conn.execute("TRUNCATE events, outbox, review_log, llm_usage, inbox_seen")
         r = cli(["store.py"], env)
@@ -253,8 +253,8 @@ def test_moving_twice_is_refused_and_nothing_is_moved_again(pg_url, sqlite_lab_i
 
 def test_store_py_on_another_postgres_database_says_where_the_sqlite_lab_was_moved(
         pg_url, sqlite_lab_in_use, monkeypatch):
-    """搬过以后 DATABASE_URL 换成了另一个库(写错了库名、换了 schema):原来 store.py 只在新库里建出空表、打印 0 行,
-    看着像搬过去的事件和待办都没了。现在最后一行说 SQLite 里的东西搬去了哪里;两个库、SQLite 都不少一行。"""
+    """搬过以后 DATABASE_URL 换成了另一个库(写错了库名、换了 schema):store.py 在新库里建出空表、打印 0 行之后,
+    最后一行说 SQLite 里的东西搬去了哪里,不让人以为搬过去的事件和待办都没了;两个库、SQLite 都不少一行。"""
     lab, before = sqlite_lab_in_use
     with pg_schema() as moved_here, pg_schema() as other:
         assert from_sqlite({**lab, "DATABASE_URL": moved_here}).returncode == 0
@@ -268,7 +268,7 @@ def test_store_py_on_another_postgres_database_says_where_the_sqlite_lab_was_mov
         assert (back.returncode, back.stderr, back.stdout.splitlines()) == (0, "", [
             f"事件库 {moved_here}:events 5 行,outbox 1 行,review_log 1 行,llm_usage 3 行",
             f"业务库 {moved_here}:customers 30 行,tickets 41 行"])
-        # 同一个库,换成只有读写权限的用户连(所有者搬的家):也是「改回去了」,原来因为 URL 里的用户不同照样提醒
+        # 同一个库,换成只有读写权限的用户连(所有者搬的家):也是「改回去了」,不因为 URL 里的用户不同就提醒
         with read_write_role(moved_here) as (as_user, grant_read_write):
             grant_read_write()
             back = cli(["store.py"], {**lab, "DATABASE_URL": as_user})
@@ -315,7 +315,8 @@ def test_an_event_still_being_processed_in_sqlite_stops_the_move_and_nothing_is_
 def test_checkpoints_without_their_events_stop_the_move_and_nothing_is_moved(
         pg_url, sqlite_lab_in_use, monkeypatch, tmp_path):
     """EVENTS_DB 指着另一个库(或者拷事件库时漏了 -wal,拷出来的库里没有这些事件),CHECKPOINTS_DB 还是这一套的:
-    原来照样「搬好了」,退出码 0,四个没人认领的 thread 进了 PostgreSQL,那个库还被记成已搬走。"""
+    不搬、退出码 2,说哪几个 thread 没有对应的事件。照样「搬好了」、退出码 0 的话,四个没人认领的 thread 进了
+    PostgreSQL,那个库还被记成已搬走。"""
     lab, before = sqlite_lab_in_use
     other = tmp_path / "other.db"
     assert cli(["store.py"], {**lab, "EVENTS_DB": str(other)}).returncode == 0  # 一个新建的、空的事件库
@@ -333,8 +334,9 @@ def test_checkpoints_without_their_events_stop_the_move_and_nothing_is_moved(
 
 def test_inbox_items_whose_checkpoints_are_not_in_checkpoints_db_stop_the_move_and_nothing_is_moved(
         pg_url, sqlite_lab_in_use, monkeypatch, tmp_path):
-    """CHECKPOINTS_DB 写错了(这里指到一个不存在的文件):原来照样「搬好了」(checkpoint 0 个 thread),SQLite 记成已搬走;
-    PostgreSQL 上收件箱的两条待办 accept 不了,设置改回来再搬又说「已经搬过」,只能 restart、再调模型重新起草。"""
+    """CHECKPOINTS_DB 写错了(这里指到一个不存在的文件):不搬、退出码 2,说哪几条待办没有 checkpoint。照样「搬好了」
+    (checkpoint 0 个 thread)的话,SQLite 记成已搬走,PostgreSQL 上收件箱的两条待办 accept 不了,设置改回来再搬又说
+    「已经搬过」,只能 restart、再调模型重新起草。"""
     lab, before = sqlite_lab_in_use
     typo = tmp_path / "checkpoint.db"
     with pg_schema() as url:
@@ -475,8 +477,8 @@ def test_an_unreadable_business_database_stops_the_move_when_a_ticket_must_be_co
 
 def test_a_sqlite_lab_from_before_waiting_since_is_upgraded_by_the_move_and_keeps_the_waiting_times(
         pg_url, sqlite_lab_in_use, monkeypatch):
-    """上一版的 SQLite 库(没有 waiting_since,升级以后还没有程序用 SQLite 打开过):原来 --from-sqlite 说它是「旧版的
-    事件库」、不搬。现在搬的时候顺手补上这一列(收件箱里的待办从 updated_at 算起),PostgreSQL 里一样。"""
+    """上一版的 SQLite 库(没有 waiting_since,升级以后还没有程序用 SQLite 打开过):--from-sqlite 搬的时候顺手补上
+    这一列(收件箱里的待办从 updated_at 算起),PostgreSQL 里一样;不把它当成「旧版的事件库」、拒绝不搬。"""
     lab, _ = sqlite_lab_in_use
     with store.opened() as conn:
         conn.execute("ALTER TABLE events DROP COLUMN waiting_since")
@@ -542,8 +544,8 @@ def test_events_that_no_worker_has_touched_yet_move_without_a_checkpoint_file_an
 
 def test_mail_that_arrived_after_postgres_got_its_business_tables_moves_with_its_ticket(lab, pg_url, monkeypatch):
     """照 README:先设着 DATABASE_URL 运行 store.py(业务表建好,拷的是那时的 BIZ_DB),再停掉 SQLite 那边、搬家。
-    中间用 SQLite 的邮件轮询(crontab 每分钟一次)又收了一封信:它的工单只在 BIZ_DB 里。原来事件搬过去以后 worker 说
-    「工单不存在」直接进死信,邮件早已标了已读。现在搬家时把这样的工单(和它的客户)一起拷过去。"""
+    中间用 SQLite 的邮件轮询(crontab 每分钟一次)又收了一封信:它的工单只在 BIZ_DB 里。搬家时把这样的工单(和它的客户)
+    一起拷过去:不然事件搬过去以后 worker 说「工单不存在」直接进死信,而邮件早已标了已读。"""
     mail = str(LAB / "samples" / "02_gbk_base64.eml")
     assert cli(["email_poller.py", "--eml", str(LAB / "samples" / "01_utf8_plain.eml")], lab).returncode == 0
     with pg_schema() as url:
@@ -663,9 +665,9 @@ sys.exit(store_cli.main(["--from-sqlite"]))
 
 def test_a_move_killed_between_the_postgres_commit_and_the_sqlite_mark_is_finished_by_the_rerun_without_moving_twice(
         pg_url, sqlite_lab_in_use, monkeypatch):
-    """kill -9 正好落在 PostgreSQL 提交之后、SQLite 记下已搬走之前(几毫秒的空子):原来再运行只说「多半已经搬过了」、
-    退出码 2,SQLite 一直没记号 —— 不设 DATABASE_URL 的 worker 照样在 SQLite 上起草、发送,同一张工单两边各处理一遍。
-    现在再运行认出 PostgreSQL 里一样不少(每个事件连收到时间、每个 checkpoint 的 id),不再搬,只补上记号。"""
+    """kill -9 正好落在 PostgreSQL 提交之后、SQLite 记下已搬走之前(几毫秒的空子):再运行认出 PostgreSQL 里一样不少
+    (每个事件连收到时间、每个 checkpoint 的 id),不再搬,只补上记号。只说「多半已经搬过了」、退出码 2 的话,SQLite
+    一直没记号 —— 不设 DATABASE_URL 的 worker 照样在 SQLite 上起草、发送,同一张工单两边各处理一遍。"""
     lab, before = sqlite_lab_in_use
     with pg_schema() as url:
         env = {**lab, "DATABASE_URL": url}
@@ -678,7 +680,7 @@ def test_a_move_killed_between_the_postgres_commit_and_the_sqlite_mark_is_finish
         again = from_sqlite(env)
         assert (again.returncode, again.stderr, again.stdout.splitlines()) == (
             0, "", already_there(lab, lab["EVENTS_DB"], url))
-        r = cli(["worker.py", "--once"], lab)  # T1021 在 SQLite 里还是 pending:原来这里会在 SQLite 上再起草一遍
+        r = cli(["worker.py", "--once"], lab)  # T1021 在 SQLite 里还是 pending:有了记号,不会在 SQLite 上再起草一遍
         assert (r.returncode, r.stdout, r.stderr) == (1, "", refusal(lab, url) + "\n")
         assert snapshot() == before
         with on_postgres(monkeypatch, url):

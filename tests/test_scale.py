@@ -70,8 +70,9 @@ def test_three_workers_at_once_handle_each_of_20_events_exactly_once(any_lab):
 
 
 def test_a_mail_ticket_stored_on_one_machine_is_drafted_by_a_worker_on_another(pg_lab, tmp_path):
-    """README 的多台机器:原来业务库是每台机器自己的 SQLite 文件,收信那台建的邮件工单,别的机器上的 worker
-    说「工单不存在:M…」、进死信。两台「机器」各有自己的目录(BIZ_DB 各指各的、都不存在),只共用 DATABASE_URL。"""
+    """README 的多台机器:设了 DATABASE_URL 时业务库也在 PostgreSQL 里,不是每台机器自己的 SQLite 文件:收信那台建的
+    邮件工单,别的机器上的 worker 也找得到,不说「工单不存在:M…」、进死信。两台「机器」各有自己的目录(BIZ_DB 各指
+    各的、都不存在),只共用 DATABASE_URL。"""
     mailbox = {**pg_lab, "BIZ_DB": str(tmp_path / "a" / "cloudledger.db")}
     elsewhere = {**pg_lab, "BIZ_DB": str(tmp_path / "b" / "cloudledger.db")}
     mail = run(["email_poller.py", "--eml", "samples/01_utf8_plain.eml"], mailbox)
@@ -105,12 +106,12 @@ def test_concurrency_inside_one_worker_drains_everything_once(any_lab, monkeypat
 @pytest.mark.parametrize("sigterms", [1, 2])
 def test_sigterm_lets_in_flight_events_finish_and_leaves_the_rest_pending(any_lab, sigterms):
     """sigterms=2:SIGTERM 发给整个进程组时(systemd 停服务),uv run 还会再转发一次,worker 收到两次。
-    原来第二次被当成「再按一次 Ctrl-C」,手上的事件被交回队列、立即退出;SIGTERM 收到几次都是做完再退。"""
+    SIGTERM 收到几次都是做完再退:第二次不当成「再按一次 Ctrl-C」(那会把手上的事件交回队列、立即退出)。"""
     with OpenAIStub(delay=1.0) as stub:
         env = {**any_lab, "LLM_API_KEY": "sk-test", "LLM_BASE_URL": stub.base_url, "LLM_MAX_RETRIES": "0"}
         tickets = add_tickets(12)
         queue(tickets)
-        concurrency = 3 if sigterms == 1 else 1  # 并发 1:事件在主线程里跑,原来第二个信号直接打断它
+        concurrency = 3 if sigterms == 1 else 1  # 并发 1:事件在主线程里跑,第二个信号也不打断它
         (proc,) = start_workers(env, 1, "--concurrency", str(concurrency))
         deadline = time.time() + 60
         while len(stub.requests) < concurrency and time.time() < deadline:
@@ -161,8 +162,8 @@ def test_four_workers_500_events_one_killed_then_restart_finishes_with_one_reply
 
 @pytest.mark.parametrize("concurrency", [1, 3])
 def test_second_ctrl_c_exits_at_once_and_hands_the_events_back(any_lab, concurrency):
-    """模型 60 秒后才回答;第二次 Ctrl-C 之后 20 秒内就得退出。原来并发 > 1 时,线程池退出前要等所有线程做完,
-    「立即退出」要等到模型都回答了。"""
+    """模型 60 秒后才回答;第二次 Ctrl-C 之后 20 秒内就得退出。并发 > 1 时也一样,不等线程池里的
+    线程都做完(那样「立即退出」要等到模型都回答了)。"""
     with OpenAIStub(delay=60) as stub:
         env = {**any_lab, "LLM_API_KEY": "sk-test", "LLM_BASE_URL": stub.base_url, "LLM_MAX_RETRIES": "0"}
         tickets = add_tickets(concurrency)
@@ -184,8 +185,8 @@ def test_second_ctrl_c_exits_at_once_and_hands_the_events_back(any_lab, concurre
 
 
 def test_a_second_ctrl_c_while_the_database_is_locked_says_so_in_one_line_and_the_event_is_not_lost(lab):
-    """第二次 Ctrl-C 时事件库正被别人锁着(超过 BUSY_TIMEOUT_S):手上的事件交不回去。原来是一整段 traceback、退出码 1;
-    现在一行说明(事件留在处理中、下次启动时放回)、退出码 1。锁放开以后下一次运行把它放回队列、做完。"""
+    """第二次 Ctrl-C 时事件库正被别人锁着(超过 BUSY_TIMEOUT_S):手上的事件交不回去。一行说明(事件留在处理中、
+    下次启动时放回)、退出码 1,不是一整段 traceback。锁放开以后下一次运行把它放回队列、做完。"""
     from conftest import write_locked
 
     with OpenAIStub(delay=60) as stub:
@@ -215,9 +216,10 @@ def test_a_second_ctrl_c_while_the_database_is_locked_says_so_in_one_line_and_th
 
 
 def test_a_second_ctrl_c_that_arrives_while_the_first_is_being_announced_still_exits_at_once(lab, monkeypatch):
-    """Python 在信号处理函数的字节码之间就会处理下一个信号。原来先说「收到停止信号」、再记下在停了:第二次 Ctrl-C
-    正好在说的时候到(看到这一行马上再按),被当成第一次,这一行说两遍、worker 不退出
-    (test_second_ctrl_c_exits_at_once_and_hands_the_events_back 大约每十次撞上一次)。这里让第二个信号确定落在 print 里。"""
+    """Python 在信号处理函数的字节码之间就会处理下一个信号。worker 先记下在停了、再说「收到停止信号」:第二次 Ctrl-C
+    正好在说的时候到(看到这一行马上再按)也算第二次,立即退出。先说再记的话,它被当成第一次,这一行说两遍、worker
+    不退出(test_second_ctrl_c_exits_at_once_and_hands_the_events_back 大约每十次撞上一次)。这里让第二个信号确定落在
+    print 里。"""
     w = worker_mod.Worker(2)
     said = []
 
@@ -265,9 +267,9 @@ print(injected)
 
 
 def test_a_second_sigterm_at_any_point_of_the_first_one_never_hangs_the_worker(lab):
-    """SIGTERM 发给整个进程组(systemd、kill -- -PGID、timeout)时 worker 收到两次。原来第二个正好落在第一个的
-    threading.Event.set() 里(它拿着 Event 的锁)时,处理函数再去 set,自己等自己,常驻 worker 永远停不下来
-    (在 PostgreSQL 上 timeout -s TERM 跑了三十来次碰上一次)。这里让第二个信号依次落在第一次 stop() 的每一行上:
+    """SIGTERM 发给整个进程组(systemd、kill -- -PGID、timeout)时 worker 收到两次。第二个落在第一次 stop() 的
+    哪一行都不会让 worker 卡住。要防的是:第二个正好落在第一个的 threading.Event.set() 里(它拿着 Event 的锁)时,处理
+    函数再去 set,自己等自己,常驻 worker 永远停不下来(在 PostgreSQL 上 timeout -s TERM 大约三十来次碰上一次)。这里让第二个信号依次落在第一次 stop() 的每一行上:
     每一轮都停得下来,停止那一行只说一次。"""
     r = run(["-c", SECOND_SIGTERM_AT_EVERY_LINE], lab, timeout=90)
     assert (r.returncode, r.stderr) == (0, STOP_LINE * 40)
