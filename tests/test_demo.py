@@ -41,7 +41,7 @@ def test_demo_replays_the_lesson_and_checks_its_result(tmp_path):
 
 def test_demo_with_port_8139_taken_uses_another_and_says_how_to_send_to_it_by_hand(tmp_path):
     """8139 被占着(多半是上次没停掉的 webhook):演示换一个端口照常跑完。打印的 send_webhook.py 命令不带 WEBHOOK_URL,
-    原来只说「WEBHOOK_URL 已指向它」,学员照着自己敲,发给了占着 8139 的那个程序;现在说先 export 哪个 URL。"""
+    所以说先 export 哪个 URL;只说「WEBHOOK_URL 已指向它」的话,学员照着自己敲,会发给占着 8139 的那个程序。"""
     env = {k: v for k, v in os.environ.items() if k not in ("LLM_API_KEY", "EVENTS_DB", "CHECKPOINTS_DB", "BIZ_DB")}
     with socket.socket() as taken:
         with contextlib.suppress(OSError):  # 已经被别的程序占着也一样
@@ -65,12 +65,12 @@ def test_demo_with_a_model_it_cannot_reach_stops_with_the_reason_not_a_traceback
     assert "evt_T1012_created 第 1 次失败 → pending: OpenAIConnectionError: Connection error.\n" in r.stdout
     assert r.stderr.splitlines()[-1] == ("演示中断:T1012 没有进收件箱,看上面 worker 那一步为什么失败"
                                          "(用真模型时检查 LLM_API_KEY、LLM_BASE_URL;不设 LLM_API_KEY 就用离线模型)")
-    assert "Traceback" not in r.stderr  # 原来是 StopIteration
+    assert "Traceback" not in r.stderr  # 也不是 StopIteration 的 traceback
     assert list(tmp_path.iterdir()) == []  # 临时数据目录照样删了
 
 
 def test_demo_with_a_model_that_writes_multi_line_drafts_checks_the_whole_draft(tmp_path):
-    """真模型的草稿常分几行:收件箱里后面几行缩进着,演示核对发件箱时要拿整段草稿比(原来只拿第一行,对不上)。"""
+    """真模型的草稿常分几行:收件箱里后面几行缩进着,演示核对发件箱时要拿整段草稿比(只拿第一行的话对不上)。"""
     env = {k: v for k, v in os.environ.items() if k not in ("EVENTS_DB", "CHECKPOINTS_DB", "BIZ_DB")}
     with OpenAIStub() as stub:
         stub.multiline = True
@@ -89,7 +89,7 @@ def test_demo_with_a_model_that_writes_multi_line_drafts_checks_the_whole_draft(
 
 def test_demo_that_does_not_match_the_lesson_says_so_and_with_keep_where_the_data_is(tmp_path):
     """演示途中事件表里多了一个别人发来的事件(另一个终端的 send_webhook.py 正好打到演示的端口上):结果和课文对不上,
-    退出码 1。--keep 时最后一行说数据留在哪,好用 sqlite3 查原因(原来只在对得上时说)。"""
+    退出码 1。--keep 时最后一行说数据留在哪,好用 sqlite3 查原因(对不上时也说,不只在对得上时说)。"""
     env = {k: v for k, v in os.environ.items() if k not in ("LLM_API_KEY", "EVENTS_DB", "CHECKPOINTS_DB", "BIZ_DB")}
     proc = subprocess.Popen([sys.executable, "demo.py", "--keep"], cwd=LAB, env={**env, "TMPDIR": str(tmp_path)},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -182,13 +182,13 @@ def test_a_webhook_server_that_hangs_at_startup_stops_the_demo_after_30_seconds_
 
 
 def test_demo_with_a_bad_setting_says_which_one_before_running_any_step(tmp_path):
-    """原来要跑完建库、起服务、发 webhook 几步,到 worker 那一步才因为设置不对停下;现在一步都不跑。"""
+    """设置不对时一开始就说是哪一项,一步都不跑:不是跑完建库、起服务、发 webhook 几步,到 worker 那一步才因为设置不对停下。"""
     env = {k: v for k, v in os.environ.items() if k not in ("LLM_API_KEY", "EVENTS_DB", "CHECKPOINTS_DB", "BIZ_DB")}
     for name, value, problem in (("WORKER_CONCURRENCY", "abc", "WORKER_CONCURRENCY='abc' 不是数字"),
                                  ("WEBHOOK_SECRET", "whsec_", "WEBHOOK_SECRET 是 whsec_,后面没有密钥"),
                                  ("LLM_TIMEOUT_S", "-1", "LLM_TIMEOUT_S='-1' 不能小于 0.1"),
                                  ("INBOX_MAX_TEXT_CHARS", "abc", "INBOX_MAX_TEXT_CHARS='abc' 不是数字"),
-                                 # 设置本身没错,只是比演示要 edit 的回复还短:原来发出 T1012 之后才在 respond 那一步停下
+                                 # 设置本身没错,只是比演示要 edit 的回复还短:也一步都不跑,不等发出 T1012、到 respond 那一步才停下
                                  ("INBOX_MAX_TEXT_CHARS", "10",
                                   f"INBOX_MAX_TEXT_CHARS=10 比演示要输入的文字({len(demo.EDITED)} 个字)还短")):
         r = run(["demo.py"], {**env, name: value, "TMPDIR": str(tmp_path)}, timeout=120)
@@ -214,7 +214,7 @@ def test_demo_with_an_unknown_argument_shows_usage_and_runs_nothing(tmp_path):
 
 @pytest.mark.parametrize("sig, whole_group, again", [
     (signal.SIGINT, True, False), (signal.SIGINT, False, False), (signal.SIGINT, True, True),
-    # kill(SIGTERM)和关掉终端(SIGHUP):原来直接结束,临时目录留在 /tmp,只发给 demo 时 webhook 服务成了孤儿进程
+    # kill(SIGTERM)和关掉终端(SIGHUP)也一样收拾完再退出:不然直接结束,临时目录留在 /tmp,只发给 demo 时 webhook 服务成了孤儿进程
     (signal.SIGTERM, True, False), (signal.SIGTERM, False, True), (signal.SIGHUP, False, False),
 ], ids=["ctrl-c-in-a-terminal", "kill-int-to-demo-only", "forwarded-again-like-uv-run", "kill-to-the-group",
         "kill-to-demo-only-twice", "terminal-closed"])
@@ -223,8 +223,8 @@ def test_ctrl_c_in_the_middle_of_the_demo_says_one_line_and_leaves_no_server_or_
     """在终端里按 Ctrl-C:SIGINT 发给整个前台进程组(demo、它起的 webhook 服务、正在跑的那一步);kill -INT 只发给 demo,
     它起的进程要它自己收。webhook 服务起来、正要发第一个 webhook 时按下:一行「已中断(Ctrl-C)」、退出码 130,
     没有 traceback;webhook 服务停了(端口空出来),临时数据目录删了,进程组里一个进程都不剩。
-    原来这只在 config.run 的单元测试里量过。again:之后每 10 毫秒再给 demo 发一次,直到它退出 —— uv run 在终端外
-    会把发给进程组的 SIGINT 再转发一次;原来第二次落在收拾的途中,临时数据目录有一半的时候留了下来。"""
+    这里用真进程量,不只靠 config.run 的单元测试。again:之后每 10 毫秒再给 demo 发一次,直到它退出 —— uv run 在终端外
+    会把发给进程组的 SIGINT 再转发一次;收拾途中再来的信号不打断收拾,不然临时数据目录有一半的时候会留下来。"""
     env = {k: v for k, v in os.environ.items() if k not in ("LLM_API_KEY", "EVENTS_DB", "CHECKPOINTS_DB", "BIZ_DB")}
     proc = subprocess.Popen([sys.executable, "demo.py"], cwd=LAB, env={**env, "TMPDIR": str(tmp_path)}, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)

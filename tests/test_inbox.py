@@ -35,8 +35,8 @@ T1041_ITEM = ("T1041  [refund] 客户反映:同一笔账单被扣了两次\n    
 T1003_ITEM = "T1003  [other] 客户反映:谢谢小周老师的耐心帮助\n        草稿:您好,我们已经收到您的消息,相关同事会尽快查看并回复您。感谢您的耐心。\n"
 SORRY = "您好,非常抱歉给您添了麻烦。"  # 意见里要道歉时,重写的草稿这样开头
 def test_a_notice_about_a_long_ticket_shows_the_word_that_triggered_it_and_says_it_is_cut(lab):
-    """通知主管的待办原来只给工单的前 200 个字、不说截了:「律师」写在一长段日志后面时,通知说「工单提到『律师』」,
-    主管在下面却找不到它,又只能 ignore。现在前 200 个字之后再摘出那个词前后各 40 个字,说一共多少字。"""
+    """通知主管的待办给工单的前 200 个字,之后再摘出那个词前后各 40 个字,说一共多少字:只给前 200 个字、不说截了的话,
+    「律师」写在一长段日志后面时,通知说「工单提到『律师』」,主管在下面却找不到它,又只能 ignore。"""
     log = "日志" * 150
     body = f"导出报表失败,日志如下:{log}再不解决我们就找律师起诉你们"
     conn = store.connect(store.biz_target())
@@ -126,8 +126,8 @@ def test_several_respond_rounds_then_accept_sends_the_last_redraft(lab):
 
 
 def test_pii_in_respond_feedback_is_masked_before_it_is_stored_anywhere(any_lab):
-    """中间件笔记「脱敏在入口做」:意见进模型之前打码还不够。原来收件箱把原文当作 Command(resume=…) 交给 LangGraph,
-    它原样存进 checkpoint 的 writes(__resume__)、一直留着;打码要在交出去之前做。"""
+    """中间件笔记「脱敏在入口做」:意见进模型之前打码还不够。收件箱把意见当作 Command(resume=…) 交给 LangGraph
+    之前就打码:交出去的若是原文,LangGraph 会把它原样存进 checkpoint 的 writes(__resume__)、一直留着。"""
     queue("T1041")
     note = "客户留的电话 138-1234-5678,邮箱 caiwu.xie@example.com,身份证 110101199003071234,请提一下会回电"
     masked = "客户留的电话 138****5678,邮箱 c***@example.com,身份证 110101********1234,请提一下会回电"
@@ -168,13 +168,13 @@ def test_redraft_cap_is_refused_even_after_a_restart(any_lab):
 @pytest.mark.parametrize("before, after", [("3", "0"), ("0", "3")])
 def test_changing_the_redraft_cap_keeps_the_waiting_item_as_it_was_shown(lab, monkeypatch, before, after):
     """待办给人看到时允许不允许 respond,处理时就照那个来:MAX_REDRAFTS 后来改了,只管以后起草的待办。
-    以前 review 按新的上限重算,和收件箱事先核对的不一致:respond 在图里被拒,这个回答还被 LangGraph 和出错的
+    review 不按新的上限重算:那样会和收件箱事先核对的不一致,respond 在图里被拒,这个回答还被 LangGraph 和出错的
     review 绑在一起存下,下一次 respond 拿到的是这一次的旧意见。"""
     monkeypatch.setenv("MAX_REDRAFTS", before)
     queue("T1041")  # worker 在这个进程里起草:用的是当时的上限
     listing = inbox({**lab, "MAX_REDRAFTS": before}, "list").stdout
     env = {**lab, "MAX_REDRAFTS": after}
-    assert inbox(env, "list").stdout == listing  # 还是原来那条待办
+    assert inbox(env, "list").stdout == listing  # 上限改了,列出的还是同一条待办
     first = inbox(env, "respond", "T1041", "先道歉")
     if before == "0":  # 看到时就不允许 respond:拒绝,什么都没动
         assert (first.returncode, first.stdout) == (1, "")
@@ -261,7 +261,7 @@ def test_notify_item_only_allows_ignore(lab):
     (["restart"], "restart 需要工单号"),
     (["restart", "T1012", " "], "restart 的工单号不能是空的(第 2 个)"),
     (["restart", "T1012", "--all"], "不认识的选项:--all" + ONLY_HELP),
-    (["edit", "T1012", "--"], "edit 需要第三个参数:改好的回复全文(不能为空)"),  # 原来把「--」当回复发给了客户
+    (["edit", "T1012", "--"], "edit 需要第三个参数:改好的回复全文(不能为空)"),  # 不把「--」当回复发给客户
     (["accept", "--"], "accept 需要工单号"),
 ])
 def test_bad_command_line_prints_usage_and_exits_2_and_changes_nothing(lab, args, message):
@@ -304,8 +304,8 @@ NOT_UTF8 = "参数里有不是 UTF-8 的字节:终端的编码多半不是 UTF-8
     [b"\xb7\xa2\xcb\xcd", b"T1008"],  # 子命令「发送」的 GBK
 ])
 def test_arguments_that_are_not_utf8_are_refused_before_the_database_and_the_worker_sends_nothing(any_lab, args):
-    """原来 edit 报 UnicodeEncodeError、把事件交回 worker,下一次 worker 给客户发出一串「????」;respond 先把草稿
-    重写了才崩出 traceback。现在碰数据库之前就拒绝,说清多半是终端编码不对;之后 worker 跑一遍也什么都不发。"""
+    """碰数据库之前就拒绝,说清多半是终端编码不对;之后 worker 跑一遍也什么都不发。不然 edit 会报 UnicodeEncodeError、
+    把事件交回 worker,下一次 worker 给客户发出一串「????」;respond 会先把草稿重写了才崩出 traceback。"""
     queue("T1008")
     before = everything("T1008")
     refused_as_usage(inbox(any_lab, *args), NOT_UTF8)
@@ -367,8 +367,8 @@ def test_text_longer_than_the_limit_is_refused_with_its_length_and_nothing_is_se
 
 
 def test_a_respond_at_the_limit_that_grows_when_masked_is_refused_by_the_inbox_not_half_way(lab):
-    """2000 个字的意见里有一个 16 位卡号:打码后是 2003 个字,图的 review 会拒绝。原来收件箱按打码前的长度放行,
-    拿走待办、跑图,最后说「这次没有处理成」;现在一开始就说是打码后的长度,什么都不动。"""
+    """2000 个字的意见里有一个 16 位卡号:打码后是 2003 个字,图的 review 会拒绝。收件箱按打码后的长度核对,
+    一开始就说是打码后的长度,什么都不动;按打码前的长度放行的话,会拿走待办、跑图,最后说「这次没有处理成」。"""
     queue("T1012")
     before = everything("T1012")
     text = "您" * 1984 + "6222021234567890"
@@ -389,7 +389,7 @@ def test_text_exactly_at_the_limit_is_sent_whole(lab):
 
 
 @pytest.mark.parametrize("args, option", [
-    (["edit", "T1012", "--force"], "--force"),  # 原来把「--force」当回复发给了客户
+    (["edit", "T1012", "--force"], "--force"),  # 不把「--force」当回复发给客户
     (["respond", "T1012", "-v"], "-v"),
     (["accept", "-f"], "-f"),
     (["ignore", "--dry-run"], "--dry-run"),
@@ -397,8 +397,8 @@ def test_text_exactly_at_the_limit_is_sent_whole(lab):
     (["edit", "--force", "您好,已经退款"], "--force"),
     (["list", "--all"], "--all"),
     (["edit", "T1012", "-"], "-"),
-    (["edit", "T1012", "--reply=您好,发票已重开"], "--reply=您好,发票已重开"),  # 原来原样发给了客户
-    (["respond", "T1012", "--dry_run"], "--dry_run"),  # 原来当意见交给模型,写进了草稿
+    (["edit", "T1012", "--reply=您好,发票已重开"], "--reply=您好,发票已重开"),  # 不原样发给客户
+    (["respond", "T1012", "--dry_run"], "--dry_run"),  # 不当意见交给模型、写进草稿
     (["edit", "T1012", "--reply=您好 发票已重开"], "--reply=您好 发票已重开"),
 ])
 def test_an_option_in_the_ticket_or_text_position_is_refused_and_nothing_is_sent(lab, args, option):
@@ -420,7 +420,7 @@ def copy_ticket(source: str, *new_ids: str) -> None:
 
 def test_after_double_dash_a_ticket_id_starting_with_a_dash_is_handled_and_a_plain_one_too(lab):
     """webhook 收得下 -A7、--x9 这样的工单号(ticket_id 允许 A-Z a-z 0-9 _ -),worker 照常起草,list 也列出来;
-    原来收件箱一律说它们是「不认识的选项」,哪个命令都处理不了(-- 本身也被拒)。现在照 Unix 的老规矩写在 -- 后面。"""
+    收件箱照 Unix 的老规矩把它们写在 -- 后面就能处理,不一律说它们是「不认识的选项」、哪个命令都处理不了(-- 本身也不拒)。"""
     copy_ticket("T1012", "-A7", "--x9")
     queue("-A7", "--x9", "T1012")
     r = inbox(lab, "accept", "--", "-A7")
@@ -450,8 +450,8 @@ def test_restart_hint_for_a_ticket_id_starting_with_a_dash_puts_it_after_double_
 
 
 def test_control_characters_in_ticket_text_and_typed_ids_are_shown_escaped_not_sent_to_the_terminal(lab):
-    """客户邮件里的「\\x9b8m」(C1 的 CSI:把后面的字藏起来)原来原样打到终端上,主管在通知里正好看不见「我就找律师」;
-    命令行上敲错的工单号里的 ESC[2J(清屏)也原样回显。现在都写成 \\xNN。"""
+    """客户邮件里的「\\x9b8m」(C1 的 CSI:把后面的字藏起来)和命令行上敲错的工单号里的 ESC[2J(清屏)都写成 \\xNN,
+    不原样打到终端上:不然主管在通知里正好看不见「我就找律师」,敲错的工单号一回显就清了屏。"""
     conn = store.connect(store.biz_target())
     conn.execute("UPDATE tickets SET body = ? WHERE id = 'T1010'", ("再不退款\x9b8m我就找律师\x9b0m",))
     conn.close()
@@ -465,7 +465,7 @@ def test_control_characters_in_ticket_text_and_typed_ids_are_shown_escaped_not_s
 
 
 def test_a_full_width_ticket_id_gets_the_did_you_mean_hint(lab):
-    """中文输入法全角模式下敲的 Ｔ１０１２:原来只说「不在收件箱里(已经处理过……)」,好像这张已经处理过了。"""
+    """中文输入法全角模式下敲的 Ｔ１０１２:提示「是不是 T1012?」,不只说「不在收件箱里(已经处理过……)」,好像这张已经处理过了。"""
     queue("T1012")
     r = inbox(lab, "accept", "Ｔ１０１２")
     assert (r.returncode, r.stdout, r.stderr) == (
@@ -475,8 +475,8 @@ def test_a_full_width_ticket_id_gets_the_did_you_mean_hint(lab):
 
 @pytest.mark.parametrize("typed", ["T1012\u200b", "\ufeffT1012", "T10\u200d12 "])
 def test_a_ticket_id_copied_with_invisible_characters_is_the_ticket_it_looks_like(lab, typed):
-    """从聊天软件、网页、带 BOM 的文件里复制来的工单号夹着零宽字符:原来 list 刚列出 T1012,accept 却说
-    「T1012 不在收件箱里」,看上去一模一样,也没有「是不是」的提示。现在去掉这些看不见的字符,就是它看上去的那张。"""
+    """从聊天软件、网页、带 BOM 的文件里复制来的工单号夹着零宽字符:去掉这些看不见的字符,就是它看上去的那张。
+    不然 list 刚列出 T1012,accept 却说「T1012 不在收件箱里」,看上去一模一样,也没有「是不是」的提示。"""
     queue("T1012")
     r = inbox(lab, "accept", typed)
     assert (r.returncode, r.stdout, r.stderr) == (0, "T1012 → sent\n", "")
@@ -509,7 +509,7 @@ def test_feedback_that_merely_starts_with_a_dash_is_taken_as_feedback(lab):
 
 
 @pytest.mark.parametrize("args", [
-    ["accept", "--help"],  # 原来说「--help 不在收件箱里」
+    ["accept", "--help"],  # 不说「--help 不在收件箱里」
     ["edit", "T1012", "-h"],
     ["respond", "T1012", "--help"],
     ["edit", "--help", "您好,已经退款"],
@@ -526,8 +526,8 @@ def test_help_anywhere_on_the_command_line_prints_usage_and_touches_nothing(lab,
 
 @pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_ctrl_c_while_the_inbox_is_still_importing_says_one_line_and_touches_nothing(lab, sig, code):
-    """收件箱命令要 3–4 秒,大半是导入 LangGraph:人按 Ctrl-C 多半落在这几秒里,原来是一段 KeyboardInterrupt 的
-    traceback。一开头就装好处理函数(装好之后马上发信号,这时慢的导入才刚开始):一行、退出码 130,什么都没动。"""
+    """收件箱命令要 3–4 秒,大半是导入 LangGraph:人按 Ctrl-C 多半落在这几秒里。一开头就装好处理函数
+    (装好之后马上发信号,这时慢的导入才刚开始):一行、退出码 130,什么都没动,不是一段 KeyboardInterrupt 的 traceback。"""
     from test_worker import signal_while_importing
 
     queue("T1012")
@@ -540,8 +540,8 @@ def test_ctrl_c_while_the_inbox_is_still_importing_says_one_line_and_touches_not
 
 
 def test_ctrl_c_after_accept_took_the_item_puts_it_back_in_the_inbox(lab, monkeypatch, capsys):
-    """accept 已经把待办拿走、还在核对「你看到的是不是这一版」时按了 Ctrl-C:原来是 traceback,事件留在 processing,
-    要等下一次 list 更正。现在原样放回收件箱,一行说明;再 accept 照常发出。"""
+    """accept 已经把待办拿走、还在核对「你看到的是不是这一版」时按了 Ctrl-C:原样放回收件箱,一行说明;再 accept 照常发出。
+    不是 traceback、把事件留在 processing、要等下一次 list 更正。"""
     queue("T1012")
     before = everything("T1012")
     capsys.readouterr()
@@ -561,9 +561,9 @@ def test_ctrl_c_after_accept_took_the_item_puts_it_back_in_the_inbox(lab, monkey
 
 
 def test_a_checkpoint_db_that_is_not_the_workers_leaves_every_item_alone_and_says_so(lab, tmp_path):
-    """CHECKPOINTS_DB 指到了别的文件(worker 起草时用的不是它):原来 list 把收件箱里每一条都当成「上次处理中途中断」
-    改成 pending,worker 接着在错的库里把每一条重新起草一遍(每条多调一次模型,人看过的草稿也换了)。现在一条都不动:
-    一行说明、退出码 1;处理其中一条也是一样。改回来之后照常。"""
+    """CHECKPOINTS_DB 指到了别的文件(worker 起草时用的不是它):一条都不动:一行说明、退出码 1;
+    处理其中一条也是一样。改回来之后照常。list 不把收件箱里每一条都当成「上次处理中途中断」改成 pending:那样 worker
+    接着会在错的库里把每一条重新起草一遍(每条多调一次模型,人看过的草稿也换了)。"""
     queue("T1012", "T1041")
     before = everything("T1012")
     wrong = tmp_path / "other-checkpoints.db"
@@ -606,9 +606,9 @@ RESTARTED = "{} 已交回 worker 从头起草(checkpoint 库里找不到它,work
 
 
 def test_restart_hands_items_whose_checkpoints_were_lost_to_the_worker_which_drafts_them_again(any_lab):
-    """checkpoint 库真的丢了(删掉了 checkpoints.db,或者清空了 PostgreSQL 的 checkpoint 表):原来这些待办哪个命令
-    都处理不了,list 每次都说一遍「多半指错了库」,只能手改事件表。现在那一行给出 restart 命令;restart 之后事件回到
-    队列、尝试次数从 0 算,worker 当新工单从头起草(再调一次模型),待办回到收件箱,照常能处理。"""
+    """checkpoint 库真的丢了(删掉了 checkpoints.db,或者清空了 PostgreSQL 的 checkpoint 表):list 那一行给出
+    restart 命令;restart 之后事件回到队列、尝试次数从 0 算,worker 当新工单从头起草(再调一次模型),待办回到收件箱,
+    照常能处理。没有 restart 的话这些待办哪个命令都处理不了,list 每次都说一遍「多半指错了库」,只能手改事件表。"""
     queue("T1012", "T1041")
     lose_checkpoints(any_lab)
     r = inbox(any_lab, "list")
@@ -674,7 +674,7 @@ def test_restart_of_an_item_another_restart_just_handed_back_says_so_and_queues_
 
 @pytest.mark.parametrize("unbuffered", ["", "1"], ids=["buffered", "unbuffered"])
 def test_list_into_a_pipe_that_is_already_closed_exits_141_quietly_and_records_no_draft_as_seen(lab, unbuffered):
-    """inbox.py list | head -2,收件箱里有 30 条:原来 head 走了之后是一段英文的 BrokenPipeError traceback。
+    """inbox.py list | head -2,收件箱里有 30 条:head 走了之后不该是一段英文的 BrokenPipeError traceback。
     这里让看输出的一方一开始就走掉(管道的读端先关了),每次都一样:退出码 141,stderr 什么都没有;
     没送到人眼前的草稿不记成「看过了」,别的什么都不动。两种输出方式都试:平常(有缓冲,最后一块要到 flush 时
     才写出去、才发现管道断了)和 PYTHONUNBUFFERED=1(Docker、CI 里常设,每个 print 马上就撞上):
@@ -699,7 +699,7 @@ def test_list_into_a_pipe_that_is_already_closed_exits_141_quietly_and_records_n
 
 
 def test_a_multi_line_redraft_is_printed_with_its_later_lines_indented_like_list(lab):
-    """真模型重写的草稿常分几行:原来第二行起顶格打印,和下一行输出分不清哪些是草稿。现在和 list 一样缩进。"""
+    """真模型重写的草稿常分几行:第二行起和 list 一样缩进。顶格打印的话,和下一行输出分不清哪些是草稿。"""
     queue("T1012")  # 第一版是离线模型写的
     with OpenAIStub() as stub:
         stub.multiline = True
@@ -720,7 +720,7 @@ def test_a_multi_line_redraft_is_printed_with_its_later_lines_indented_like_list
     ("LLM_DEADLINE_S", "inf", "配置错误:LLM_DEADLINE_S='inf' 不是数字"),
     ("LLM_PRIMARY_SHARE", "1.5", "配置错误:LLM_PRIMARY_SHARE='1.5' 不能大于 1"),  # 没配备用模型也照样查
     ("LLM_EXTRA_BODY", '"str"', '配置错误:LLM_EXTRA_BODY 应该是 JSON 对象({…}):"str"'),
-    # 原来重写时才出错:「处理失败(UnicodeEncodeError…),已交回 worker 续跑」,worker 那边也一样失败
+    # 拿走待办之前就拦下:不然要到重写时才出错:「处理失败(UnicodeEncodeError…),已交回 worker 续跑」,worker 那边也一样失败
     ("LLM_API_KEY", "sk-abc１２３", "配置错误:LLM_API_KEY 的第 7 个字符不是英文半角的字母、数字或符号(全角字符、空格或换行?):"
                                     "API key 里只有这些;重新从模型服务的控制台复制一遍"),
 ])
@@ -765,7 +765,7 @@ def test_a_handed_back_respond_is_redrafted_by_a_worker_with_a_lower_text_limit(
 
 
 def test_respond_whose_redraft_is_refused_for_the_api_key_says_the_worker_retries_not_requeue_dead(lab):
-    """key 错了:事件交回 worker(pending),修好 key 后 worker 自己会再试。原来括号里叫人运行 --requeue-dead:
+    """key 错了:事件交回 worker(pending),修好 key 后 worker 自己会再试。括号里不叫人运行 --requeue-dead:
     那个命令只放回死信,对这个事件什么都不做,不给事件号时还把别的死信都放回队列。"""
     queue("T1012", "T9999")
     with OpenAIStub() as stub:
@@ -782,9 +782,10 @@ def test_respond_whose_redraft_is_refused_for_the_api_key_says_the_worker_retrie
 
 
 def test_respond_whose_redraft_the_model_rejects_as_invalid_goes_dead_with_the_feedback_kept(lab):
-    """重写时模型说请求不对(400):重试也不会好。原来交回 worker、说「修好后它会自动再试,不用放回」,worker 却原样
-    再发一次、进了死信,叫人运行 --requeue-dead。现在直接进死信、说清怎么放回;意见记在 checkpoint 里,放回后带着它重写。
-    放回的命令带着这个事件号:原来是不带事件号的 --requeue-dead,照着敲会把别的死信(这里是工单不存在的 T9999)也都放回去。"""
+    """重写时模型说请求不对(400):重试也不会好。直接进死信、说清怎么放回;意见记在 checkpoint 里,
+    放回后带着它重写。不交回 worker、不说「修好后它会自动再试,不用放回」:worker 会原样再发一次、进了死信,叫人运行
+    --requeue-dead。放回的命令带着这个事件号:不带事件号的 --requeue-dead,照着敲会把别的死信(这里是工单不存在的 T9999)
+    也都放回去。"""
     queue("T1012", "T9999")
     with OpenAIStub() as stub:
         stub.fail["stub-model"] = (400, "invalid_request_error")
@@ -831,7 +832,7 @@ def test_a_decision_the_checkpoint_store_cannot_save_leaves_the_item_in_the_inbo
 
 def test_an_accept_that_finished_although_one_checkpoint_write_failed_says_sent_not_handed_back(lab):
     """只有 writes 表写不进去(review 那一步的结果),下一个 checkpoint 照样写下了:图其实走完了,回复进了发件箱。
-    原来说「处理失败,已交回 worker 续跑」、事件改成 pending;现在按 checkpoint 说 sent,事件是 done,只有一行回复。"""
+    按 checkpoint 说 sent,事件是 done,只有一行回复;不说「处理失败,已交回 worker 续跑」、不把事件改成 pending。"""
     queue("T1012")
     conn = sqlite3.connect(store.checkpoints_db())
     conn.execute("CREATE TRIGGER broken BEFORE INSERT ON writes BEGIN SELECT RAISE(ABORT, '磁盘写满了(测试制造的故障)'); END")
@@ -881,8 +882,8 @@ def test_unknown_or_finished_ticket_is_not_in_the_inbox(lab):
 
 
 def test_a_ticket_whose_event_is_dead_is_refused_with_the_reason_and_the_requeue_command(any_lab):
-    """T9999 的事件进了死信:原来说「不在收件箱里(已经处理过,或者还没轮到 worker)」,人以为再等等就好。
-    现在说在死信队列里、为什么(last_error 的第一行)、怎么放回队列;退出码 1,什么都不动。"""
+    """T9999 的事件进了死信:说在死信队列里、为什么(last_error 的第一行)、怎么放回队列;退出码 1,什么都不动。
+    不说「不在收件箱里(已经处理过,或者还没轮到 worker)」,那样人以为再等等就好。"""
     queue("T9999", "T1012")
     before = everything("T9999")
     r = inbox(any_lab, "accept", "T9999")
@@ -980,9 +981,9 @@ def test_a_correction_based_on_a_stale_read_does_not_overwrite_what_another_proc
 
 
 def test_an_orphaned_second_event_for_a_ticket_already_in_the_inbox_is_done_not_a_second_item(any_lab):
-    """上游换了个 event_id 又通知了一次,领它的 worker 中途没了(thread 早就停在收件箱):原来 list 把它也改成
-    waiting_human,同一张工单在收件箱里列两遍、日报多算一条,accept 之后下一次 list 又说它「上次处理中途中断」。
-    现在和 worker 处理它时一样记成 done,收件箱里只有一条。"""
+    """上游换了个 event_id 又通知了一次,领它的 worker 中途没了(thread 早就停在收件箱):list 和 worker 处理它时
+    一样把它记成 done,收件箱里只有一条。也改成 waiting_human 的话,同一张工单在收件箱里列两遍、日报多算一条,
+    accept 之后下一次 list 又说它「上次处理中途中断」。"""
     queue("T1012")
     payload = json.dumps({"id": "evt_T1012_again", "type": "ticket.updated", "data": {"ticket_id": "T1012"}})
     assert store.add_event("evt_T1012_again", "webhook", "ticket.updated", payload)
@@ -1025,8 +1026,8 @@ def test_inbox_killed_after_the_decision_is_saved_is_finished_by_the_worker_not_
 def test_a_decision_left_by_a_killed_inbox_is_sent_by_the_worker_even_when_the_draft_used_every_attempt(any_lab,
                                                                                                     capsys):
     """起草用满了 MAX_ATTEMPTS(默认 3)次的事件,人 accept 了、决定写下了,收件箱命令随后被杀;先发现的是常驻 worker
-    (不是 list)。原来 worker 把它当成「每次都让 worker 崩溃」的事件:第 4 次 → dead,人批准的回复发不出去、还怪到
-    worker 头上。现在收件箱命令拿走的事件交回时 worker 的尝试次数从头算,worker 接着发,只发一封。"""
+    (不是 list)。收件箱命令拿走的事件交回时 worker 的尝试次数从头算,worker 接着发,只发一封。不从头算的话,worker
+    把它当成「每次都让 worker 崩溃」的事件:第 4 次 → dead,人批准的回复发不出去、还怪到 worker 头上。"""
     queue("T1012")
     conn = store.connect()
     conn.execute("UPDATE events SET attempts = 3")  # 前两次起草失败,第 3 次才成
@@ -1045,9 +1046,9 @@ def test_a_decision_left_by_a_killed_inbox_is_sent_by_the_worker_even_when_the_d
 
 def test_list_hands_a_dead_workers_event_back_with_the_crash_mark_so_a_crash_loop_still_ends(lab, capsys):
     """worker 起草到一半被杀(MAX_ATTEMPTS=1,这是它最后一次),事件停在 processing。先来的是 inbox.py list:
-    它按 checkpoint 把事件交回 worker。原来它清空了 last_error,「上次是进程没了」的标记没了,worker 照常再起草一遍、
-    再调一次模型 —— 每次都让 worker 崩溃的事件,每 list 一次就多转一圈。现在和 worker 自己放回时一样记上标记,
-    worker 领到时直接进死信,不调模型。"""
+    它按 checkpoint 把事件交回 worker,和 worker 自己放回时一样在 last_error 记上「上次是进程没了」的标记,
+    worker 领到时直接进死信,不调模型。清空 last_error 的话标记就没了,worker 照常再起草一遍、再调一次模型 ——
+    每次都让 worker 崩溃的事件,每 list 一次就多转一圈。"""
     env = {**lab, "MAX_ATTEMPTS": "1"}
     payload = json.dumps({"id": "evt_T1012_created", "type": "ticket.created", "data": {"ticket_id": "T1012"}})
     store.add_event("evt_T1012_created", "webhook", "ticket.created", payload)
@@ -1066,11 +1067,11 @@ def test_list_hands_a_dead_workers_event_back_with_the_crash_mark_so_a_crash_loo
 
 @pytest.mark.parametrize("again_and_again", [False, True], ids=["once", "again-and-again"])
 def test_ctrl_c_while_respond_waits_for_the_redraft_hands_it_to_the_worker_in_one_line(lab, again_and_again):
-    """respond 正在等模型重写,人等不及按了 Ctrl-C。原来带着 traceback 退出,事件留在 processing,之后被 worker 当成
-    崩溃放回(起草用满了次数的就进死信)。现在意见已经写下:一行说明、退出码 1,事件交回 worker(尝试次数从头算),
-    worker 照意见重写,新草稿回到收件箱。
-    人连按几下(或者 uv run 把发给进程组的 SIGINT 再转发一次):原来第二下打断了交回,一行「已中断(Ctrl-C)」、
-    进程被信号结束,事件留在 processing;现在第一下之后的都不理,结果和按一下一样。"""
+    """respond 正在等模型重写,人等不及按了 Ctrl-C。意见已经写下:一行说明、退出码 1,事件交回 worker(尝试次数从头算),
+    worker 照意见重写,新草稿回到收件箱。不带着 traceback 退出、把事件留在 processing:那样之后被 worker 当成
+    崩溃放回(起草用满了次数的就进死信)。
+    人连按几下(或者 uv run 把发给进程组的 SIGINT 再转发一次):第一下之后的都不理,结果和按一下一样。不然第二下
+    会打断交回,一行「已中断(Ctrl-C)」、进程被信号结束,事件留在 processing。"""
     from test_worker import signal_until_it_exits
 
     queue("T1012")
@@ -1100,9 +1101,9 @@ def test_ctrl_c_while_respond_waits_for_the_redraft_hands_it_to_the_worker_in_on
 
 
 def test_respond_started_with_ctrl_c_ignored_like_a_background_job_still_ignores_it_and_prints_the_new_draft(lab):
-    """脚本里 `uv run python inbox.py respond T1012 "先道歉" &`:shell 让后台的程序不理 SIGINT。原来收件箱导入时装了
-    自己的处理函数,把「不理」盖掉了:导入途中的 Ctrl-C 让它什么都没做就退出(退出码 130),等重写时的让它把事件交回。
-    现在照旧不理:导入时、等模型时各收到几次 SIGINT,照常打印新草稿,待办回到收件箱。"""
+    """脚本里 `uv run python inbox.py respond T1012 "先道歉" &`:shell 让后台的程序不理 SIGINT。收件箱保留这个
+    「不理」:导入时、等模型时各收到几次 SIGINT,照常打印新草稿,待办回到收件箱。导入时装上自己的处理函数的话,
+    「不理」就被盖掉了:导入途中的 Ctrl-C 让它什么都没做就退出(退出码 130),等重写时的让它把事件交回。"""
     queue("T1012")
     draft = T1012_ITEM.splitlines()[1].removeprefix("        草稿:").replace("您好,", SORRY)
     with OpenAIStub(delay=2) as stub:
@@ -1276,8 +1277,8 @@ def report_still_counts_from(entered: dict[str, str], env: dict) -> None:
 
 def test_respond_and_a_refused_accept_leave_the_waiting_time_in_the_daily_report_where_it_was(any_lab):
     """T1041 进收件箱 50 小时、T1012 30 小时。乙 respond T1041、甲的 accept 因为草稿变了没发出:T1041 还在收件箱里,
-    客户还在等,日报的「等得最久」还是它、还是 50 小时(课文的 respond 不碰事件表)。原来两次都把时间改成了现在,
-    日报说等得最久的是 T1012。"""
+    客户还在等,日报的「等得最久」还是它、还是 50 小时(课文的 respond 不碰事件表)。两次都把时间改成命令运行的
+    那一刻的话,日报会说等得最久的是 T1012。"""
     jia, yi = {**any_lab, "INBOX_USER": "甲"}, {**any_lab, "INBOX_USER": "乙"}
     queue("T1041", "T1012")
     entered = entered_inbox_hours_ago(T1041=50, T1012=30)
@@ -1292,8 +1293,8 @@ def test_respond_and_a_refused_accept_leave_the_waiting_time_in_the_daily_report
 
 def test_a_respond_the_worker_has_to_finish_keeps_the_waiting_time_in_the_daily_report(any_lab):
     """T1041 进收件箱 50 小时了。乙 respond 时模型连不上:交回 worker,worker 重写完又放回收件箱。客户一直在等,
-    日报的「等得最久」还是 T1041、还是 50 小时。原来 worker 放回收件箱时把时间改成了现在,日报说它只等了 0 小时,
-    超过 24 小时的提醒也没了。"""
+    日报的「等得最久」还是 T1041、还是 50 小时。worker 放回收件箱时不改时间:改成放回的那一刻的话,
+    日报会说它只等了 0 小时,超过 24 小时的提醒也没了。"""
     yi = {**any_lab, "INBOX_USER": "乙"}
     queue("T1041", "T1012")
     entered = entered_inbox_hours_ago(T1041=50, T1012=30)
@@ -1345,9 +1346,9 @@ def test_a_redraft_that_lands_just_before_your_accept_takes_the_item_is_not_sent
 
 def test_a_respond_that_loses_the_last_rewrite_to_another_is_refused_and_its_feedback_is_not_lost_silently(
         lab, monkeypatch, capsys):
-    """MAX_REDRAFTS=1:甲的 respond 核对时还能重写一次,正要拿走待办的那一刻乙的 respond 用掉了这一次。原来甲照样把意见
-    交给图,图拒了(list 里多出一句「上一个回答不能用…」),甲却看到「已按意见重写」、退出码 0,甲的意见就这么没了。
-    现在拿到手之后再核对:说到上限了,退出码 1,待办原样放回收件箱,里面是乙的那一版。"""
+    """MAX_REDRAFTS=1:甲的 respond 核对时还能重写一次,正要拿走待办的那一刻乙的 respond 用掉了这一次。拿到手之后再核对:
+    说到上限了,退出码 1,待办原样放回收件箱,里面是乙的那一版。只在拿到手之前核对的话,甲照样把意见交给图,图拒了(list 里
+    多出一句「上一个回答不能用…」),甲却看到「已按意见重写」、退出码 0,甲的意见就这么没了。"""
     monkeypatch.setenv("MAX_REDRAFTS", "1")
     queue("T1041")
     real_take = store_inbox.take_for_review
@@ -1460,8 +1461,8 @@ def test_an_ignore_that_cannot_be_recorded_is_handed_to_the_worker_and_nothing_i
 
 def test_an_ignore_that_failed_to_be_recorded_is_carried_out_by_the_worker_and_not_replaced_later(lab):
     """上一条之后:故障修好,worker 把人已经做的 ignore 做完(记一笔,不发信);之后再 accept 被拒,什么都不发。
-    原来 ignore 在 review 里 interrupt() 之后记账:记账失败时 LangGraph 把这次的回答和出错的 review 绑在一起存下,
-    待办回到收件箱,人再 accept,打印的却是 T1012 → ignored,回复没有发出。"""
+    ignore 在 ignore 节点里记账,不在 review 里 interrupt() 之后记:那样记账失败时 LangGraph 把这次的回答和出错的
+    review 绑在一起存下,待办回到收件箱,人再 accept,打印的却是 T1012 → ignored,回复没有发出。"""
     queue("T1012")
     refuse_review_log(True)
     assert inbox(lab, "ignore", "T1012").returncode == 1
@@ -1493,7 +1494,7 @@ def test_a_ticket_whose_event_is_still_with_the_worker_is_refused_as_busy_and_le
 
 def test_an_item_another_inbox_command_finished_in_between_is_refused_and_not_listed(any_lab, monkeypatch, capsys):
     """这个命令查完收件箱、还没读 checkpoint 时,另一个收件箱命令把同一条待办整个处理完了(发出、事件改成 done):
-    原来 accept 和 list 都是 IndexError 的 traceback。现在 accept 说清楚、退出码 1,什么都不再做;list 不列它。"""
+    accept 说清楚、退出码 1,什么都不再做;list 不列它。两个都不是 IndexError 的 traceback。"""
     from langgraph.types import Command
 
     queue("T1012", "T1041")
