@@ -37,9 +37,9 @@ import worker_owner  # noqa: E402
 from agent_run import FINISHED, finished_status, interrupted_status  # noqa: E402
 from agent_run import check_settings as graph_settings  # noqa: E402
 from agent_saver import known_new, open_saver  # noqa: E402
-# agent.py(open_graph、thread_of、PermanentError)到领到第一个事件时才导入(Worker.graph):导入 LangGraph 的图要半秒多,
-# crontab 每分钟跑一次的 worker.py --once 多半遇上空队列,用不上它
 from llm_pii import mask_pii  # noqa: E402
+# agent.py(open_graph、thread_of、PermanentError)到领到第一个事件时才导入(worker_pool.WorkerBase.graph):
+# 导入 LangGraph 的图要半秒多,crontab 每分钟跑一次的 worker.py --once 多半遇上空队列,用不上它
 
 
 CLAIM_TRIES = 5             # 次;撞上别人刚领了同一张工单的事件时再挑几次,之后等下一轮
@@ -193,22 +193,7 @@ class Worker(worker_pool.WorkerBase):
         self._requeue_lock = threading.Lock()
         self._requeued_at = -math.inf
         store.init()
-        self.saver, self.conn = open_saver()  # agent.open_graph 的前一半;图在 graph 里,用到时才建
-        self._graph, self._graph_lock = None, threading.Lock()
-
-    @property
-    def graph(self):
-        """agent.py 的图,第一次用到(领到第一个事件)时才导入、编译;几个处理线程同时来时只编一次。"""
-        with self._graph_lock:
-            if self._graph is None:
-                from agent import builder
-
-                self._graph = builder.compile(checkpointer=self.saver)
-            return self._graph
-
-    @graph.setter
-    def graph(self, graph) -> None:  # bench/worker.py 换上装了计时的图
-        self._graph = graph
+        self.saver, self.conn = open_saver()  # agent.open_graph 的前一半;图用到时才建(WorkerBase.graph)
 
     def requeue(self, *, unless_recent: bool = False) -> None:
         """放回卡住的事件。处理线程每领一个事件前都来问一次(unless_recent):上次查过还不到 POLL_SECONDS 就不查,

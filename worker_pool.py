@@ -1,6 +1,7 @@
 """worker.py 的并发、停止信号和交回事件:一个 worker 开几个处理线程同时等模型(WORKER_CONCURRENCY),
 Ctrl-C / SIGTERM 做完手上的再退、第二次 Ctrl-C 立即退出并把手上的事件交回队列(不算一次失败),
-数据库出错时这一轮停下、交回没来得及改状态的事件,以及 checkpoint 什么时候写(CHECKPOINT_DURABILITY)。
+数据库出错时这一轮停下、交回没来得及改状态的事件,以及 checkpoint 什么时候写(CHECKPOINT_DURABILITY);
+还有图到领到第一个事件时才建(graph):队列空着的 worker.py --once 不导入 LangGraph 的图。
 课文的 worker 是一个线程的死循环,被杀掉的事件只能等 requeue_stale 按时间放回;这里常驻的 worker 要在 systemd、
 容器和终端里都能干净地停下。"""
 import itertools
@@ -52,6 +53,22 @@ class WorkerBase:
         self._wake = queue.SimpleQueue()        # 空闲时在它上面等;put() 可重入,信号处理函数里可以用
         self.in_hand: set[str] = set()
         self.round_failed = False  # 这一轮有个处理线程碰上数据库出错:别的线程做完手上的就停,不再领新的
+        self._graph, self._graph_lock = None, threading.Lock()
+
+    @property
+    def graph(self):
+        """agent.py 的图,第一次用到(领到第一个事件)时才导入、编译,用 Worker 开好的 saver:导入图要半秒多,
+        crontab 每分钟跑一次的 worker.py --once 多半遇上空队列;几个处理线程同时来时只编一次。"""
+        with self._graph_lock:
+            if self._graph is None:
+                from agent import builder
+
+                self._graph = builder.compile(checkpointer=self.saver)
+            return self._graph
+
+    @graph.setter
+    def graph(self, graph) -> None:  # bench/worker.py 换上装了计时的图
+        self._graph = graph
 
     def close(self) -> None:
         self.conn.close()
