@@ -5,7 +5,7 @@
     uv run python bench/startup.py --rounds 3 # 冒烟
 
 你会看到一张表:每个命令的中位数(秒)、比 `python -c pass` 多出的时间、是「只导入 LangGraph 的 SQLite saver」的几倍、
-目标和 ✓/✗。两个基线在同一次运行里量:`python -c pass` 是 Python 自己启动的时间,`python -c "import
+目标和 ✓/✗(没达到也是退出码 0:量成了;某个命令失败才是 1,带着它的输出)。两个基线在同一次运行里量:`python -c pass` 是 Python 自己启动的时间,`python -c "import
 langgraph.checkpoint.sqlite"` 是读 checkpoint 起码要导入的东西。每一轮把各个命令轮着跑一遍(机器忙闲的变化均摊到
 每个命令上),每次都在一份新拷贝的实验环境里跑(accept 之后待办就没了)。模型是离线的,不设 LLM_API_KEY。
 """
@@ -71,16 +71,15 @@ def main() -> int:
                 shutil.rmtree(folder)
     bare = common.median(times[COMMANDS[0][0]])
     saver = common.median(times[COMMANDS[1][0]])
-    rows, all_ok = [], True
+    rows = []
     for name, _, target in COMMANDS:
         took = common.median(times[name])
         ok = target is None or took <= target
-        all_ok &= ok
         rows.append([name, took, took - bare, took / saver, "基线" if target is None else f"≤ {target:g} 秒",
                      "" if target is None else common.mark(ok)])
     common.table(["命令", "中位数(秒)", "减去 python -c pass", "÷ 导入 saver", "目标", ""], rows)
     print(f"{args.rounds} 轮;每轮各命令轮着跑一次,每次一份新拷贝的实验环境")
-    return 0 if all_ok else 1
+    return 0
 
 
 if __name__ == "__main__":
