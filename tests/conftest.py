@@ -134,6 +134,15 @@ def cli(args: list[str], env: dict, input: str | None = None) -> subprocess.Comp
 # 在 python -c 里接着这一句写:像 python <脚本> 或 python -m <模块> 一样运行 -c 后面的第一个参数(先在 -c 里改点什么)
 RUN_AS_MAIN = ("sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__') if sys.argv[0].endswith('.py') "
                "else runpy.run_module(sys.argv[0], run_name='__main__', alter_sys=True)")
+
+
+def imported_at_exit(*modules: str) -> list[str]:
+    """接在 run() 的 ["-c", …, 脚本, 参数…] 里:像 RUN_AS_MAIN 一样跑脚本,进程退出时在标准输出上多印一行:
+    modules 里哪些导入过了(照给的顺序)。查命令有没有导入用不上的重东西(LangGraph 的图、openai)。"""
+    return ["-c", f"import atexit, runpy, sys; atexit.register(lambda: print([m for m in {modules!r} if m in sys.modules])); "
+            + RUN_AS_MAIN]
+
+
 # 磁盘满了:这个进程一个字节都写不进任何文件(RLIMIT_FSIZE = 0;SIGXFSZ 不理,write() 就返回 EFBIG,SQLite 说 disk I/O
 # error)。软限制而已,测试可以用 resource.prlimit 给它放开,像腾出了空间。以 root 跑也拦得住,不用挂一个小文件系统。
 # 标准输出、标准错误要是管道(run()、Popen(stdout=PIPE)):写进文件的话,连说明也写不出来

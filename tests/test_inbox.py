@@ -10,8 +10,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from conftest import (LAB, checkpoint_bytes, cli, cut_at, dead_owner, die_at, die_before_checkpoint, drain, free_port, rows, run,
-                      write_locked)
+from conftest import (LAB, checkpoint_bytes, cli, cut_at, dead_owner, die_at, die_before_checkpoint, drain, free_port,
+                      imported_at_exit, rows, run, write_locked)
 from openai_stub import OpenAIStub
 
 import inbox as inbox_mod
@@ -72,6 +72,17 @@ def inbox(env, *args, **kw) -> subprocess.CompletedProcess:
 def state(ticket_id: str) -> dict:
     with opened_graph() as graph:
         return graph.get_state(thread_of(ticket_id)).values
+
+
+def test_list_accept_edit_and_ignore_do_not_import_the_model_client(lab):
+    """list、accept、edit、ignore 不调模型,也就不导入 openai 和 langchain-openai(要半秒多);respond 重写草稿时才导入。"""
+    queue("T1012", "T1041", "T1003")
+    model = imported_at_exit("openai", "langchain_openai")
+    assert run([*model, "inbox.py", "list"], lab).stdout == T1012_ITEM + T1041_ITEM + T1003_ITEM + "[]\n"
+    for args, out in ((["accept", "T1012"], "T1012 → sent"), (["edit", "T1041", "您好,已为您处理。"], "T1041 → sent"),
+                      (["ignore", "T1003"], "T1003 → ignored")):
+        r = run([*model, "inbox.py", *args], lab)
+        assert (r.returncode, r.stdout, r.stderr) == (0, f"{out}\n[]\n", "")
 
 
 def test_four_decisions_end_as_in_the_lesson(any_lab):

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from conftest import (FULL_DISK, LAB, cli, cut_at, cut_connections, dead_owner, die_before_checkpoint, drain,
-                      read_write_role, rows, tcp_proxy, write_locked)
+                      imported_at_exit, read_write_role, rows, run, tcp_proxy, write_locked)
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from openai_stub import OpenAIStub
 
@@ -1931,3 +1931,15 @@ def test_worker_once_on_a_write_locked_database_says_so_in_one_line_exits_1_and_
     assert events() == [("evt_T1012_created", "pending", 0)]
     r = cli(["worker.py", "--once"], lab)
     assert (r.returncode, r.stdout) == (0, "evt_T1012_created → waiting_human\n")
+
+
+
+def test_worker_once_on_an_empty_queue_imports_neither_the_graph_nor_the_model_client(lab):
+    """队列空着的 worker.py --once(crontab 每分钟跑一次)不导入 agent.py 的图和模型的库(导入它们要一秒多);
+    领到事件时才导入图,要起草时才导入模型的库(离线模型不导入 openai)。"""
+    heavy = imported_at_exit("agent", "langgraph.graph", "openai", "langchain_openai")
+    r = run([*heavy, "worker.py", "--once"], lab)
+    assert (r.returncode, r.stdout, r.stderr) == (0, "[]\n", "")
+    add("T1012")
+    r = run([*heavy, "worker.py", "--once"], lab)
+    assert (r.returncode, r.stdout) == (0, "evt_T1012_created → waiting_human\n['agent', 'langgraph.graph']\n"), r.stderr
