@@ -145,9 +145,12 @@ def imported_at_exit(*modules: str) -> list[str]:
 
 # 磁盘满了:这个进程一个字节都写不进任何文件(RLIMIT_FSIZE = 0;SIGXFSZ 不理,write() 就返回 EFBIG,SQLite 说 disk I/O
 # error)。软限制而已,测试可以用 resource.prlimit 给它放开,像腾出了空间。以 root 跑也拦得住,不用挂一个小文件系统。
-# 标准输出、标准错误要是管道(run()、Popen(stdout=PIPE)):写进文件的话,连说明也写不出来
-FULL_DISK = ["-c", "import resource, runpy, signal, sys; signal.signal(signal.SIGXFSZ, signal.SIG_IGN); "
-             "resource.setrlimit(resource.RLIMIT_FSIZE, (0, resource.RLIM_INFINITY)); " + RUN_AS_MAIN]
+# 标准输出、标准错误要是管道(run()、Popen(stdout=PIPE)):写进文件的话,连说明也写不出来。
+# 程序走完、Python 退出时(程序自己的 atexit 都跑过了)再放开:coverage.py 量子进程时要在最后写下它的数据文件
+FULL_DISK = ["-c", "import atexit, resource, runpy, signal, sys; signal.signal(signal.SIGXFSZ, signal.SIG_IGN); "
+             "resource.setrlimit(resource.RLIMIT_FSIZE, (0, resource.RLIM_INFINITY)); "
+             "atexit.register(resource.setrlimit, resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY,) * 2); "
+             + RUN_AS_MAIN]
 
 
 def refused_startup(r: subprocess.CompletedProcess, message: str) -> tuple:
