@@ -244,6 +244,7 @@ class Worker(worker_pool.WorkerBase):
         return done
 
     def run(self) -> None:
+        self.graph  # noqa: B018 —— 常驻的 worker 先建好图再领事件:不让领到的事件等着导入 LangGraph(被杀在这时就白算一次尝试)
         troubled = False  # 上一轮数据库出过错:可能有事件没来得及改状态,或者领到了却没收到回答
         while not self.stopping:
             try:
