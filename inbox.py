@@ -7,6 +7,7 @@
     uv run python inbox.py respond T1012 "语气再软一点,先道歉"   # 提意见,让 Agent 重写(会再调一次模型)
     uv run python inbox.py ignore  T1012                      # 不回(别名 reject)
     uv run python inbox.py restart T1012 [T1041 ...]          # checkpoint 库丢了的待办:交回 worker 从头起草(会再调一次模型)
+    uv run python inbox.py show    T1041 [--json]             # 一张工单的经过:事件、模型调用、草稿和意见、决定、发件箱
 
 你会看到:list 每条待办两行(工单号 + [类别] 概括,下一行是草稿);没有待办时一行「收件箱是空的」。处理后一行结果,
 例如 T1012 → sent;respond 之后是「已按意见重写,新草稿: …」,待办留在收件箱里。做不了时说明原因,退出码 1;
@@ -15,7 +16,7 @@
 这个文件按课文的顺序:waiting()、main()、list、四种回答、resume()(graph.invoke(Command(resume=…)) 就在这里),
 然后是练习 4、练习 5。课文之外的部分在旁边:inbox_take.py(拿到待办、两个命令抢同一条、出错时放回)、
 inbox_repair.py(上次做到一半的残局、restart)、inbox_seen.py(几个人共用时只发看过的那一版)、
-inbox_args.py(命令行参数检查)、inbox_show.py(终端上安全地显示)。
+inbox_args.py(命令行参数检查)、inbox_show.py(终端上安全地显示)、inbox_story.py(show:一张工单的经过)。
 """
 import sys
 
@@ -30,6 +31,7 @@ import inbox_args  # noqa: E402
 import inbox_repair  # noqa: E402
 import inbox_seen  # noqa: E402
 import inbox_show  # noqa: E402
+import inbox_story  # noqa: E402
 import inbox_take  # noqa: E402
 import store  # noqa: E402
 import store_errors  # noqa: E402
@@ -67,8 +69,11 @@ def main(argv: list[str] | None = None) -> int:
     if not all(inbox_args.utf8(arg) for arg in args):
         return usage("参数里有不是 UTF-8 的字节:终端的编码多半不是 UTF-8(比如 GBK),什么都没有改;把终端改成 UTF-8 再试")
     command = ALIASES.get(args[0], args[0])
-    if command not in ("list", "restart") and command not in ANSWER_TYPE:
+    if command not in ("list", "restart", "show") and command not in ANSWER_TYPE:
         return usage(f"不认识的子命令:{args[0]}")
+    if as_json := command == "show" and "--json" in args[1:options_end]:  # show 的 --json:整份经过印成一个 JSON
+        i = args.index("--json")
+        args, options_end = args[:i] + args[i + 1:], options_end - 1
     args = args[:options_end] + args[options_end + 1:]
     if problem := inbox_args.bad_argument(command, args, options_end):
         return usage(problem)
@@ -84,6 +89,8 @@ def main(argv: list[str] | None = None) -> int:
                     return 1  # 有待办没列出来:脚本里分得清
             elif command == "restart":
                 inbox_repair.restart(list(dict.fromkeys(inbox_args.typed_id(a) for a in args[1:])), missing)
+            elif command == "show":
+                inbox_story.show(graph, inbox_args.typed_id(args[1]), as_json)
             elif (ticket_id := inbox_args.typed_id(args[1])) in missing:
                 raise Refused(f"{ticket_id} 在 checkpoint 库里找不到,没有处理(见上一行)")
             else:
