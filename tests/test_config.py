@@ -326,7 +326,7 @@ def refused_everywhere(lab: dict, url: str, expected: list[tuple[int, str]]) -> 
     store.add_event("evt_T1012_created", "webhook", "ticket.created",
                     '{"id": "evt_T1012_created", "type": "ticket.created", "data": {"ticket_id": "T1012"}}')
     for command, (code, message) in zip(PROGRAMS, expected, strict=True):
-        r = run(command, {**lab, "DATABASE_URL": url})
+        r = cli(command, {**lab, "DATABASE_URL": url})
         assert (r.returncode, r.stdout, r.stderr) == (code, "", message + "\n"), command
     assert rows("SELECT status, attempts FROM events") == [("pending", 0)]
 
@@ -460,7 +460,7 @@ def test_a_read_write_user_is_told_to_have_the_owner_run_store_py_then_runs_ever
         biz = f"业务库还没建:{store_errors._safe_url(url)} 里没有表 customers、tickets(先运行 uv run python store.py 建库)"
         for command, (code, message) in zip(PROGRAMS, [(1, biz), (1, no_create), (2, no_create), (1, no_create),
                                                        (2, biz)], strict=True):
-            r = run(command, {**lab, "DATABASE_URL": url})
+            r = cli(command, {**lab, "DATABASE_URL": url})
             assert (r.returncode, r.stdout, r.stderr) == (code, "", message + "\n"), command
         assert relations(owner_url) == []
 
@@ -484,7 +484,7 @@ def test_a_read_write_user_is_told_to_have_the_owner_run_store_py_then_runs_ever
         r = cli(["inbox.py", "accept", ticket], as_user)
         assert r.returncode == 0, r.stderr
         for command in (["cron_jobs.py", "report"], ["store.py"]):
-            r = run(command, as_user)
+            r = cli(command, as_user)
             assert r.returncode == 0, (command, r.stderr)
         assert pg_rows(owner_url, "SELECT event_id, status FROM events ORDER BY ticket_id") == [
             (event_id, "done"), ("evt_T1012_created", "waiting_human")]
@@ -700,7 +700,7 @@ def test_a_new_events_database_someone_keeps_locked_is_temporary_not_a_setting_e
     locked = f"数据库暂时用不了(OperationalError: database is locked:事件库 {path} 被别的程序占着太久)"
     with write_locked(path):
         for command, (code, message) in zip(PROGRAMS, unavailable_everywhere(locked), strict=True):
-            r = run(command, env)
+            r = cli(command, env)
             assert (r.returncode, r.stdout, r.stderr) == (code, "", message + "\n"), command
     assert rows("SELECT name FROM sqlite_master", path=path) == []
     assert rows("SELECT COUNT(*) FROM tickets", path=lab["BIZ_DB"]) == tickets
@@ -723,7 +723,7 @@ def test_a_read_only_events_database_says_what_to_check_and_loses_nothing(lab):
         worker = cli(["worker.py", "--once"], lab)
         scan = cli(["cron_jobs.py", "scan"], lab)
         mail = cli(["email_poller.py", "--eml", "samples/01_utf8_plain.eml"], lab)
-        reading = [run(command, lab) for command in (["cron_jobs.py", "report"], ["inbox.py", "list"], ["store.py"])]
+        reading = [cli(command, lab) for command in (["cron_jobs.py", "report"], ["inbox.py", "list"], ["store.py"])]
     finally:
         subprocess.run(["chattr", "-i", lab["EVENTS_DB"]], check=True)
     assert (worker.returncode, worker.stdout, worker.stderr) == (1, "", f"{said},这一轮停下,下次再跑\n")
@@ -784,7 +784,7 @@ def test_a_database_path_that_cannot_be_opened_names_the_setting_and_changes_not
         commands += [(["store.py"], 1), (["cron_jobs.py", "report"], 2),
                      (["email_poller.py", "--eml", "samples/01_utf8_plain.eml"], 2)]
     for command, code in commands:
-        r = run(command, {**lab, setting: str(path)})
+        r = cli(command, {**lab, setting: str(path)})
         assert (r.returncode, r.stdout, r.stderr) == (code, "", message), command
     assert rows("SELECT status, attempts FROM events") == [("pending", 0)]
     assert not (tmp_path / "missing").exists()
@@ -805,7 +805,7 @@ def test_a_database_path_that_is_a_symlink_loop_is_a_setting_error_and_changes_n
     if setting == "EVENTS_DB":
         commands += [(["inbox.py", "list"], 1)]
     for command, code in commands:
-        r = run(command, {**lab, setting: str(loop)})
+        r = cli(command, {**lab, setting: str(loop)})
         assert (r.returncode, r.stdout, r.stderr) == (code, "", message), command
     assert rows("SELECT status, attempts FROM events") == [("pending", 0)]
     assert loop.is_symlink()
@@ -826,7 +826,7 @@ def test_an_events_or_checkpoint_database_that_is_not_sqlite_is_named_and_left_a
         commands += [(["store.py"], 1), (["cron_jobs.py", "report"], 2),
                      (["email_poller.py", "--eml", "samples/01_utf8_plain.eml"], 2)]
     for command, code in commands:
-        r = run(command, {**lab, setting: str(notes)})
+        r = cli(command, {**lab, setting: str(notes)})
         assert (r.returncode, r.stdout, r.stderr) == (code, "", message), command
     assert notes.read_text(encoding="utf-8") == "我的笔记,别动\n"
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith("notes")] == ["notes.txt"]  # 旁边没多出 -wal、-shm
@@ -846,7 +846,7 @@ def test_a_business_database_that_is_not_sqlite_is_refused_by_every_command_and_
             (["worker.py", "--once"], 1, problem + "\n"),
             (["email_poller.py", "--eml", "samples/01_utf8_plain.eml"], 2, problem + "\n"),
             (["cron_jobs.py", "scan"], 2, problem + "\n")):
-        r = run(command, {**lab, "BIZ_DB": str(notes)})
+        r = cli(command, {**lab, "BIZ_DB": str(notes)})
         assert (r.returncode, r.stdout, r.stderr) == (code, "", stderr), command
     assert notes.read_text(encoding="utf-8") == "我的笔记,别动\n"
     assert rows("SELECT event_id, status, attempts FROM events") == [("evt_T1012_created", "pending", 0)]
