@@ -52,6 +52,7 @@ class TicketState(TypedDict, total=False):
     feedback: list[str]    # 每一轮 respond 的意见;条数就是重写次数
     redraft_limit: int     # 起草这一版时的 MAX_REDRAFTS:这条待办还能不能 respond 按它算
     decision: str          # accept / edit:最后是怎么发出去的
+    reviewer: str | None   # 谁回答的:收件箱续跑时放在 config 里(configurable.reviewer),写进 review_log
     refused: str | None    # 上一个回答为什么不能用:有它时 review 再问一次,待办的说明里带上这句
     outcome: str           # review 的决定 send / redraft / ignore;做完以后 sent / already_sent / ignored
 
@@ -88,7 +89,7 @@ def draft(state: TicketState, config: RunnableConfig) -> dict:
     return {"draft": d, "first_draft": state.get("first_draft") or d, "redraft_limit": settings.value("MAX_REDRAFTS")}
 
 
-def review(state: TicketState) -> dict:
+def review(state: TicketState, config: RunnableConfig) -> dict:
     d = state["draft"]
     if d.get("action") == "notify_supervisor":  # 练习 5
         item = notice_item(state)
@@ -106,15 +107,15 @@ def review(state: TicketState) -> dict:
         # 抛错的话 LangGraph 把这个回答和出错的 review 一起存下,以后重跑拿到的都还是它;在这里循环着再 interrupt 的话,
         # 下次重跑会按那时的上限重查被拒的回答,可能让它通过(tests/test_agent.py)
         return {"refused": problem}
-    kind = answer["type"]
+    kind, answered = answer["type"], {"refused": None, "reviewer": config["configurable"].get("reviewer")}
     if kind == "accept":
-        return {"outcome": "send", "decision": "accept", "refused": None}
+        return {"outcome": "send", "decision": "accept", **answered}
     if kind == "edit":
-        return {"outcome": "send", "decision": "edit", "draft": {**d, "reply": edited_reply(answer)}, "refused": None}
+        return {"outcome": "send", "decision": "edit", "draft": {**d, "reply": edited_reply(answer)}, **answered}
     if kind == "response":
         # 意见也进模型,和工单一样先打码(客服常把客户的电话抄进意见里);inbox.py 交来之前已经打过,别的客户端的在这里打
-        return {"outcome": "redraft", "feedback": state.get("feedback", []) + [mask_pii(answer["args"])], "refused": None}
-    return {"outcome": "ignore", "refused": None}
+        return {"outcome": "redraft", "feedback": state.get("feedback", []) + [mask_pii(answer["args"])], **answered}
+    return {"outcome": "ignore", **answered}
 
 
 def after_review(state: TicketState) -> Literal["review", "send", "draft", "ignore"]:
@@ -200,7 +201,8 @@ def review_row(state: TicketState) -> dict:
     # 通知类待办只能 ignore,记成 notify:日报的「原样批准率」只算有草稿可批的待办
     notify = state["draft"].get("action") == "notify_supervisor"
     return {"category": state["draft"]["category"], "draft": first["reply"], "final": state["draft"]["reply"],
-            "action": state.get("decision") or ("notify" if notify else "ignore"), "feedback": state.get("feedback", [])}
+            "action": state.get("decision") or ("notify" if notify else "ignore"), "feedback": state.get("feedback", []),
+            "reviewer": state.get("reviewer")}
 
 
 # ---- 练习 5:通知主管 notify_supervisor ----

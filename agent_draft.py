@@ -2,6 +2,8 @@
 在整体时限里调用,按真正回答的模型记 token 用量,把拒答、不是 Draft 格式的回答都变成一行说得清的错误(worker 照常退避再试)。
 课文的 draft() 一行 invoke 就完;真模型会拒答、会交回格式不对的参数,每次调用也要花钱记账,这些放在这里,
 draft() 里留下课文的那几步。"""
+import time
+
 from langchain_core.callbacks import UsageMetadataCallbackHandler
 from langchain_core.exceptions import ModelRefusalError
 from langchain_core.runnables.config import merge_configs
@@ -32,6 +34,7 @@ def not_a_draft(error: ValidationError) -> ValueError:
 def ask(model, prompt: str, schema: type[BaseModel], ticket_id: str, config) -> dict:
     """用 structured() 包好的模型起草一次,交回校验过的 schema(Draft)字段;拒答、格式不对都抛 ValueError。"""
     usage = UsageMetadataCallbackHandler()  # 按真正回答的模型(主模型或备用模型)累计 token
+    started = time.monotonic()
     try:
         with deadline():  # 重试、备用模型加在一起也不能让这张工单一直占着处理线程
             # merge_configs:节点自己的回调(追踪)也带上;只给 {"callbacks": [usage]} 会把它们整个换掉
@@ -41,10 +44,12 @@ def ask(model, prompt: str, schema: type[BaseModel], ticket_id: str, config) -> 
     except ValidationError as e:  # 工具参数是合法 JSON 却不是对象([1, 2]):langchain 建回答消息时就通不过
         raise not_a_draft(e) from None
     finally:
-        # 在 draft 节点里记账:每一行对应一次真实的模型调用;格式不对的回答也花了钱,所以在 finally 里
+        # 在 draft 节点里记账:每一行对应一次真实的模型调用;格式不对的回答也花了钱,所以在 finally 里。
+        # 用时是这次起草的整段(重试、换备用模型都算在里面):show 一张工单时看慢在哪
+        took_ms = round((time.monotonic() - started) * 1000)
         for model, u in usage.usage_metadata.items():
             store_events.record_usage(config["configurable"].get("event_id"), ticket_id, model,
-                               u.get("input_tokens", 0), u.get("output_tokens", 0))
+                                      u.get("input_tokens", 0), u.get("output_tokens", 0), took_ms)
     if args is None:  # ChatOpenAI 把解析不了的工具参数放进 invalid_tool_calls,解析器看到的就是「没调工具」
         raise ValueError("模型没有按 Draft 格式回答:回答里没有能用的 Draft 工具调用(只回了一段话,或者工具参数不是完整的 JSON)")
     try:

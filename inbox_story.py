@@ -29,9 +29,9 @@ def story(graph, ticket_id: str) -> dict | None:
     backup = config.get("LLM_FALLBACK_MODEL")
     price = config.value("LLM_PRICE_PER_1K_TOKENS")
     calls = [{**dict(r), "cost": (r["input_tokens"] + r["output_tokens"]) / 1000 * price, "fallback": r["model"] == backup}
-             for r in rows("SELECT event_id, model, input_tokens, output_tokens, created_at FROM llm_usage "
+             for r in rows("SELECT event_id, model, input_tokens, output_tokens, duration_ms, created_at FROM llm_usage "
                            "WHERE ticket_id = ? ORDER BY id", ticket_id)]
-    decision = next((dict(r) for r in rows("SELECT action, final, created_at FROM review_log WHERE ticket_id = ?",
+    decision = next((dict(r) for r in rows("SELECT action, final, reviewer, created_at FROM review_log WHERE ticket_id = ?",
                                            ticket_id)), None)
     sent = next((dict(r) for r in rows("SELECT body, sent_by, sent_at FROM outbox WHERE ticket_id = ?", ticket_id)), None)
     values = history[-1].values if history else {}
@@ -69,8 +69,9 @@ def print_story(s: dict) -> None:
     print("模型调用" if s["model_calls"] else "模型调用:没有")
     for c in s["model_calls"]:
         backup = "  备用模型" if c["fallback"] else ""
+        took = "" if c["duration_ms"] is None else f"  用时 {c['duration_ms'] / 1000:.2f} 秒"
         print(indented("", f"{c['created_at']}  {c['model']}  输入 {c['input_tokens']} / 输出 {c['output_tokens']} token  "
-                           f"约 ¥{c['cost']:.4f}{backup}"))
+                           f"约 ¥{c['cost']:.4f}{took}{backup}"))
     if s["first_draft"]:
         print("草稿")
         first = s["first_draft"]
@@ -82,7 +83,8 @@ def print_story(s: dict) -> None:
         print(indented(f"重写 {i}:", r["redraft"]["reply"] if r["redraft"] else "(还没有重写完)"))
     if s["decision"]:
         print("决定")
-        print(indented("", f"{s['decision']['action']}  {s['decision']['created_at']}"))
+        who = s["decision"]["reviewer"] or "(没有记下是谁)"
+        print(indented("", f"{s['decision']['action']}  {who}  {s['decision']['created_at']}"))
     else:
         print("决定:还在收件箱里等人处理" if s["waiting"] else "决定:没有")
     if s["outbox"]:

@@ -73,7 +73,8 @@ CREATE TABLE IF NOT EXISTS review_log (      -- 练习 4:人改了什么,反馈�
     final       TEXT,                       -- 最终发出的文本(ignore 时为空)
     action      TEXT NOT NULL,              -- accept / edit / ignore;notify:通知类待办,看过了
     feedback    TEXT NOT NULL,              -- JSON 数组:每一轮 respond 的意见
-    created_at  {time} NOT NULL
+    created_at  {time} NOT NULL,
+    reviewer    TEXT                        -- 谁做的决定:网页上登录的人,命令行是 INBOX_USER(没设是「登录名@主机名」)
 );
 CREATE TABLE IF NOT EXISTS inbox_seen (      -- 几个人共用收件箱:每个人最后看到的是哪一版草稿,accept 前核对
     ticket_id   TEXT NOT NULL,
@@ -89,7 +90,8 @@ CREATE TABLE IF NOT EXISTS llm_usage (       -- 每次模型调用一行:算单�
     model       TEXT NOT NULL,
     input_tokens  INTEGER NOT NULL,
     output_tokens INTEGER NOT NULL,
-    created_at  {time} NOT NULL
+    created_at  {time} NOT NULL,
+    duration_ms INTEGER                     -- 这次调用用了多久(毫秒):show 一张工单时看慢在哪
 );
 """
 # 同一张工单同时最多一个事件在 processing:两个 worker 同时挑事件时,谁都看不见对方还没提交的领取(PostgreSQL 的
@@ -186,18 +188,18 @@ def init() -> None:
             if problem := store_upgrade.foreign_table(conn):
                 raise SystemExit(problem)
             conn.executescript(SCHEMA.format(**DIALECTS["sqlite"]))
-            have = store_upgrade.events_columns(conn)
+            missing = store_upgrade.missing_columns(conn)
     # 每个程序都先 init():路径设错了、指到了不是数据库的文件(DatabaseError),在这里一行说清楚,什么都还没做
     except sqlite3.DatabaseError as e:
         raise SystemExit(store_errors.cannot_open("事件库", "EVENTS_DB", events_db(), e)) from None
-    if set(store_upgrade.ADDED_COLUMNS) <= have:
+    if not missing:
         # 表已经是最新的(平常都是):不拿写锁。别人长时间占着写锁时,只读的 report、inbox list 照样能用;
         # 索引已经有了时这条语句什么都不做,也不要写锁
         with opened() as conn:
             conn.execute(ONE_PROCESSING_PER_TICKET)
         return
     with transaction() as conn:
-        store_upgrade.upgrade_events_table(conn)
+        store_upgrade.upgrade_tables(conn)
         conn.execute(ONE_PROCESSING_PER_TICKET)
 
 
@@ -252,10 +254,10 @@ def record_review(conn: sqlite3.Connection, ticket_id: str, review: dict) -> Non
     """每张工单一行,写人的决定。只有执行这个决定的节点(send / ignore)会写,那时决定已经写进 checkpoint、
     不会再变;节点重跑时已有的一行不动。"""
     conn.execute(
-        "INSERT INTO review_log (ticket_id, category, draft, final, action, feedback, created_at) "
-        "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (ticket_id) DO NOTHING",
+        "INSERT INTO review_log (ticket_id, category, draft, final, action, feedback, created_at, reviewer) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (ticket_id) DO NOTHING",
         (ticket_id, review["category"], review["draft"], review.get("final"), review["action"],
-         json.dumps(review.get("feedback", []), ensure_ascii=False), now()),
+         json.dumps(review.get("feedback", []), ensure_ascii=False), now(), review.get("reviewer")),
     )
 
 

@@ -117,10 +117,11 @@ def dead_events_of(ticket_id: str, other_than: str) -> list[str]:
     return [r[0] for r in rows]
 
 
-def record_usage(event_id: str | None, ticket_id: str | None, model: str, input_tokens: int, output_tokens: int) -> None:
+def record_usage(event_id: str | None, ticket_id: str | None, model: str, input_tokens: int, output_tokens: int,
+                 duration_ms: int | None = None) -> None:
     with store.opened(durable=False) as conn:
         conn.execute(
-            "INSERT INTO llm_usage (event_id, ticket_id, model, input_tokens, output_tokens, created_at) "
-            "VALUES (?, ?, ?, ?, ?, ?)",
-            (event_id, ticket_id, model, input_tokens, output_tokens, store.now()),
+            "INSERT INTO llm_usage (event_id, ticket_id, model, input_tokens, output_tokens, created_at, duration_ms) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (event_id, ticket_id, model, input_tokens, output_tokens, store.now(), duration_ms),
         )

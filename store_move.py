@@ -17,9 +17,9 @@ MOVED_COLUMNS = {
     "events": ("event_id", "source", "kind", "payload", "status", "attempts", "last_error", "received_at",
                "updated_at", "not_before", "ticket_id", "claimed_by", "waiting_since"),
     "outbox": ("ticket_id", "body", "sent_by", "sent_at"),
-    "review_log": ("ticket_id", "category", "draft", "final", "action", "feedback", "created_at"),
+    "review_log": ("ticket_id", "category", "draft", "final", "action", "feedback", "created_at", "reviewer"),
     "inbox_seen": ("ticket_id", "viewer", "draft_sha", "seen_at"),
-    "llm_usage": ("event_id", "ticket_id", "model", "input_tokens", "output_tokens", "created_at"),
+    "llm_usage": ("event_id", "ticket_id", "model", "input_tokens", "output_tokens", "created_at", "duration_ms"),
 }
 MOVE_LOCK = 20261133  # advisory lock 的编号:两个人同时搬,第二个等第一个搬完,再发现事件已经在了
 
@@ -114,7 +114,7 @@ def move_from_sqlite() -> tuple[str, str | None]:
             if "ticket_id" in store_upgrade.events_columns(source):
                 # 上一版的库(升级以后还没有程序用 SQLite 打开过它)只缺后加的列:顺手补上,和 init() 一样。
                 # 照课文建的库仍然请人先在 SQLite 上运行一次 store.py(sqlite_rows_to_move 里说)
-                store_upgrade.upgrade_events_table(source)
+                store_upgrade.upgrade_tables(source)
             moved, checkpoints = sqlite_rows_to_move(source, path), sqlite_checkpoints()
             tickets = source.execute("SELECT DISTINCT ticket_id FROM events WHERE ticket_id IS NOT NULL").fetchall()
             threads = {t.config["configurable"]["thread_id"] for t in checkpoints}

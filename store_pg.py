@@ -63,7 +63,7 @@ _pools_lock = threading.Lock()
 
 
 def init_postgres() -> None:
-    """store.init() 在 PostgreSQL 上:建事件库的表、索引,补上后加的 waiting_since 列。"""
+    """store.init() 在 PostgreSQL 上:建事件库的表、索引,补上后加的列(store_upgrade.PG_ADDED_COLUMNS)。"""
     # 都建好了(平常都是):一条 DDL 也不执行。CREATE … IF NOT EXISTS 什么都不做时也要建表的权限(schema 的 CREATE、
     # 表的所有者),所以库的所有者建好表之后,只有读写权限的用户(生产上常这样配)也能运行每个程序;
     # 也不用每次启动都为 CREATE INDEX 拿一下 events 的 SHARE 锁,和正在领事件的 worker 互相等
@@ -81,9 +81,7 @@ def init_postgres() -> None:
             built_meanwhile = store_upgrade.pg_nothing_to_build(conn)
             if not built_meanwhile:
                 conn.executescript(store.SCHEMA.format(**store.DIALECTS["postgres"]))
-                if not conn.execute(store_upgrade.PG_HAS_WAITING_SINCE).fetchone():
-                    conn.execute(f"ALTER TABLE events ADD COLUMN waiting_since {store.DIALECTS['postgres']['time']}")
-                    conn.execute(store_upgrade.BACKFILL_WAITING_SINCE)
+                store_upgrade.pg_add_columns(conn)
                 conn.execute(store.ONE_PROCESSING_PER_TICKET)
     if built_meanwhile:
         with store.opened() as conn:

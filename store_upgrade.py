@@ -12,15 +12,16 @@ import store_errors
 import store_events
 
 
-# 旧版 ambient.db(照课文建的)缺这些列:init() 会补上,已有数据不动
-ADDED_COLUMNS = {"not_before": "TEXT", "ticket_id": "TEXT", "claimed_by": "TEXT", "waiting_since": "TEXT"}
-# PostgreSQL 上只有 waiting_since 是后加的:查到缺了才 ALTER TABLE(它拿整张表的排它锁,会和正在领事件的 worker 互相等)。
-# 查 pg_attribute,不查 information_schema.columns:后者只列出这个用户有权限的列
-PG_HAS_WAITING_SINCE = """
-SELECT 1 FROM pg_attribute WHERE attname = 'waiting_since' AND NOT attisdropped AND attrelid =
-    (SELECT oid FROM pg_class WHERE relname = 'events'
-                                AND relnamespace = (SELECT oid FROM pg_namespace WHERE nspname = current_schema()))
-"""
+# 旧库缺的列({表: {列: 类型}},类型里的 {time} 同 SCHEMA):init() 补上,已有数据不动。SQLite 的事件表缺前四列是照课文
+# 建的库;review_log.reviewer(谁做的决定)和 llm_usage.duration_ms(一次模型调用多久)是收件箱网页和 show 用的
+ADDED_COLUMNS = {
+    "events": {"not_before": "{time}", "ticket_id": "TEXT", "claimed_by": "TEXT", "waiting_since": "{time}"},
+    "review_log": {"reviewer": "TEXT"},
+    "llm_usage": {"duration_ms": "INTEGER"},
+}
+# PostgreSQL 上的表是这里建的(练习 6),不缺课文那几列,只可能缺这几个。查到缺了才 ALTER TABLE(它拿整张表的排它锁,
+# 会和正在领事件的 worker 互相等)
+PG_ADDED_COLUMNS = (("events", "waiting_since"), ("review_log", "reviewer"), ("llm_usage", "duration_ms"))
 # 当前 schema 里已有的表和索引(PostgreSQL 的 CREATE … IF NOT EXISTS 在 current_schema() 里建、查,这里也只看它)
 PG_OBJECTS = ("SELECT relname FROM pg_class "
               "WHERE relnamespace = (SELECT oid FROM pg_namespace WHERE nspname = current_schema())")
@@ -32,9 +33,10 @@ TABLE_COLUMNS = {
     "events": frozenset({"event_id", "source", "kind", "payload", "status", "attempts", "last_error", "received_at",
                          "updated_at", "not_before", "ticket_id", "claimed_by", "waiting_since"}),
     "outbox": frozenset({"id", "ticket_id", "body", "sent_by", "sent_at"}),
-    "review_log": frozenset({"ticket_id", "category", "draft", "final", "action", "feedback", "created_at"}),
+    "review_log": frozenset({"ticket_id", "category", "draft", "final", "action", "feedback", "created_at", "reviewer"}),
     "inbox_seen": frozenset({"ticket_id", "viewer", "draft_sha", "seen_at"}),
-    "llm_usage": frozenset({"id", "event_id", "ticket_id", "model", "input_tokens", "output_tokens", "created_at"}),
+    "llm_usage": frozenset({"id", "event_id", "ticket_id", "model", "input_tokens", "output_tokens", "created_at",
+                            "duration_ms"}),
 }
 # 每张表里存时间的列(SCHEMA 里的 {time}):PostgreSQL 上它们必须是 TIMESTAMPTZ。照课文自己建、列名都对却用了 TEXT 的,
 # 写进去的是字符串、比较的是字符串,领取时和 now() 一比就是 DatatypeMismatch
@@ -71,8 +73,23 @@ def pg_nothing_to_build(conn) -> bool:
     """PostgreSQL 上 init() 要建的表、索引和后加的列是不是都在了,而且这个连接能写。
     只能读(备库、default_transaction_read_only)时照旧走建表那条路:PG_DDL_REFUSALS 一行说清楚,
     而不是等到第一次写(领事件、收信)时才出错。"""
-    return (SCHEMA_OBJECTS <= pg_objects(conn) and conn.execute(PG_HAS_WAITING_SINCE).fetchone() is not None
+    return (SCHEMA_OBJECTS <= pg_objects(conn) and not pg_missing_columns(conn)
             and conn.execute(PG_READ_ONLY).fetchone()[0] == "off")
+
+
+def pg_missing_columns(conn) -> list[tuple[str, str]]:
+    """PostgreSQL 上还没补的后加列(PG_ADDED_COLUMNS 里的 (表, 列))。"""
+    have = {(r[0], r[1]) for r in conn.execute(PG_TABLE_COLUMNS, ([t for t, _ in PG_ADDED_COLUMNS],)).fetchall()}
+    return [pair for pair in PG_ADDED_COLUMNS if pair not in have]
+
+
+def pg_add_columns(conn) -> None:
+    """补上 PostgreSQL 上缺的后加列,在调用者的事务里;新补的 waiting_since 从 updated_at 填。"""
+    for table, column in pg_missing_columns(conn):
+        kind = ADDED_COLUMNS[table][column].format(**store.DIALECTS["postgres"])
+        conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
+        if column == "waiting_since":
+            conn.execute(BACKFILL_WAITING_SINCE)
 
 
 PG_READ_ONLY = "SELECT current_setting('transaction_read_only')"
@@ -101,7 +118,8 @@ def pg_rights_or_exit(conn) -> None:
                          f"TO {user}。什么都没做")
 
 
-# PostgreSQL 上当前 schema 里这几张表(ANY(?))各有哪些列
+# PostgreSQL 上当前 schema 里这几张表(ANY(?))各有哪些列。查 pg_attribute,不查 information_schema.columns:
+# 后者只列出这个用户有权限的列
 PG_TABLE_COLUMNS = """
 SELECT c.relname, a.attname, format_type(a.atttypid, a.atttypmod) FROM pg_attribute a JOIN pg_class c ON a.attrelid = c.oid
 WHERE c.relnamespace = (SELECT oid FROM pg_namespace WHERE nspname = current_schema()) AND c.relname = ANY(?)
@@ -117,7 +135,7 @@ def foreign_table(conn) -> str | None:
     没有要补的:做练习 6 时照课文自己建的 events(没有 ticket_id、claimed_by……)和别的程序的业务表都算。
     PostgreSQL 上列都在、存时间的列却是 TEXT(照课文的 SQLite 建表语句搬过去的)也算:领取时和 now() 比不了。"""
     if store.dialect() == "postgres":
-        tables = {**TABLE_COLUMNS, "events": TABLE_COLUMNS["events"] - {"waiting_since"},
+        tables = {**{t: columns - {c for table, c in PG_ADDED_COLUMNS if table == t} for t, columns in TABLE_COLUMNS.items()},
                   **{t: frozenset(columns) for t, columns in store_biz.BIZ_COLUMNS.items()}}
         have: dict[str, set] = {}
         typed: dict[str, dict[str, str]] = {}
@@ -127,7 +145,7 @@ def foreign_table(conn) -> str | None:
         where, whose = f"{store_errors._safe_url(store.database_url())} 里", "多半是自己做练习时建的,或者是别的程序的"
         rename = "ALTER TABLE {table} RENAME TO my_{table}(或者换一个 schema)"
     else:
-        tables = {t: columns for t, columns in TABLE_COLUMNS.items() if t != "events"}
+        tables = {t: columns - set(ADDED_COLUMNS.get(t, ())) for t, columns in TABLE_COLUMNS.items() if t != "events"}
         have = {t: {r["name"] for r in conn.execute(f"PRAGMA table_info({t})")} for t in tables}
         path = shlex.quote(str(store.events_db()))
         where, whose = f"事件库 {store.events_db()} 里", "多半是自己做练习时建的"
@@ -151,16 +169,26 @@ def foreign_table(conn) -> str | None:
 
 
 def events_columns(conn) -> set[str]:
-    return {r["name"] for r in conn.execute("PRAGMA table_info(events)")}
+    return columns_of(conn, "events")
 
 
-def upgrade_events_table(conn) -> None:
-    """SQLite 事件表缺的列(ADDED_COLUMNS)补上,在调用者的事务里。照课文建的库(没有 ticket_id)再换时间格式、
+def columns_of(conn, table: str) -> set[str]:
+    return {r["name"] for r in conn.execute(f"PRAGMA table_info({table})")}
+
+
+def missing_columns(conn) -> list[tuple[str, str]]:
+    """SQLite 事件库里还没补的后加列(ADDED_COLUMNS 里的 (表, 列))。"""
+    return [(table, column) for table, added in ADDED_COLUMNS.items()
+            for column in added.keys() - columns_of(conn, table)]
+
+
+def upgrade_tables(conn) -> None:
+    """SQLite 事件库缺的列(ADDED_COLUMNS)补上,在调用者的事务里。照课文建的库(没有 ticket_id)再换时间格式、
     补 ticket_id;新补上的 waiting_since 最后从(换好格式的)updated_at 填。"""
     have = events_columns(conn)
-    for column, kind in ADDED_COLUMNS.items():
-        if column not in have:
-            conn.execute(f"ALTER TABLE events ADD COLUMN {column} {kind}")
+    for table, column in missing_columns(conn):
+        kind = ADDED_COLUMNS[table][column].format(**store.DIALECTS["sqlite"])
+        conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
     if "ticket_id" not in have:
         upgrade_lesson_db(conn)
     if "waiting_since" not in have:

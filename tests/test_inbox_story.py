@@ -16,10 +16,10 @@ T1003_DRAFT = "您好,我们已经收到您的消息,相关同事会尽快查看
 
 @pytest.fixture
 def walked(any_lab):
-    """课文走一遍:T1012 accept,T1041 先 respond 再 edit,T1003 ignore,T9999 进死信,T1020 还等在收件箱里。"""
+    """课文走一遍:T1012 accept,T1041 先 respond 再 edit,T1003 ignore(都由 alice),T9999 进死信,T1020 还等在收件箱里。"""
     queue("T1012", "T1041", "T1003", "T9999", "T1020")
     for args in (["accept", "T1012"], ["respond", "T1041", FEEDBACK], ["edit", "T1041", EDITED], ["ignore", "T1003"]):
-        assert cli(["inbox.py", *args], any_lab).returncode == 0
+        assert cli(["inbox.py", *args], {**any_lab, "INBOX_USER": "alice"}).returncode == 0
     return any_lab
 
 
@@ -36,18 +36,18 @@ def test_show_of_an_ignored_ticket_prints_its_whole_story(walked):
     r = show(walked, "T1003")
     (received,), (called,), (decided,) = (stamps("events", "received_at", "T1003"), stamps("llm_usage", "created_at", "T1003"),
                                           stamps("review_log", "created_at", "T1003"))
-    tokens = rows("SELECT input_tokens, output_tokens FROM llm_usage WHERE ticket_id = 'T1003'")[0]
+    *tokens, took_ms = rows("SELECT input_tokens, output_tokens, duration_ms FROM llm_usage WHERE ticket_id = 'T1003'")[0]
     assert (r.returncode, r.stderr) == (0, "")
     assert r.stdout == (f"T1003  {T1003_TEXT}\n"
                         "事件\n"
                         f"        evt_T1003_created  webhook ticket.created  收到 {received}  尝试 1 次  ignored\n"
                         "模型调用\n"
                         f"        {called}  offline-cloudledger  输入 {tokens[0]} / 输出 {tokens[1]} token  "
-                        f"约 ¥{sum(tokens) / 1000 * config.value('LLM_PRICE_PER_1K_TOKENS'):.4f}\n"
+                        f"约 ¥{sum(tokens) / 1000 * config.value('LLM_PRICE_PER_1K_TOKENS'):.4f}  用时 {took_ms / 1000:.2f} 秒\n"
                         "草稿\n"
                         f"        第一版:{T1003_DRAFT}\n"
                         "决定\n"
-                        f"        ignore  {decided}\n")
+                        f"        ignore  alice  {decided}\n")
 
 
 def test_show_of_a_ticket_redrafted_then_edited_gives_the_feedback_the_redraft_edit_and_the_sent_text(walked):
@@ -57,7 +57,7 @@ def test_show_of_a_ticket_redrafted_then_edited_gives_the_feedback_the_redraft_e
     assert lines[lines.index("草稿") + 2:lines.index("决定")] == [f"        意见 1:{FEEDBACK}",
                                                                f"        重写 1:{T1041_FIRST_REDRAFT}"]
     assert len([line for line in lines if "offline-cloudledger" in line]) == 2  # 第一版和按意见重写的那一版
-    assert lines[lines.index("决定") + 1].startswith("        edit  ")
+    assert lines[lines.index("决定") + 1] == f"        edit  alice  {stamps('review_log', 'created_at', 'T1041')[0]}"
     assert lines[lines.index("发件箱") + 1:] == [f"        {stamps('outbox', 'sent_at', 'T1041')[0]}  agent+reviewer",
                                                 f"        {EDITED}"]
 
@@ -87,10 +87,11 @@ def test_show_json_is_the_same_story_as_one_document(walked):
     assert list(story) == ["ticket_id", "ticket_text", "events", "model_calls", "first_draft", "rounds", "waiting",
                            "decision", "outbox"]
     assert [(e["event_id"], e["status"], e["attempts"]) for e in story["events"]] == [("evt_T1041_created", "done", 1)]
-    assert [(c["model"], c["fallback"]) for c in story["model_calls"]] == [("offline-cloudledger", False)] * 2
+    assert [(c["model"], c["fallback"], type(c["duration_ms"])) for c in story["model_calls"]] == [
+        ("offline-cloudledger", False, int)] * 2
     assert [(r["feedback"], r["redraft"]["reply"]) for r in story["rounds"]] == [(FEEDBACK, T1041_FIRST_REDRAFT)]
-    assert (story["waiting"], story["decision"]["action"], story["decision"]["final"], story["outbox"]["body"]) == (
-        False, "edit", EDITED, EDITED)
+    assert (story["waiting"], story["decision"]["action"], story["decision"]["reviewer"], story["decision"]["final"],
+            story["outbox"]["body"]) == (False, "edit", "alice", EDITED, EDITED)
 
 
 def test_show_of_an_unknown_ticket_says_it_is_not_there_exits_1_and_changes_nothing(walked):

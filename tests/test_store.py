@@ -476,6 +476,27 @@ def test_an_events_table_from_before_waiting_since_gets_the_column_and_keeps_the
                 in r.stdout.splitlines())
 
 
+def test_review_log_and_llm_usage_from_before_reviewer_and_duration_get_the_columns_and_keep_their_rows(any_lab):
+    """上一版的事件库(SQLite 或 PostgreSQL)的 review_log 没有 reviewer、llm_usage 没有 duration_ms:不当成别人建的表,
+    init() 补上这两列,已有的行原样留着(新列是空的,show 说「没有记下是谁」);之后的决定和模型调用都记上。"""
+    from test_inbox import queue
+
+    queue("T1012", "T1041")
+    assert cli(["inbox.py", "accept", "T1012"], {**any_lab, "INBOX_USER": "alice"}).returncode == 0
+    with store.opened() as conn:
+        conn.execute("ALTER TABLE review_log DROP COLUMN reviewer")
+        conn.execute("ALTER TABLE llm_usage DROP COLUMN duration_ms")
+    old = cli(["inbox.py", "show", "T1012"], any_lab)
+    assert (old.returncode, old.stderr) == (0, "")
+    assert "        accept  (没有记下是谁)  " in old.stdout and "用时" not in old.stdout
+    assert rows("SELECT ticket_id, action, reviewer FROM review_log") == [("T1012", "accept", None)]
+    assert cli(["inbox.py", "accept", "T1041"], {**any_lab, "INBOX_USER": "bob"}).returncode == 0
+    assert rows("SELECT ticket_id, action, reviewer FROM review_log ORDER BY ticket_id") == [
+        ("T1012", "accept", None), ("T1041", "accept", "bob")]
+    assert [(t, d is None) for t, d in rows("SELECT ticket_id, duration_ms FROM llm_usage ORDER BY ticket_id")] == [
+        ("T1012", True), ("T1041", True)]  # 两次起草都在补列之前
+
+
 @contextmanager
 def pooled_writer(pool: str):
     """往 pool 这个连接池里写一次的函数 write(n):事件表的(store.opened)或者 checkpoint 的(LangGraph 的 PostgresSaver
