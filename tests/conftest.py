@@ -455,6 +455,29 @@ def proxies_that_are_not_running() -> dict:
 
 
 @contextmanager
+def serving(app):
+    """真的 uvicorn 上的 app(真的 HTTP),跑在 pytest 进程的一个线程里:不用为每个测试再起一个 uvicorn 进程、再导入一遍
+    FastAPI。设置读本进程的环境变量(lab 设好的那一套);返回基础 URL。服务起来时的那一行(lifespan 打印的)留在 pytest
+    的输出里。进程本身才是要测的东西时(kill -9、退出码)另起进程。"""
+    import uvicorn
+
+    sock = socket.create_server(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_config=None, log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="uvicorn", daemon=True)
+    thread.start()
+    try:
+        deadline = time.time() + 30
+        while not server.started:
+            assert thread.is_alive() and time.time() < deadline, "服务没起来"
+            time.sleep(0.01)
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(30)
+        sock.close()
+
+
+@contextmanager
 def webhook_server(env: dict):
     """起一个真的 uvicorn webhook 进程,等它能连上;返回 (进程, 基础 URL)。"""
     port = free_port()

@@ -9,7 +9,6 @@ import hmac
 import json
 import os
 import signal
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -23,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from conftest import (LAB, cut_connections, refused_startup, rows, run, someone_holds_the_events_table, tcp_proxy,
+from conftest import (LAB, cut_connections, refused_startup, rows, run, serving, someone_holds_the_events_table, tcp_proxy,
                       webhook_server)
 from fastapi.testclient import TestClient
 
@@ -510,27 +509,11 @@ def test_writer_process_killed_mid_batch_answers_503_then_a_new_one_takes_the_re
     assert webhook.committer.proc.pid != old and worker_owner._process_alive(webhook.committer.proc.pid)
 
 
-@contextlib.contextmanager
 def webhook_here():
     """真的 uvicorn 上的 webhook(真的 HTTP、真的写库子进程),跑在 pytest 进程的一个线程里:不用为每个测试再起一个
     uvicorn 进程、再导入一遍 FastAPI。设置读本进程的环境变量(lab 设好的那一套,事件写进这个测试自己的库);
     返回基础 URL。webhook 进程本身才是要测的东西时(kill -9)用 conftest 的 webhook_server()。"""
-    import uvicorn
-
-    sock = socket.create_server(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(webhook.app, log_config=None, log_level="warning"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="uvicorn", daemon=True)
-    thread.start()
-    try:
-        deadline = time.time() + 30
-        while not server.started:
-            assert thread.is_alive() and time.time() < deadline, "webhook 服务没起来"
-            time.sleep(0.01)
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    finally:
-        server.should_exit = True
-        thread.join(30)
-        sock.close()
+    return serving(webhook.app)
 
 
 def deliver(base_url: str, body: bytes) -> tuple[int, dict]:
