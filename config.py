@@ -108,6 +108,9 @@ SETTINGS: dict[str, Setting] = {
     "MAX_TICKET_CHARS": Setting("int", 4000, minimum=200, unit="字",
                                 meaning="工单原文最多给模型几个字,超过的不进提示词;邮件建的工单本来不到 2201 字"),
     "INBOX_USER": Setting("str", "", meaning="谁在用收件箱;不设是「登录名@主机名」,共用一个系统账号的几个人各设一个名字"),
+    "INBOX_WEB_USERS": Setting("str", "", secret=True,
+                               meaning="收件箱网页的账号,写成 alice:密码1,bob:密码2;设了就要 HTTP Basic 登录,"
+                                       "不设只回答本机的请求"),
     "INBOX_MAX_TEXT_CHARS": Setting("int", 2000, minimum=1, unit="字",
                                     meaning="edit 的回复、respond 的意见最多几个字;草稿本来不到 150 字,更长的多半是多粘贴了一段"),
     # ---- 邮件(email_poller.py)

@@ -149,10 +149,10 @@ def answer_for(command: str, ticket_id: str, text: str) -> dict:
     return {"type": ANSWER_TYPE[command], "args": None}
 
 
-def resume(graph, ticket_id: str, answer: dict, reviewer: str | None = None) -> Result:
+def resume(graph, ticket_id: str, answer: dict, reviewer: str | None = None, shown: str | None = None) -> Result:
     """收件箱处理一条待办的唯一路径(命令行和网页收件箱 inbox_web.py 都调它):拿到这条待办,用人的回答(HumanResponse)
-    续跑图,按图的结果改事件状态。reviewer 是谁在回答(写进 review_log),不给就是 INBOX_USER 或「登录名@主机名」。
-    做不了时抛 Refused(原因说给人听);这里不打印。"""
+    续跑图,按图的结果改事件状态。reviewer 是谁在回答(写进 review_log),不给就是 INBOX_USER 或「登录名@主机名」;
+    shown 是网页上那一版待办的指纹(不是这一版就拒绝,见 inbox_take.take)。做不了时抛 Refused(原因说给人听);这里不打印。"""
     command = COMMAND_OF[answer["type"]]
     in_inbox = waiting()
     ev = next((e for e in in_inbox if e["ticket_id"] == ticket_id), None)
@@ -160,7 +160,7 @@ def resume(graph, ticket_id: str, answer: dict, reviewer: str | None = None) -> 
         raise inbox_take.not_in_inbox(ticket_id, in_inbox)
     cfg = thread_of(ticket_id, ev["event_id"])
     cfg["configurable"]["reviewer"] = reviewer or inbox_seen.viewer()
-    snap = inbox_take.take(graph, ev, cfg, command, lambda snap: refusal(command, ticket_id, snap))
+    snap = inbox_take.take(graph, ev, cfg, command, lambda snap: refusal(command, ticket_id, snap), shown)
     try:
         # sync:每个节点的结果写下了才跑下一个节点。默认的 async 在后台写、同时就往下跑:review 的结果(人的决定)
         # 还没写下,send 可能已经写了发件箱;这时被杀,checkpoint 里 review 还停在 interrupt,下一次 list 会把已经

@@ -3,6 +3,7 @@
 list 一遍,不会发出一版谁都没看过的回复。没 list 过就 accept(课文的用法)照常发。"""
 import getpass
 import hashlib
+import json
 import socket
 
 import config
@@ -24,6 +25,11 @@ def viewer() -> str:
 
 def fingerprint(draft: str) -> str:
     return hashlib.sha256(draft.encode()).hexdigest()
+
+
+def item_fingerprint(item: dict) -> str:
+    """一条待办(HumanInterrupt)整个的指纹:网页的每个表单带着它,回答时核对人看到的还是不是这一版。"""
+    return fingerprint(json.dumps(item, sort_keys=True, ensure_ascii=False))
 
 
 def remember(drafts: dict[str, str]) -> None:

@@ -15,7 +15,15 @@ from agent_run import FINISHED, finished_status
 
 
 class Refused(Exception):
-    """这次处理做不了,原因说给人听;退出码 1。"""
+    """这次处理做不了,原因说给人听;退出码 1(网页上是 400)。"""
+
+
+class Conflict(Refused):
+    """别人抢先了:待办正被别人处理,或者回答的不是这个人看到的那一版草稿。网页上是 409。"""
+
+
+class Gone(Refused):
+    """这张工单不在收件箱里(处理完了、在死信里、工单号写错了)。网页上是 404。"""
 
 
 @dataclass
@@ -29,11 +37,11 @@ class Result:
 
 
 def busy(ticket_id: str) -> Refused:
-    return Refused(f"{ticket_id} 正在被处理(另一个收件箱命令或 worker),稍后再 list 看看")
+    return Conflict(f"{ticket_id} 正在被处理(另一个收件箱命令或 worker),稍后再 list 看看")
 
 
 def taken_meanwhile(ticket_id: str) -> Refused:
-    return Refused(f"{ticket_id} 刚被另一个收件箱命令拿走处理了,稍后再 list 看看")
+    return Conflict(f"{ticket_id} 刚被另一个收件箱命令拿走处理了,稍后再 list 看看")
 
 
 def not_in_inbox(ticket_id: str, waiting: list[dict]) -> Refused:
@@ -43,10 +51,15 @@ def not_in_inbox(ticket_id: str, waiting: list[dict]) -> Refused:
     if dead := [e for e in store_events.events_by_status("dead") if e["ticket_id"] == ticket_id]:
         ids = [e["event_id"] for e in dead]
         why = (dead[-1]["last_error"] or "没有记下原因").splitlines()[0]
-        return Refused(f"{ticket_id} 的事件 {' '.join(ids)} 在死信队列里({why}),没有进收件箱;"
+        return Gone(f"{ticket_id} 的事件 {' '.join(ids)} 在死信队列里({why}),没有进收件箱;"
                        f"查清原因后运行 {store_events.requeue_dead_command(ids)} 放回队列")
     hint = next((f";是不是 {e['ticket_id']}?" for e in waiting if loose(e["ticket_id"]) == loose(ticket_id)), "")
-    return Refused(f"{ticket_id} 不在收件箱里(已经处理过,或者还没轮到 worker){hint}")
+    return Gone(f"{ticket_id} 不在收件箱里(已经处理过,或者还没轮到 worker){hint}")
+
+
+def changed(ticket_id: str) -> Conflict:
+    """网页上回答的不是现在这一版:页面打开之后有人 respond 过、或者别的回答被退回再问了一次。"""
+    return Conflict(f"{ticket_id} 在你打开页面之后被别人改过(重写了草稿或换了说明),这次没有处理;刷新页面看看现在的版本")
 
 
 def loose(ticket_id: str) -> str:
@@ -63,14 +76,18 @@ def status_of(snap) -> str:
     return "pending"
 
 
-def take(graph, ev: dict, cfg: dict, command: str, check) -> object:
+def take(graph, ev: dict, cfg: dict, command: str, check, shown: str | None = None) -> object:
     """拿到这条待办(事件 waiting_human → processing,别的收件箱命令和 worker 就动不了它),返回拿到后的 checkpoint。
     拿之前、拿到之后各用 check(snapshot) 核对一次这种处理还行不行(它返回 Refused 或 None):拿到之前别人可能刚 respond
-    过 —— 草稿换了,重写次数也可能刚好到了上限。accept 还要核对这个人看过的正是这一版草稿。做不了时放回收件箱,抛 Refused。"""
+    过 —— 草稿换了,重写次数也可能刚好到了上限。shown 是网页上那一版待办的指纹(inbox_seen.item_fingerprint):
+    给了就核对待办还是那一版,什么处理都一样;没给(命令行)时 accept 核对这个人 list 过的正是这一版草稿。
+    做不了时放回收件箱,抛 Refused。"""
     ticket_id = ev["ticket_id"]
     snap = graph.get_state(cfg)
     if not snap.interrupts:  # 上面查完收件箱之后,另一个收件箱命令刚把它处理完
         raise taken_meanwhile(ticket_id)
+    if shown is not None and inbox_seen.item_fingerprint(snap.interrupts[0].value) != shown:
+        raise changed(ticket_id)
     if refused := check(snap):
         raise refused
     if not store_inbox.take_for_review(ev["event_id"]):
@@ -80,15 +97,18 @@ def take(graph, ev: dict, cfg: dict, command: str, check) -> object:
     try:
         snap = graph.get_state(cfg)
         refused = check(snap)
-        # 没 list 过(seen 是 None)就照课文发;通知类待办没有草稿
-        draft = snap.interrupts[0].value["action_request"]["args"].get("reply") if command == "accept" else None
+        # 没 list 过(seen 是 None)就照课文发;通知类待办没有草稿;网页核对的是 shown
+        accepting = command == "accept" and shown is None
+        draft = snap.interrupts[0].value["action_request"]["args"].get("reply") if accepting else None
         seen = None if draft is None else store_inbox.seen_draft(ticket_id, inbox_seen.viewer())
     except KeyboardInterrupt:  # 拿走了、还没开始处理:原样放回收件箱
         store.set_status(ev["event_id"], "waiting_human", owner=worker_owner.inbox_owner())
         raise Refused(f"{ticket_id} 这次被中断(Ctrl-C),仍在收件箱里") from None
     if refused is None and seen is not None and seen != inbox_seen.fingerprint(draft):
-        refused = Refused(f"{ticket_id} 的草稿在你上次看过之后被改写了(有人 respond 过),这次没有发;"
-                          "先 uv run python inbox.py list 看看新草稿,再决定")
+        refused = Conflict(f"{ticket_id} 的草稿在你上次看过之后被改写了(有人 respond 过),这次没有发;"
+                           "先 uv run python inbox.py list 看看新草稿,再决定")
+    if refused is None and shown is not None and inbox_seen.item_fingerprint(snap.interrupts[0].value) != shown:
+        refused = changed(ticket_id)
     if refused:
         store.set_status(ev["event_id"], "waiting_human", owner=worker_owner.inbox_owner())
         raise refused

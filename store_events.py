@@ -99,7 +99,7 @@ def restart_waiting(event_ids: list[str]) -> list[str]:
 def events_by_status(status: str) -> list[dict]:
     with store.opened() as conn:
         rows = conn.execute(
-            "SELECT event_id, kind, payload, ticket_id, attempts, claimed_by, updated_at, last_error FROM events "
+            "SELECT event_id, kind, payload, ticket_id, attempts, claimed_by, updated_at, waiting_since, last_error FROM events "
             "WHERE status = ? ORDER BY received_at, event_id",
             (status,),
         ).fetchall()
