@@ -8,6 +8,9 @@
 
 每次都在一个新的临时数据目录里跑(事件库、checkpoint、业务库都是新的),可以反复跑,不碰你自己的 ambient.db(设了 DATABASE_URL 也不碰那个 PostgreSQL)。
 不需要 API key:没有 LLM_API_KEY 时用离线模型。加 --keep 可以保留数据目录,跑完自己用 sqlite3 看。
+
+uv run python demo.py --web:跑到「看收件箱」为止,然后起收件箱网页(inbox_web.py),打印它的地址;在浏览器里处理
+T1012、T1041、T1003,按 Ctrl-C 结束(退出码 0,收拾好临时目录)。
 """
 import os
 import shutil
@@ -25,8 +28,9 @@ import webhook
 import worker
 
 LAB = config.HERE
-USAGE = "用法:uv run python demo.py [--keep](--keep:跑完保留临时数据目录)"
+USAGE = "用法:uv run python demo.py [--keep] [--web](--keep:跑完保留临时数据目录;--web:停在收件箱,在网页上处理)"
 PORT = 8139  # 课文用的端口;被占用时换一个空闲端口
+WEB_PORT = 8140  # 收件箱网页的端口(inbox_web.py 开头的命令);同上
 FEEDBACK = "这张已确认是重复扣款,直接告诉客户退款申请已提交、原路退回,别写金额"
 EDITED = ("您好,已确认 10 月 8 日的 INV-2026-0123 是重复扣款,退款申请已提交,会原路退回,"
           "到账时间以支付渠道为准。给您添麻烦了。")
@@ -34,8 +38,8 @@ EXPECTED_EVENTS = [("evt_T1012_created", "done", 1), ("evt_T1041_created", "done
                    ("evt_T1003_created", "ignored", 1), ("evt_T9999_created", "dead", 1)]
 
 
-def free_port() -> int:
-    for port in (PORT, 0):
+def free_port(preferred: int = PORT) -> int:
+    for port in (preferred, 0):
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", port))
@@ -91,17 +95,37 @@ def show(sql: str, path: Path) -> list[tuple]:
     return result
 
 
-def wait_for_port(port: int, proc: subprocess.Popen, seconds: float = 30) -> None:
+def wait_for_port(port: int, proc: subprocess.Popen, seconds: float = 30, name: str = "webhook 服务") -> None:
     deadline = time.time() + seconds
     while time.time() < deadline:
         if proc.poll() is not None:
-            raise SystemExit(f"webhook 服务没起来:\n{proc.stderr.read()}")
+            raise SystemExit(f"{name}没起来:\n{proc.stderr.read()}")
         try:
             socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
             return
         except OSError:
             time.sleep(0.1)
-    raise SystemExit(f"webhook 服务 {seconds} 秒内没起来")
+    raise SystemExit(f"{name} {seconds} 秒内没起来")
+
+
+def serve_inbox_page(env: dict) -> int:
+    """--web:起收件箱网页,说地址,等人在浏览器里处理完按 Ctrl-C。"""
+    port = free_port(WEB_PORT)
+    print(f"\n## 终端 3:起收件箱网页\n$ uv run uvicorn inbox_web:app --port {port}", flush=True)
+    page = subprocess.Popen([sys.executable, "-m", "uvicorn", "inbox_web:app", "--port", str(port), "--log-level", "warning"],
+                            cwd=LAB, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for_port(port, page, name="收件箱网页")
+        print(f"收件箱网页:http://127.0.0.1:{port}/ (在浏览器里处理 T1012、T1041、T1003;按 Ctrl-C 结束)", flush=True)
+        while page.poll() is None:
+            time.sleep(0.2)
+        raise SystemExit(f"收件箱网页意外退出了(退出码 {page.returncode}):\n{page.stderr.read()}")
+    except KeyboardInterrupt:
+        print("已停止收件箱网页", flush=True)
+        return 0
+    finally:
+        page.terminate()
+        page.wait(timeout=10)
 
 
 def check_settings() -> None:
@@ -133,10 +157,10 @@ def main(argv: list[str]) -> int:
     if argv in (["-h"], ["--help"]):
         print(USAGE)
         return 0
-    if any(a != "--keep" for a in argv):
+    if any(a not in ("--keep", "--web") for a in argv) or len(set(argv)) != len(argv):
         print(USAGE, file=sys.stderr)
         return 2
-    keep = bool(argv)
+    keep, web = "--keep" in argv, "--web" in argv
     os.chdir(LAB)  # 和每一步一样在实验目录里读 .env
     # 演示总是用临时目录里的 SQLite:环境变量或 .env 里设了 DATABASE_URL 也不碰那个 PostgreSQL
     # (设成空串:空串算没设置,.env 也不会覆盖已经存在的环境变量)
@@ -179,6 +203,8 @@ def main(argv: list[str]) -> int:
         if shown_draft is None:  # worker 那一步每个事件都失败了,多半是模型连不上
             raise SystemExit("演示中断:T1012 没有进收件箱,看上面 worker 那一步为什么失败"
                              "(用真模型时检查 LLM_API_KEY、LLM_BASE_URL;不设 LLM_API_KEY 就用离线模型)")
+        if web:
+            return serve_inbox_page(env)
         step("批准 T1012", "uv run python inbox.py accept T1012", ["inbox.py", "accept", "T1012"], env)
         step("对 T1041 提意见,让 Agent 重写", f'uv run python inbox.py respond T1041 "{FEEDBACK}"',
              ["inbox.py", "respond", "T1041", FEEDBACK], env)

@@ -200,16 +200,48 @@ def test_demo_with_a_bad_setting_says_which_one_before_running_any_step(tmp_path
 @pytest.mark.parametrize("flag", ["-h", "--help"])
 def test_demo_help_prints_usage_and_runs_nothing(tmp_path, flag):
     r = run(["demo.py", flag], {**os.environ, "TMPDIR": str(tmp_path)})
-    assert (r.returncode, r.stdout, r.stderr) == (0, "用法:uv run python demo.py [--keep](--keep:跑完保留临时数据目录)\n", "")
+    assert (r.returncode, r.stdout, r.stderr) == (0, f"{demo.USAGE}\n", "")
+    assert demo.USAGE == ("用法:uv run python demo.py [--keep] [--web]"
+                          "(--keep:跑完保留临时数据目录;--web:停在收件箱,在网页上处理)")
     assert list(tmp_path.iterdir()) == []
 
 
 def test_demo_with_an_unknown_argument_shows_usage_and_runs_nothing(tmp_path):
     """打错了 --keep(比如 --kep)不能悄悄照跑、再把想留下的数据目录删掉。"""
-    r = run(["demo.py", "--kep"], {**os.environ, "TMPDIR": str(tmp_path)})
-    assert (r.returncode, r.stdout) == (2, "")
-    assert r.stderr == "用法:uv run python demo.py [--keep](--keep:跑完保留临时数据目录)\n"
+    for args in (["--kep"], ["--web", "--web"]):
+        r = run(["demo.py", *args], {**os.environ, "TMPDIR": str(tmp_path)})
+        assert (r.returncode, r.stdout, r.stderr) == (2, "", f"{demo.USAGE}\n")
+        assert list(tmp_path.iterdir()) == []
+
+
+def test_demo_web_stops_at_the_inbox_serves_the_page_and_ctrl_c_ends_it_cleanly(tmp_path):
+    """--web:跑到「看收件箱」,起收件箱网页、说地址;网页上能处理待办;在终端里按 Ctrl-C(整个进程组):退出码 0、
+    一行「已停止收件箱网页」,两个服务都停了,临时数据目录删了。"""
+    import httpx
+
+    env = {k: v for k, v in os.environ.items() if k not in ("LLM_API_KEY", "EVENTS_DB", "CHECKPOINTS_DB", "BIZ_DB")}
+    proc = subprocess.Popen([sys.executable, "demo.py", "--web"], cwd=LAB, env={**env, "TMPDIR": str(tmp_path)},
+                            text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    seen = []
+    try:
+        for line in proc.stdout:
+            seen.append(line)
+            if line.startswith("收件箱网页:http://"):
+                break
+        url = seen[-1].split(":", 1)[1].split(" ")[0]
+        assert seen[-1] == f"收件箱网页:{url} (在浏览器里处理 T1012、T1041、T1003;按 Ctrl-C 结束)\n"
+        assert f"$ uv run uvicorn inbox_web:app --port {url.split(':')[2].rstrip('/')}\n" in seen
+        assert "<title>待处理 3 · CloudLedger 收件箱</title>" in httpx.get(url).text
+        assert httpx.post(f"{url}api/tickets/T1012", json={"type": "accept"}).json()["outcome"] == "sent"
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert (proc.returncode, out, err) == (0, "已停止收件箱网页\n", "")
     assert list(tmp_path.iterdir()) == []
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(url)
 
 
 @pytest.mark.parametrize("sig, whole_group, again", [
