@@ -284,3 +284,17 @@ def test_the_server_refuses_to_start_on_a_malformed_users_setting_and_says_which
     assert proc.returncode != 0 and out == ""
     assert "配置错误:INBOX_WEB_USERS 的「bob:…」这一段要写成 名字:密码(逗号隔开几个人)" in err
     assert rows("SELECT COUNT(*) FROM events") == [(0,)]
+
+
+def test_with_max_redrafts_used_up_the_page_has_no_respond_button_and_a_respond_gets_400(lab, monkeypatch):
+    """MAX_REDRAFTS 和命令行一样算:起草时是 0,这条待办就不能 respond,页面上没有那个按钮,硬交也是 400。"""
+    monkeypatch.setenv("MAX_REDRAFTS", "0")
+    queue("T1041")
+    before = everything("T1041")
+    with serving(inbox_web.app) as url, httpx.Client(base_url=url) as client:
+        page = client.get("/tickets/T1041").text
+        r = post(client, "T1041", "respond", "先道歉")
+    assert re.findall(r'<form [^>]*data-action="(\w+)"', page) == ["accept", "edit", "ignore"]
+    assert (r.status_code, error_of(r)) == (400, "T1041 起草时 MAX_REDRAFTS=0,没有按意见重写这一项,不能 respond;"
+                                                 "现在可以:accept / edit / ignore")
+    assert everything("T1041") == before
