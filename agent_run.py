@@ -1,6 +1,7 @@
 """worker.py 和 inbox.py 跑 agent.py 的图时要的几样:跑之前把图用到的设置都查一遍(check_settings),
 图走完或停在收件箱时这个事件该记成什么状态(finished_status、interrupted_status)。课文的 worker 只看一个事件;
 这里同一张工单可能有好几个事件(上游换了 event_id 又通知一次),收件箱里只留一条待办,所以这些判断放在一处,两边共用。"""
+import agent_trace
 import config
 import store_events
 from llm import llm_settings
@@ -27,3 +28,4 @@ def check_settings() -> None:
     for name in ("MAX_REDRAFTS", "MAX_TICKET_CHARS", "INBOX_MAX_TEXT_CHARS", "LLM_DEADLINE_S"):
         config.value(name)
     llm_settings()
+    agent_trace.check_settings()

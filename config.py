@@ -113,6 +113,13 @@ SETTINGS: dict[str, Setting] = {
                                        "不设只回答本机的请求"),
     "INBOX_MAX_TEXT_CHARS": Setting("int", 2000, minimum=1, unit="字",
                                     meaning="edit 的回复、respond 的意见最多几个字;草稿本来不到 150 字,更长的多半是多粘贴了一段"),
+    # ---- 追踪(agent_trace.py)
+    "LANGFUSE_PUBLIC_KEY": Setting("str", "", meaning="Langfuse 项目的 public key(pk-lf-…);和下面两项都设了才按工单追踪,"
+                                                      "都不设就不追踪、不导入 langfuse"),
+    "LANGFUSE_SECRET_KEY": Setting("str", "", secret=True, meaning="Langfuse 项目的 secret key(sk-lf-…)"),
+    "LANGFUSE_HOST": Setting("url", "", unit="网址",
+                             meaning="Langfuse 的地址,例如本机 docker compose 起的 http://localhost:3000;不设就不追踪,"
+                                     "不会默认发到云服务"),
     # ---- 邮件(email_poller.py)
     "IMAP_HOST": Setting("str", "", meaning="IMAP 服务器,例如 imap.qq.com;不设时 email_poller.py 说明缺什么并退出"),
     "IMAP_USER": Setting("str", "", meaning="邮箱地址"),

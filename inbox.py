@@ -27,6 +27,7 @@ if __name__ == "__main__":
 
 from langgraph.types import Command  # noqa: E402
 
+import agent_trace  # noqa: E402
 import inbox_args  # noqa: E402
 import inbox_repair  # noqa: E402
 import inbox_seen  # noqa: E402
@@ -158,8 +159,9 @@ def resume(graph, ticket_id: str, answer: dict, reviewer: str | None = None, sho
     ev = next((e for e in in_inbox if e["ticket_id"] == ticket_id), None)
     if ev is None:
         raise inbox_take.not_in_inbox(ticket_id, in_inbox)
-    cfg = thread_of(ticket_id, ev["event_id"])
-    cfg["configurable"]["reviewer"] = reviewer or inbox_seen.viewer()
+    who = reviewer or inbox_seen.viewer()
+    cfg = agent_trace.traced(thread_of(ticket_id, ev["event_id"]), reviewer=who)
+    cfg["configurable"]["reviewer"] = who
     snap = inbox_take.take(graph, ev, cfg, command, lambda snap: refusal(command, ticket_id, snap), shown)
     try:
         # sync:每个节点的结果写下了才跑下一个节点。默认的 async 在后台写、同时就往下跑:review 的结果(人的决定)

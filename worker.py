@@ -36,6 +36,7 @@ import store_pg  # noqa: E402
 import worker_owner  # noqa: E402
 from agent_run import FINISHED, finished_status, interrupted_status  # noqa: E402
 from agent_run import check_settings as graph_settings  # noqa: E402
+from agent_trace import traced  # noqa: E402
 from agent_saver import known_new, open_saver  # noqa: E402
 from llm_pii import mask_pii  # noqa: E402
 # agent.py(open_graph、thread_of、PermanentError)到领到第一个事件时才导入(worker_pool.WorkerBase.graph):
@@ -123,7 +124,7 @@ def handle(graph, ev: dict) -> str:
     from agent import thread_of
 
     ticket_id = payload_ticket(ev)
-    cfg = thread_of(ticket_id, ev["event_id"])
+    cfg = traced(thread_of(ticket_id, ev["event_id"]))
     snap = graph.get_state(cfg)
     if snap.interrupts:
         # 等人的 thread:已经在收件箱里了。若收件箱里没有它的事件(上次收件箱命令中途崩了),这个事件接手等人

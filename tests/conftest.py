@@ -17,7 +17,8 @@ import pytest
 LAB = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(LAB))
 os.environ["AMBIENT_NO_DOTENV"] = "1"  # 不读开发者本机的 .env
-for _name in ("LLM_API_KEY", "LLM_FALLBACK_MODEL", "DATABASE_URL", "SLACK_WEBHOOK_URL", "IMAP_HOST"):
+for _name in ("LLM_API_KEY", "LLM_FALLBACK_MODEL", "DATABASE_URL", "SLACK_WEBHOOK_URL", "IMAP_HOST", "LANGFUSE_PUBLIC_KEY",
+              "LANGFUSE_SECRET_KEY", "LANGFUSE_HOST"):
     os.environ.pop(_name, None)
 
 import config  # noqa: E402
