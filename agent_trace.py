@@ -49,7 +49,7 @@ def check_settings() -> None:
 def traced(cfg: dict, *, reviewer: str | None = None) -> dict:
     """给跑图用的 config(agent.thread_of 的)加上 Langfuse 的回调和 trace 的属性;没设 key 时原样返回,不导入 langfuse。
     session id 已经在 cfg 的 metadata 里(工单号);这里加上事件 id、触发来源,恢复时加上处理的人(reviewer)。
-    建不起 Langfuse 客户端(装的不对、地址写法 SDK 不认)时说一行、照常跑,不追踪。"""
+    没装 Langfuse 的 SDK、建不起客户端时说一行、照常跑,不追踪。"""
     keys = settings()
     if keys is None:
         return cfg
@@ -60,6 +60,9 @@ def traced(cfg: dict, *, reviewer: str | None = None) -> dict:
     try:
         client(*keys)
         handler = handler_class()(public_key=keys[0])  # 每次运行一个:几个处理线程不共用它记着的运行
+    except ImportError:
+        complain("设了 LANGFUSE_* 却没装 Langfuse 的 SDK,不追踪;要追踪先 uv sync --extra tracing")
+        return cfg
     except Exception as e:  # noqa: BLE001 —— 追踪出了问题也不能让事件失败
         complain(f"没法接上 Langfuse({type(e).__name__}: {e})")
         return cfg

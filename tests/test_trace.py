@@ -268,3 +268,16 @@ def test_error_messages_in_the_trace_are_masked_too(langfuse, lab, monkeypatch):
     errors = [(s["name"], s["attrs"]["langfuse.observation.status_message"]) for s in langfuse.spans()
               if s["attrs"].get("langfuse.observation.level") == "ERROR"]
     assert errors == [("send", said), ("LangGraph", said)]
+
+
+def test_keys_without_the_sdk_installed_say_so_once_and_run_untraced(langfuse, lab, monkeypatch):
+    """设了三项、却没装 Langfuse 的 SDK(uv sync 没加 --extra tracing,也不是开发环境):事件照常处理,说一行怎么装。"""
+    monkeypatch.setitem(sys.modules, "langfuse", None)  # import langfuse 抛 ImportError,像没装一样
+    monkeypatch.setattr(agent_trace, "_complained", threading.Lock())
+    add("T1012")
+    add("T1041")
+    r = cli(["worker.py", "--once"], lab)
+    assert result(r) == (0, "evt_T1012_created → waiting_human\nevt_T1041_created → waiting_human\n",
+                         TRACE_TROUBLE + "设了 LANGFUSE_* 却没装 Langfuse 的 SDK,不追踪;要追踪先 uv sync --extra tracing\n"
+                         + OFFLINE)
+    assert agent_trace._clients == {} and langfuse.posts == []
