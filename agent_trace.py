@@ -19,8 +19,8 @@ from llm import api_key_setting
 from llm_pii import mask_pii
 
 # 秒;进程退出时等还没发出的 trace 最多这么久:Langfuse 挂了、很慢时不拖住 crontab 每分钟跑的命令。
-# 比承诺的 2 秒少一点,留给线程收尾和解释器退出
-FLUSH_TIMEOUT_S = 1.5
+# 比承诺的 2 秒少,留给线程收尾和解释器退出;Langfuse 好好的时候,这时只剩最后一批 span,本机几毫秒就发完
+FLUSH_TIMEOUT_S = 1
 KEYS = ("LANGFUSE_PUBLIC_KEY", "LANGFUSE_SECRET_KEY", "LANGFUSE_HOST")  # 三项都设了才追踪
 
 _lock = threading.Lock()
