@@ -20,8 +20,6 @@ import store
 
 OFFLINE = ("[llm] 没有设置 LLM_API_KEY,使用离线模型 offline-cloudledger:按关键词分类、按模板起草,不联网、不花钱。"
            "设置 LLM_API_KEY 后自动换成真模型。\n")
-
-
 TRACE_TROUBLE = "[trace] 追踪出了问题,事件照常处理(这个进程里之后的追踪问题不再说):"
 
 
