@@ -1,10 +1,13 @@
 """业务库(云簿的客户和工单),给 store.py、agent.py 和邮件轮询用:课文直接用 Day 23 造好的 cloudledger.db,
 这里没有它时从 cloudledger_seed.json 建一份(设了 DATABASE_URL 时建在 PostgreSQL 里),认出 BIZ_DB 指错了的库、
-不去动它,还有邮件轮询用的查询:按发件地址找客户、邮件建工单(重跑得到同一个工单号)。"""
+不去动它,还有邮件轮询用的查询:按发件地址找客户、邮件建工单(重跑得到同一个工单号)。发票表(invoices)是可选的:
+agent.py 的 load 读客户名下的发票,Agent 分不清客户说的是哪一张时拿它们去问人;没有这张表的业务库(课文自己的那份)
+照常能用,只是没有候选。"""
 import json
 import os
 import sqlite3
 from datetime import date, datetime, timedelta, timezone
+from decimal import Decimal
 from pathlib import Path
 
 import config
@@ -14,7 +17,7 @@ import store_pg
 import store_sqlite
 
 
-SEED_FILE = config.HERE / "cloudledger_seed.json"  # 业务库的种子数据:30 个客户、41 张工单
+SEED_FILE = config.HERE / "cloudledger_seed.json"  # 业务库的种子数据:30 个客户、42 张工单、55 张发票
 
 BIZ_SCHEMA = """
 CREATE TABLE IF NOT EXISTS customers (
@@ -32,6 +35,14 @@ CREATE TABLE IF NOT EXISTS tickets (         -- 列顺序固定:邮件轮询按�
     status       TEXT NOT NULL DEFAULT 'open',   -- open / closed
     created_at   TEXT NOT NULL                   -- YYYY-MM-DD
 );
+CREATE TABLE IF NOT EXISTS invoices (        -- 可选:没有它时 Agent 没有发票可列,照常起草
+    id           TEXT PRIMARY KEY,               -- INV-2026-0123
+    customer_id  TEXT NOT NULL REFERENCES customers(id),
+    issued_on    TEXT NOT NULL,                  -- YYYY-MM-DD
+    amount       NUMERIC(12, 2) NOT NULL,        -- 元
+    title        TEXT NOT NULL,                  -- 抬头
+    status       TEXT NOT NULL DEFAULT 'issued'  -- issued / void
+);
 """
 
 
@@ -45,22 +56,47 @@ def ticket(ticket_id: str) -> dict | None:
 
 BIZ_COLUMNS = {"customers": ("id", "name", "email", "company", "plan"),   # 业务表和这里用到的列(拷 SQLite 业务库时只取这些)
                "tickets": ("id", "customer_id", "subject", "body", "status", "created_at")}
+INVOICE_COLUMNS = ("id", "customer_id", "issued_on", "amount", "title", "status")  # 可选的发票表:不在 BIZ_COLUMNS 里,缺了不算坏库
 
 
-def seed_rows(today: date | None = None) -> tuple[list, list]:
-    """cloudledger_seed.json 里的客户和工单。工单的 created_at = 今天 - age_days,所以哪天建都有新有旧。"""
+def seed_rows(today: date | None = None) -> tuple[list, list, list]:
+    """cloudledger_seed.json 里的客户、工单和发票。工单的 created_at、发票的 issued_on = 今天 - age_days,所以哪天建都有新有旧。"""
     seed = json.loads(SEED_FILE.read_text(encoding="utf-8"))
     today = today or datetime.now(timezone.utc).date()
+
+    def day(row: dict) -> str:
+        return (today - timedelta(days=row["age_days"])).isoformat()
     return ([(c["id"], c["name"], c["email"].lower(), c["company"], c["plan"]) for c in seed["customers"]],
-            [(t["id"], t["customer_id"], t["subject"], t["body"], t["status"],
-              (today - timedelta(days=t["age_days"])).isoformat()) for t in seed["tickets"]])
+            [(t["id"], t["customer_id"], t["subject"], t["body"], t["status"], day(t)) for t in seed["tickets"]],
+            [(i["id"], i["customer_id"], day(i), i["amount"], i["title"], i["status"]) for i in seed["invoices"]])
 
 
-def fill_biz(conn, customers: list, tickets: list) -> None:
-    """在 conn 上建业务表,填进这些客户和工单。"""
+def fill_biz(conn, customers: list, tickets: list, invoices: list) -> None:
+    """在 conn 上建业务表(连同发票表),填进这些客户、工单和发票。"""
     conn.executescript(BIZ_SCHEMA)
-    for (table, columns), rows in zip(BIZ_COLUMNS.items(), (customers, tickets)):
+    tables = {**BIZ_COLUMNS, "invoices": INVOICE_COLUMNS}
+    for (table, columns), rows in zip(tables.items(), (customers, tickets, invoices)):
         conn.executemany(f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})", rows)
+
+
+INVOICES_SQL = "SELECT id, issued_on, amount, title, status FROM invoices WHERE customer_id = ? ORDER BY issued_on DESC, id"
+
+
+def invoices(customer_id: str) -> list[dict]:
+    """客户名下的发票,最近的在前:{id, issued_on, amount(两位小数的字符串), title, status}。
+    业务库里没有发票表(课文自己的那份)时是空的:Agent 没有候选可列,照常起草。"""
+    with store.opened(store.biz_target()) as conn:
+        if not has_invoices(conn, store.biz_target()):
+            return []
+        rows = conn.execute(INVOICES_SQL, (customer_id,)).fetchall()
+    return [{**dict(r), "issued_on": str(r["issued_on"])[:10], "amount": f"{Decimal(str(r['amount'])):.2f}"} for r in rows]
+
+
+def has_invoices(conn, path: Path | None) -> bool:
+    """conn(path 的库,见 store.dialect)里有没有发票表(PostgreSQL 上按 search_path 找)。"""
+    if store.dialect(path) == "postgres":
+        return conn.execute("SELECT to_regclass('invoices') IS NOT NULL").fetchone()[0]
+    return conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'invoices'").fetchone() is not None
 
 
 BIZ_LOCK = 20261132  # advisory lock 的编号:几台机器同时第一次运行 store.py 时,只有一个建业务表、填数据
@@ -89,12 +125,14 @@ def build_biz_tables(today: date | None = None) -> str | None:
     return f"从 {path} 拷过来" if copy else "种子数据"
 
 
-def sqlite_biz_rows(path: Path) -> tuple[list, list]:
-    """SQLite 业务库里的客户和工单(只取这里用到的列)。NUL 去掉:PostgreSQL 的 TEXT 存不了它。"""
+def sqlite_biz_rows(path: Path) -> tuple[list, list, list]:
+    """SQLite 业务库里的客户、工单和发票(只取这里用到的列;没有发票表时发票是空的)。NUL 去掉:PostgreSQL 的 TEXT 存不了它。"""
     with store.opened(path) as conn:
-        return tuple([tuple(v.replace("\x00", "") if isinstance(v, str) else v for v in row)
-                      for row in conn.execute(f"SELECT {', '.join(columns)} FROM {table}")]
-                     for table, columns in BIZ_COLUMNS.items())
+        tables = {**BIZ_COLUMNS, **({"invoices": INVOICE_COLUMNS} if has_invoices(conn, path) else {})}
+        found = [[tuple(v.replace("\x00", "") if isinstance(v, str) else v for v in row)
+                  for row in conn.execute(f"SELECT {', '.join(columns)} FROM {table}")]
+                 for table, columns in tables.items()]
+    return found[0], found[1], found[2] if len(found) > 2 else []
 
 
 def build_biz_db(path: Path, today: date | None = None) -> bool:

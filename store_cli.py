@@ -51,7 +51,7 @@ def build_and_count(from_sqlite: bool = False) -> int:
         store_pg.open_checkpointer(durable=True)[1].close()
         url = store_errors._safe_url(store.database_url())
         if source := store_biz.build_biz_tables():
-            print(f"已在 {url} 新建业务表 customers、tickets({source})")
+            print(f"已在 {url} 新建业务表 customers、tickets、invoices({source})")
         elif problem := store_biz.biz_db_problem(hint=False):  # 只剩半套(有人删了一张):不在上面补,说清楚
             print(f"{problem}。没有动它:确定剩下的那张业务表没用了(不是别的程序的),才把它也删掉(DROP TABLE)再运行 "
                   "uv run python store.py,就会新建一套", file=sys.stderr)
@@ -84,6 +84,9 @@ def build_and_count(from_sqlite: bool = False) -> int:
             return 2
         where = {"事件库": (store.events_db(), None), "业务库": (biz, biz)}
     tables = {"事件库": ("events", "outbox", "review_log", "llm_usage"), "业务库": tuple(store_biz.BIZ_COLUMNS)}
+    with store.opened(where["业务库"][1]) as conn:  # 发票表是可选的:有才数
+        if store_biz.has_invoices(conn, where["业务库"][1]):
+            tables["业务库"] += ("invoices",)
     for label, (shown, path) in where.items():
         print(f"{label} {shown}:" + ",".join(f"{t} {n} 行" for t, n in counts(path, tables[label]).items()))
     if store.dialect() == "postgres" and not from_sqlite and (note := store_move.sqlite_note()):

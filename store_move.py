@@ -225,7 +225,7 @@ def copy_missing_tickets(target, ticket_ids: set[str]) -> int:
     if not (missing := ticket_ids - there) or not path.exists() or path.stat().st_size == 0:
         return 0
     try:
-        customers, tickets = store_biz.sqlite_biz_rows(path)
+        customers, tickets, _ = store_biz.sqlite_biz_rows(path)  # 发票不补:Agent 没有候选时照常起草
     except sqlite3.Error as e:
         raise MoveRefused(2, f"业务库 {path} 读不了({store_errors.first_line(e)}),搬过去的事件要用的工单"
                              f"({'、'.join(sorted(missing)[:5])})拷不过去。什么都没搬") from None

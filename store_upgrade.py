@@ -110,7 +110,7 @@ CHECKPOINT_TABLES = ("checkpoint_migrations", "checkpoints", "checkpoint_blobs",
 def pg_rights_or_exit(conn) -> None:
     """表是所有者建的、这个用户只被给了一部分权限(比如只有 SELECT):一开始就一行说清楚缺什么、怎么给,什么都还没做。
     不查的话要到第一次写(领事件、收信)时才是 InsufficientPrivilege 的 traceback。"""
-    ours = [*SCHEMA_OBJECTS, *store_biz.BIZ_COLUMNS, *CHECKPOINT_TABLES]
+    ours = [*SCHEMA_OBJECTS, *store_biz.BIZ_COLUMNS, "invoices", *CHECKPOINT_TABLES]
     if missing := [r[0] for r in conn.execute(PG_MISSING_RIGHTS, (ours,))]:
         user, schema = conn.execute("SELECT quote_ident(current_user), quote_ident(current_schema())").fetchone()
         raise SystemExit(f"DATABASE_URL 的用户 {user} 对表 {'、'.join(missing)} 没有读写权限(程序要 SELECT、INSERT、UPDATE、"

@@ -570,7 +570,7 @@ def test_store_py_run_by_a_read_write_user_where_the_business_tables_are_missing
     r = cli(["store.py"], pg_lab)
     assert r.returncode == 0, r.stderr
     with store.opened() as conn:
-        conn.execute("DROP TABLE tickets, customers")
+        conn.execute("DROP TABLE invoices, tickets, customers")
     with read_write_role(owner_url) as (url, grant_read_write):
         grant_read_write()
         r = cli(["store.py"], {**pg_lab, "DATABASE_URL": url})

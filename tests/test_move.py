@@ -112,9 +112,9 @@ def sqlite_lab_in_use(lab, monkeypatch):
 
 def built_empty(url: str, lab: dict) -> list[str]:
     """store.py 第一次在一个空的 PostgreSQL 库里运行时打印的前三行:建业务表(拷 BIZ_DB),事件库是空的。"""
-    return [f"已在 {url} 新建业务表 customers、tickets(从 {lab['BIZ_DB']} 拷过来)",
+    return [f"已在 {url} 新建业务表 customers、tickets、invoices(从 {lab['BIZ_DB']} 拷过来)",
             f"事件库 {url}:events 0 行,outbox 0 行,review_log 0 行,llm_usage 0 行",
-            f"业务库 {url}:customers 30 行,tickets 41 行"]
+            f"业务库 {url}:customers 30 行,tickets 42 行,invoices 55 行"]
 
 
 def from_sqlite(env: dict):
@@ -143,7 +143,7 @@ def test_a_sqlite_lab_moved_to_postgres_carries_on_there_and_sends_each_reply_on
             f"{lab['EVENTS_DB']} 里记下了已搬进 PostgreSQL:以后不设 DATABASE_URL 的程序都会说明原因、不用它,"
             "还开着的 SQLite worker 也领不到事件了,同一张工单不会在两边各处理一遍",
             f"事件库 {url}:events 5 行,outbox 1 行,review_log 1 行,llm_usage 3 行",
-            f"业务库 {url}:customers 30 行,tickets 41 行"]
+            f"业务库 {url}:customers 30 行,tickets 42 行,invoices 55 行"]
         assert snapshot() == before  # SQLite 里的数据原样没动,只多了搬走的记号
         (where, moved_at), = moved_mark(lab["EVENTS_DB"])[0]
         assert (where, started <= moved_at <= store.parse_time(store.now())) == (url, True)
@@ -195,7 +195,7 @@ def already_there(lab: dict, path, url: str) -> list[str]:
             f"{path} 里记下了已搬进 PostgreSQL:以后不设 DATABASE_URL 的程序都会说明原因、不用它,"
             "还开着的 SQLite worker 也领不到事件了,同一张工单不会在两边各处理一遍",
             f"事件库 {url}:events 5 行,outbox 1 行,review_log 1 行,llm_usage 3 行",
-            f"业务库 {url}:customers 30 行,tickets 41 行"]
+            f"业务库 {url}:customers 30 行,tickets 42 行,invoices 55 行"]
 
 
 def test_moving_twice_is_refused_and_nothing_is_moved_again(pg_url, sqlite_lab_in_use, monkeypatch, tmp_path):
@@ -248,7 +248,7 @@ def test_moving_twice_is_refused_and_nothing_is_moved_again(pg_url, sqlite_lab_i
         r = cli(["store.py"], env)
         assert (r.returncode, r.stderr) == (0, "")
         assert r.stdout.splitlines() == [f"事件库 {url}:events 0 行,outbox 0 行,review_log 0 行,llm_usage 0 行",
-                                         f"业务库 {url}:customers 30 行,tickets 41 行"]
+                                         f"业务库 {url}:customers 30 行,tickets 42 行,invoices 55 行"]
 
 
 def test_store_py_on_another_postgres_database_says_where_the_sqlite_lab_was_moved(
@@ -267,14 +267,14 @@ def test_store_py_on_another_postgres_database_says_where_the_sqlite_lab_was_mov
         back = cli(["store.py"], {**lab, "DATABASE_URL": moved_here})  # 改回去:不再提醒
         assert (back.returncode, back.stderr, back.stdout.splitlines()) == (0, "", [
             f"事件库 {moved_here}:events 5 行,outbox 1 行,review_log 1 行,llm_usage 3 行",
-            f"业务库 {moved_here}:customers 30 行,tickets 41 行"])
+            f"业务库 {moved_here}:customers 30 行,tickets 42 行,invoices 55 行"])
         # 同一个库,换成只有读写权限的用户连(所有者搬的家):也是「改回去了」,不因为 URL 里的用户不同就提醒
         with read_write_role(moved_here) as (as_user, grant_read_write):
             grant_read_write()
             back = cli(["store.py"], {**lab, "DATABASE_URL": as_user})
             assert (back.returncode, back.stderr, back.stdout.splitlines()) == (0, "", [
                 f"事件库 {as_user}:events 5 行,outbox 1 行,review_log 1 行,llm_usage 3 行",
-                f"业务库 {as_user}:customers 30 行,tickets 41 行"])
+                f"业务库 {as_user}:customers 30 行,tickets 42 行,invoices 55 行"])
         with on_postgres(monkeypatch, moved_here):
             assert snapshot() == before
     assert snapshot() == before
@@ -322,7 +322,7 @@ def test_checkpoints_without_their_events_stop_the_move_and_nothing_is_moved(
     assert cli(["store.py"], {**lab, "EVENTS_DB": str(other)}).returncode == 0  # 一个新建的、空的事件库
     with pg_schema() as url:
         r = from_sqlite({**lab, "EVENTS_DB": str(other), "DATABASE_URL": url})
-        built = f"已在 {store_errors._safe_url(url)} 新建业务表 customers、tickets(从 {lab['BIZ_DB']} 拷过来)\n"  # 搬之前的一步
+        built = f"已在 {store_errors._safe_url(url)} 新建业务表 customers、tickets、invoices(从 {lab['BIZ_DB']} 拷过来)\n"  # 搬之前的一步
         assert (r.returncode, r.stdout, r.stderr) == (
             2, built, f"没有搬:{lab['CHECKPOINTS_DB']} 里有 4 个 thread 在 {other} 里没有对应的事件"
                    "(ticket-T1003、ticket-T1012、ticket-T1020、ticket-T1041):两个文件不是同一套 —— EVENTS_DB、"
@@ -341,7 +341,7 @@ def test_inbox_items_whose_checkpoints_are_not_in_checkpoints_db_stop_the_move_a
     typo = tmp_path / "checkpoint.db"
     with pg_schema() as url:
         r = from_sqlite({**lab, "CHECKPOINTS_DB": str(typo), "DATABASE_URL": url})
-        built = f"已在 {store_errors._safe_url(url)} 新建业务表 customers、tickets(从 {lab['BIZ_DB']} 拷过来)\n"  # 搬之前的一步
+        built = f"已在 {store_errors._safe_url(url)} 新建业务表 customers、tickets、invoices(从 {lab['BIZ_DB']} 拷过来)\n"  # 搬之前的一步
         assert (r.returncode, r.stdout, r.stderr) == (
             2, built, f"没有搬:{lab['EVENTS_DB']} 的收件箱里有 2 条待办(T1003、T1041),{typo} 里却没有它们的 checkpoint:"
                       "CHECKPOINTS_DB 指错了(文件不在,或者是另一套);把它改成 worker 起草时用的那个再搬。什么都没搬\n")
@@ -515,7 +515,7 @@ def test_connections_cut_in_the_middle_of_the_move_leave_nothing_moved_and_the_r
             assert store_cli.main(["--from-sqlite"]) == 1
         out, err = capsys.readouterr()
         assert (len(puts), out, err) == (
-            5, f"已在 {url} 新建业务表 customers、tickets(从 {lab['BIZ_DB']} 拷过来)\n",
+            5, f"已在 {url} 新建业务表 customers、tickets、invoices(从 {lab['BIZ_DB']} 拷过来)\n",
             "数据库暂时用不了(OperationalError: consuming input failed: server closed the connection unexpectedly),"
             "稍后再运行 uv run python store.py --from-sqlite(已经建好的不会重建;这一次什么都没搬)\n")
         store_pg.close_pools()  # 池里的连接都被断了
@@ -564,7 +564,7 @@ def test_mail_that_arrived_after_postgres_got_its_business_tables_moves_with_its
             assert rows("SELECT id, customer_id, subject FROM tickets WHERE id = ?", (ticket,)) == [
                 (ticket, "C002", "关闭自动续费后又被扣款")]
             assert [status for _, status in drain()] == ["waiting_human", "waiting_human"]
-            assert rows("SELECT COUNT(*) FROM tickets") == [(43,)]  # 种子的 41 张、第一封信的(建业务表时拷的)、这一张
+            assert rows("SELECT COUNT(*) FROM tickets") == [(44,)]  # 种子的 42 张、第一封信的(建业务表时拷的)、这一张
 
 
 def test_after_the_move_every_program_without_database_url_refuses_the_sqlite_files_even_ones_already_running(

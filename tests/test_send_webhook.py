@@ -348,10 +348,10 @@ def test_store_builds_missing_databases_and_prints_row_counts(tmp_path):
     assert first.returncode == 0, first.stderr
     assert first.stdout == (f"已新建业务库 {tmp_path / 'b.db'}\n"
                             f"事件库 {tmp_path / 'e.db'}:events 0 行,outbox 0 行,review_log 0 行,llm_usage 0 行\n"
-                            f"业务库 {tmp_path / 'b.db'}:customers 30 行,tickets 41 行\n")
+                            f"业务库 {tmp_path / 'b.db'}:customers 30 行,tickets 42 行,invoices 55 行\n")
     again = cli(["store.py"], env)  # 已经有了就不动,也不重建
     assert (again.returncode, again.stdout, again.stderr) == (0, first.stdout.split("\n", 1)[1], "")
-    assert rows("SELECT COUNT(*) FROM tickets WHERE status = 'open'", path=tmp_path / "b.db") == [(29,)]
+    assert rows("SELECT COUNT(*) FROM tickets WHERE status = 'open'", path=tmp_path / "b.db") == [(30,)]
 
 
 STORE_USAGE = ("用法:uv run python store.py               建好缺的库,打印各表行数\n"
@@ -406,7 +406,7 @@ def test_a_learners_own_business_database_is_left_alone(tmp_path):
     r = cli(["store.py"], env)
     assert (r.returncode, r.stderr) == (0, "")
     assert r.stdout == (f"事件库 {tmp_path / 'e.db'}:events 0 行,outbox 0 行,review_log 0 行,llm_usage 0 行\n"
-                        f"业务库 {own}:customers 0 行,tickets 0 行\n")
+                        f"业务库 {own}:customers 0 行,tickets 0 行,invoices 0 行\n")
 
 
 def test_store_builds_the_business_database_over_an_empty_file(tmp_path):
@@ -417,7 +417,7 @@ def test_store_builds_the_business_database_over_an_empty_file(tmp_path):
     assert (r.returncode, r.stderr) == (0, "")
     assert r.stdout == (f"已新建业务库 {biz}\n"
                         f"事件库 {tmp_path / 'e.db'}:events 0 行,outbox 0 行,review_log 0 行,llm_usage 0 行\n"
-                        f"业务库 {biz}:customers 30 行,tickets 41 行\n")
+                        f"业务库 {biz}:customers 30 行,tickets 42 行,invoices 55 行\n")
 
 
 @pytest.mark.parametrize("which, role", [("EVENTS_DB", "是事件库"), ("CHECKPOINTS_DB", "是 checkpoint 库")])

@@ -43,7 +43,7 @@ def test_store_py_started_four_times_at_once_on_a_new_directory_builds_the_busin
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(4)]
         results = [(p.wait(60), *p.communicate()) for p in procs]
         counts = [f"事件库 {folder / 'ambient.db'}:events 0 行,outbox 0 行,review_log 0 行,llm_usage 0 行",
-                  f"业务库 {folder / 'cloudledger.db'}:customers 30 行,tickets 41 行"]
+                  f"业务库 {folder / 'cloudledger.db'}:customers 30 行,tickets 42 行,invoices 55 行"]
         built = f"已新建业务库 {folder / 'cloudledger.db'}"
         assert sorted(results) == sorted([(0, "\n".join([built, *counts]) + "\n", "")]
                                          + [(0, "\n".join(counts) + "\n", "")] * 3), results
@@ -105,7 +105,7 @@ def test_a_pool_that_cannot_connect_after_the_probe_did_stops_in_time_and_says_w
 def drop_business_tables() -> None:
     """像一个刚建好的 PostgreSQL 库(或者旧版只在这里建了事件表的库):没有业务表。"""
     with store.transaction() as conn:
-        conn.execute("DROP TABLE tickets, customers")
+        conn.execute("DROP TABLE invoices, tickets, customers")
 
 
 EVENT_COUNTS = "events 0 行,outbox 0 行,review_log 0 行,llm_usage 0 行"
@@ -121,13 +121,13 @@ def test_store_builds_the_business_tables_in_postgres_once_and_no_sqlite_file(pg
     url = store_errors._safe_url(pg_lab["DATABASE_URL"])
     first = cli(["store.py"], env)
     assert (first.returncode, first.stderr) == (0, "")
-    assert first.stdout.splitlines() == [f"已在 {url} 新建业务表 customers、tickets(种子数据)",
+    assert first.stdout.splitlines() == [f"已在 {url} 新建业务表 customers、tickets、invoices(种子数据)",
                                          f"事件库 {url}:{EVENT_COUNTS}",
-                                         f"业务库 {url}:customers 30 行,tickets 41 行"]
+                                         f"业务库 {url}:customers 30 行,tickets 42 行,invoices 55 行"]
     store_biz.add_mail_ticket(["M1"], "C001", "发票", "麻烦重开", "2026-12-01")
     again = cli(["store.py"], env)  # 已经有了:不重建,邮件建的工单还在
     assert (again.returncode, again.stderr) == (0, "")
-    assert again.stdout.splitlines() == [f"事件库 {url}:{EVENT_COUNTS}", f"业务库 {url}:customers 30 行,tickets 42 行"]
+    assert again.stdout.splitlines() == [f"事件库 {url}:{EVENT_COUNTS}", f"业务库 {url}:customers 30 行,tickets 43 行,invoices 55 行"]
     assert not biz.parent.exists()
 
 
@@ -141,9 +141,9 @@ def test_the_first_build_in_postgres_copies_the_sqlite_business_db_that_biz_db_n
     r = cli(["store.py"], pg_lab)
     url = store_errors._safe_url(pg_lab["DATABASE_URL"])
     assert (r.returncode, r.stderr) == (0, "")
-    assert r.stdout.splitlines() == [f"已在 {url} 新建业务表 customers、tickets(从 {path} 拷过来)",
+    assert r.stdout.splitlines() == [f"已在 {url} 新建业务表 customers、tickets、invoices(从 {path} 拷过来)",
                                      f"事件库 {url}:{EVENT_COUNTS}",
-                                     f"业务库 {url}:customers 30 行,tickets 42 行"]
+                                     f"业务库 {url}:customers 30 行,tickets 43 行,invoices 55 行"]
     assert store_biz.ticket("M1a2b3c") == {"id": "M1a2b3c", "customer_id": "C001", "subject": "发票开错了",
                                        "body": "抬头写错了", "status": "open", "created_at": "2026-11-30"}
     for table in ("customers", "tickets"):
@@ -188,7 +188,7 @@ def test_several_machines_building_the_business_tables_at_once_seed_them_once(pg
     for t in threads:
         t.join()
     assert sorted(built, key=str) == [None, None, None, f"从 {store.biz_db()} 拷过来"]  # lab 建了 SQLite 的业务库
-    assert rows("SELECT (SELECT COUNT(*) FROM customers), (SELECT COUNT(*) FROM tickets)") == [(30, 41)]
+    assert rows("SELECT (SELECT COUNT(*) FROM customers), (SELECT COUNT(*) FROM tickets)") == [(30, 42)]
 
 
 def test_without_business_tables_in_postgres_every_command_says_run_store_and_touches_nothing(pg_lab):
