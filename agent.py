@@ -12,9 +12,10 @@ from langchain_core.runnables import RunnableConfig
 from langchain_core.utils.function_calling import convert_to_openai_tool
 from langgraph.graph import END, START, StateGraph
 from langgraph.types import interrupt
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field, ValidationInfo, field_validator
 from typing_extensions import TypedDict
 
+import agent_question
 import agent_saver
 import config as settings  # 节点的参数 config 是 LangGraph 的 RunnableConfig
 import store
@@ -31,14 +32,17 @@ from llm_pii import mask_pii, without_control_chars
 class Draft(BaseModel):
     category: Literal["refund", "billing", "invoice", "bug", "account", "other"]
     summary: str = Field(description="一句话概括客户的问题")
+    # 提问(agent_question.py):工单指的东西在数据里定不下来时,不写回复,问人。排在 reply 前面:校验 reply 时看得到它
+    question: str | None = Field(None, description="定不下来、要问客服的一句话(这时 reply 留空);能起草回复时不填")
+    candidates: list[str] | None = Field(None, description="question 的候选(发票号),让客服从中选")
     reply: str = Field(description="给客户的回复草稿,中文,不超过 150 字,不承诺具体退款金额")
 
     @field_validator("summary", "reply")
     @classmethod
-    def not_blank(cls, value: str) -> str:
-        # 空的 reply 进了收件箱,accept 就给客户发一封空信:和格式不对一样退避后再试。
+    def not_blank(cls, value: str, info: ValidationInfo) -> str:
+        # 空的 reply 进了收件箱,accept 就给客户发一封空信:和格式不对一样退避后再试;提问时才可以不写回复。
         # 用校验器而不用 min_length:发给模型的工具定义不变
-        if not value.strip():
+        if not value.strip() and not (info.field_name == "reply" and (info.data.get("question") or "").strip()):
             raise ValueError("不能是空的")
         return value
 
@@ -47,9 +51,10 @@ class TicketState(TypedDict, total=False):
     ticket_id: str
     kind: str              # 触发它的事件类型:ticket.created / ticket.stale
     ticket_text: str       # 已脱敏
-    draft: dict            # 当前草稿:category / summary / reply(通知类还有 action)
-    first_draft: dict      # 模型第一版,写 review_log 用
-    feedback: list[str]    # 每一轮 respond 的意见;条数就是重写次数
+    invoices: list[dict]   # 客户名下的发票(提问时的候选),最近的在前
+    draft: dict            # 当前草稿:category / summary / reply(通知类还有 action,提问时有 question / candidates)
+    first_draft: dict      # 模型第一版(提问不算),写 review_log 用
+    feedback: list[str]    # 每一轮 respond 的意见或对提问的回答;条数就是重写次数
     redraft_limit: int     # 起草这一版时的 MAX_REDRAFTS:这条待办还能不能 respond 按它算
     decision: str          # accept / edit:最后是怎么发出去的
     reviewer: str | None   # 谁回答的:收件箱续跑时放在 config 里(configurable.reviewer),写进 review_log
@@ -61,16 +66,18 @@ def load(state: TicketState) -> dict:
     t = store_biz.ticket(state["ticket_id"])
     if t is None:
         raise PermanentError(f"工单不存在:{state['ticket_id']}")
-    return {"ticket_text": mask_pii(without_control_chars(f"{t['subject']}:{t['body']}")), "feedback": []}
+    return {"ticket_text": mask_pii(without_control_chars(f"{t['subject']}:{t['body']}")), "feedback": [],
+            "invoices": store_biz.invoices(t["customer_id"])}
 
 
 def build_prompt(state: TicketState) -> str:
     ticket_text = state["ticket_text"].replace(FEEDBACK_HEADER, FORGED_HEADER)
     prompt = ("你是云簿 CloudLedger 的客服。请给下面的工单分类,并起草一封给客户的回复。\n\n"
               f"工单 {state['ticket_id']}:{for_the_model(ticket_text)}\n")
+    prompt += agent_question.prompt_part(state)  # 客户的发票、问过人的问答(提问)
     if state.get("kind") == "ticket.stale":
         prompt += "\n这张工单已经等了很久没人回复:回复开头先为久等道歉,再说明进展。\n"
-    if notes := state.get("feedback"):
+    if notes := agent_question.remarks(state.get("feedback", [])):
         prompt += f"\n{FEEDBACK_HEADER}\n" + "\n".join(f"- {n}" for n in notes) + "\n"
     return prompt
 
@@ -86,13 +93,16 @@ def draft(state: TicketState, config: RunnableConfig) -> dict:
         return {"draft": d, "first_draft": d}
     model = structured(get_llm(), DRAFT_TOOL)  # 即 get_llm().with_structured_output(Draft, method="function_calling")
     d = ask(model, build_prompt(state), Draft, state["ticket_id"], config)
-    return {"draft": d, "first_draft": state.get("first_draft") or d, "redraft_limit": settings.value("MAX_REDRAFTS")}
+    first = state.get("first_draft") or (None if agent_question.is_question(d) else d)  # 提问不是草稿
+    return {"draft": d, "first_draft": first, "redraft_limit": settings.value("MAX_REDRAFTS")}
 
 
 def review(state: TicketState, config: RunnableConfig) -> dict:
     d = state["draft"]
     if d.get("action") == "notify_supervisor":  # 练习 5
         item = notice_item(state)
+    elif agent_question.is_question(d):  # 提问:卡在查不到的事实上,只能回答或 ignore
+        item = agent_question.question_item(state, notice_text(state["ticket_text"]), may_respond(state))
     else:  # 收件箱条目(HumanInterrupt):想做的动作、允许人怎么处理、给人看的一句话
         item = {
             "action_request": {"action": "send_reply", "args": {"ticket_id": state["ticket_id"], "reply": d["reply"]}},
@@ -114,7 +124,8 @@ def review(state: TicketState, config: RunnableConfig) -> dict:
         return {"outcome": "send", "decision": "edit", "draft": {**d, "reply": edited_reply(answer)}, **answered}
     if kind == "response":
         # 意见也进模型,和工单一样先打码(客服常把客户的电话抄进意见里);inbox.py 交来之前已经打过,别的客户端的在这里打
-        return {"outcome": "redraft", "feedback": state.get("feedback", []) + [mask_pii(answer["args"])], **answered}
+        note = agent_question.answered(d, mask_pii(answer["args"]))  # 回答提问时连问题一起记
+        return {"outcome": "redraft", "feedback": state.get("feedback", []) + [note], **answered}
     return {"outcome": "ignore", **answered}
 
 

@@ -53,6 +53,6 @@ def ask(model, prompt: str, schema: type[BaseModel], ticket_id: str, config) -> 
     if args is None:  # ChatOpenAI 把解析不了的工具参数放进 invalid_tool_calls,解析器看到的就是「没调工具」
         raise ValueError("模型没有按 Draft 格式回答:回答里没有能用的 Draft 工具调用(只回了一段话,或者工具参数不是完整的 JSON)")
     try:
-        return schema.model_validate(args).model_dump()
+        return schema.model_validate(args).model_dump(exclude_none=True)  # 没提问时草稿里不带 question / candidates
     except ValidationError as e:  # 调了 Draft 工具,但参数不合规则(类别不在列表里、少了字段……)
         raise not_a_draft(e) from None

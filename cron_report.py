@@ -53,8 +53,9 @@ def outcome_lines(outcomes: list[dict]) -> list[str]:
             continue
         counts = ",".join(f"{k} {o[k]}" for k in OUTCOME_KINDS)
         responded = f",其中 {o['responded']} 张提过意见重写(response 共 {o['response']} 轮)" if o["responded"] else ""
+        asked = f",{o['asked']} 张 Agent 提过问(回答 {o['answers']} 轮)" if o["asked"] else ""  # agent_question.py
         lines.append(f"  {o['category']}:{o['tickets']} 张,{counts},原样批准率 {o['accept'] / o['tickets']:.0%}"
-                     + responded + recent_note(o))
+                     + responded + asked + recent_note(o))
     return lines
 
 

@@ -16,7 +16,8 @@
 这个文件按课文的顺序:waiting()、main()、list、四种回答、resume()(graph.invoke(Command(resume=…)) 就在这里),
 然后是练习 4、练习 5。课文之外的部分在旁边:inbox_take.py(拿到待办、两个命令抢同一条、出错时放回)、
 inbox_repair.py(上次做到一半的残局、restart)、inbox_seen.py(几个人共用时只发看过的那一版)、
-inbox_args.py(命令行参数检查)、inbox_show.py(终端上安全地显示)、inbox_story.py(show:一张工单的经过)。
+inbox_args.py(命令行参数检查)、inbox_show.py(终端上安全地显示)、inbox_story.py(show:一张工单的经过)、
+inbox_question.py(提问类待办)。
 """
 import sys
 
@@ -29,6 +30,7 @@ from langgraph.types import Command  # noqa: E402
 
 import agent_trace  # noqa: E402
 import inbox_args  # noqa: E402
+import inbox_question  # noqa: E402
 import inbox_repair  # noqa: E402
 import inbox_seen  # noqa: E402
 import inbox_show  # noqa: E402
@@ -127,6 +129,9 @@ def show_list(graph, missing: set[str]) -> None:
             print(inbox_show.indented("工单:", args["ticket_text"]))
             print("        只能 ignore(看过即可)")
             continue
+        if inbox_question.is_question_item(item):  # 提问:候选各一行,回答用 respond
+            print("\n".join(inbox_question.list_lines(ev["ticket_id"], item, len(snap.values.get("feedback", [])))))
+            continue
         print(inbox_show.indented("草稿:", args["reply"]))
         shown[ev["ticket_id"]] = args["reply"]
         if not item["config"]["allow_respond"]:
@@ -179,7 +184,8 @@ def resume(graph, ticket_id: str, answer: dict, reviewer: str | None = None, sho
         if command != "respond" or len(graph.get_state(cfg).values.get("feedback", [])) == rounds:
             # 拿到手后核对过了,按说不会到这里:图没有接受这个回答(review 又问了一次),待办原样留着,可以再处理
             raise Refused(f"{ticket_id} 这次没有处理成:{item['description']};仍在收件箱里")
-        return Result(ticket_id, new_draft=item["action_request"]["args"]["reply"])
+        return Result(ticket_id, new_draft=inbox_question.new_text(item),
+                      answered=inbox_question.is_question_item(snap.interrupts[0].value))
     store.set_status(ev["event_id"], finished_status(result["outcome"]), owner=worker_owner.inbox_owner())
     return Result(ticket_id, outcome=result["outcome"])
 
@@ -192,7 +198,7 @@ def show_result(result: Result) -> None:
         return
     # 新草稿有好几行(真模型常这样写)时,后面几行和 list 里一样缩进,不和下一行输出混在一起
     first, *rest = result.new_draft.splitlines() or [""]
-    print("已按意见重写,新草稿:", "\n".join([inbox_show.visible(first), *(inbox_show.indented("", line) for line in rest)]))
+    print("已按回答起草,新草稿:" if result.answered else "已按意见重写,新草稿:", "\n".join([inbox_show.visible(first), *(inbox_show.indented("", line) for line in rest)]))
     sys.stdout.flush()  # 真的写出去了才算看过(见 show_list)
     inbox_seen.remember({result.ticket_id: result.new_draft})
 
@@ -204,12 +210,12 @@ def show_result(result: Result) -> None:
 
 # ---- 练习 5:通知类待办只能 ignore ----
 # 通知类待办(notify_supervisor)的 config 只允许 ignore:accept / edit 在拿走之前就被拒绝,说清楚它是通知。
-# 同一个函数也拒绝 MAX_REDRAFTS 用完之后的 respond。
+# 同一个函数也拒绝 MAX_REDRAFTS 用完之后的 respond,和提问类待办的 accept / edit(它也没有草稿,见 inbox_question.py)。
 REDRAFTS_OFF = "起草时 MAX_REDRAFTS=0,没有按意见重写这一项"
 
 
 def refusal(command: str, ticket_id: str, snap) -> Refused | None:
-    """这条待办(snap 停在它的 interrupt 上)现在不接受 command 时的拒绝:通知类待办、重写到了上限;接受时是 None。"""
+    """这条待办(snap 停在它的 interrupt 上)现在不接受 command 时的拒绝:通知类待办、提问类待办、重写到了上限;接受时是 None。"""
     item = snap.interrupts[0].value
     kinds = allowed(item)
     if ANSWER_TYPE[command] in kinds:
@@ -217,6 +223,8 @@ def refusal(command: str, ticket_id: str, snap) -> Refused | None:
     ok = " / ".join(COMMAND_OF[k] for k in kinds)
     if item["action_request"]["action"] == "notify_supervisor":
         return Refused(f"{ticket_id} 是通知类待办,Agent 没有起草回复,不能 {command};只能 {ok}(看过即可)")
+    if inbox_question.is_question_item(item) and command != "respond":  # 提问类待办:没有草稿可发
+        return inbox_question.refusal(command, ticket_id, ok)
     if not (rounds := len(snap.values.get("feedback", []))):  # MAX_REDRAFTS=0:一次都没重写过
         return Refused(f"{ticket_id} {REDRAFTS_OFF},不能 respond;现在可以:{ok}")
     return Refused(f"{ticket_id} 已经按意见重写了 {rounds} 次,到上限了,不能再 respond;现在可以:{ok}")

@@ -1,12 +1,14 @@
 """inbox.py show:一张工单从头到尾的经过,给客户问「为什么给我发了这个」时的客服主管看。课文「上线以后盯什么」说后台
 Agent 要按事件、按工单组织,可这些记录散在四处:事件表(什么时候、从哪来、试了几次、为什么失败)、llm_usage(每次
 模型调用)、checkpoint(第一版草稿、每轮意见和重写)、review_log 和发件箱(怎么决定的、发了什么)。story() 把它们按
-时间排成一份,show 打印它,--json 原样交给脚本;网页收件箱的工单页也用它。"""
+时间排成一份,show 打印它,--json 原样交给脚本;网页收件箱的工单页也用它。Agent 提过问的(agent_question.py),
+第一版是那个问题,人的回答是 rounds 里的一轮(feedback 里「提问:… 回答:…」那一条),打印时写成提问、回答、起草。"""
 import json
 
 import config
 import store
 from agent import thread_of
+from agent_question import is_answer, is_question, split_answer
 from inbox_show import indented, visible
 from inbox_take import Refused
 
@@ -77,10 +79,16 @@ def print_story(s: dict) -> None:
         first = s["first_draft"]
         notice = first.get("action") == "notify_supervisor"  # 练习 5:没有起草,只通知主管
         print(indented("第一版:", f"(通知主管,没有起草)[{first['category']}] {first['summary']}" if notice else
+                       f"(提问,没有起草)[{first['category']}] {first['question']}" if is_question(first) else
                        first["reply"]))
     for i, r in enumerate(s["rounds"], 1):
-        print(indented(f"意见 {i}:", r["feedback"]))
-        print(indented(f"重写 {i}:", r["redraft"]["reply"] if r["redraft"] else "(还没有重写完)"))
+        if is_answer(r["feedback"]):  # 人回答了 Agent 的提问,Agent 照着起草
+            question, answer = split_answer(r["feedback"])
+            print(indented(f"提问 {i}:", question))
+            print(indented(f"回答 {i}:", answer))
+        else:
+            print(indented(f"意见 {i}:", r["feedback"]))
+        print(indented(f"重写 {i}:", redraft_text(r["redraft"])))
     if s["decision"]:
         print("决定")
         who = s["decision"]["reviewer"] or "(没有记下是谁)"
@@ -91,6 +99,12 @@ def print_story(s: dict) -> None:
         print("发件箱")
         print(indented("", f"{s['outbox']['sent_at']}  {s['outbox']['sent_by']}"))
         print(indented("", s["outbox"]["body"]))
+
+
+def redraft_text(redraft: dict | None) -> str:
+    if redraft is None:
+        return "(还没有重写完)"
+    return f"(又提了一个问题)【提问】{redraft['question']}" if is_question(redraft) else redraft["reply"]
 
 
 def print_json(s: dict) -> None:

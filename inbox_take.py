@@ -29,11 +29,13 @@ class Gone(Refused):
 @dataclass
 class Result:
     """处理完一条待办的结果(resume() 返回,不打印):outcome 是图走完的结果(sent / ignored);respond 之后图又停在
-    review 上时 new_draft 是新草稿,待办留在收件箱里;note 是途中出过错、但工单已经处理完时的说明。"""
+    review 上时 new_draft 是新草稿,待办留在收件箱里(answered:这次 respond 回答的是 Agent 的提问);
+    note 是途中出过错、但工单已经处理完时的说明。"""
     ticket_id: str
     outcome: str | None = None
     new_draft: str | None = None
     note: str | None = None
+    answered: bool = False
 
 
 def busy(ticket_id: str) -> Refused:

@@ -14,6 +14,8 @@ from langchain_core.messages import AIMessage, BaseMessage
 from langchain_core.outputs import ChatGeneration, ChatResult
 from langchain_core.utils.function_calling import convert_to_openai_tool
 
+from agent_question import ANSWER_MARK, ANSWERS_HEADER, ASK_RULE, INVOICES_HEADER
+
 
 OFFLINE_MODEL = "offline-cloudledger"
 
@@ -83,6 +85,11 @@ def offline_draft(prompt: str) -> dict:
     _, header, feedback = prompt.rpartition(f"\n{FEEDBACK_HEADER}\n")
     notes = [ln[2:].strip() for ln in feedback.splitlines() if ln.startswith("- ")] if header else []
     category = classify(ticket)
+    invoices, answers = _invoices(prompt), _answers(prompt)
+    if not answers and ASK_RULE in prompt and (phrase := _vague_invoice(ticket, invoices)):
+        return {"category": category, "summary": f"客户反映:{subject}"[:40], "reply": "",
+                "question": f"客户说的「{phrase}」是哪张?系统里有 {len(invoices)} 张候选", "candidates": list(invoices)}
+    named = f"您说的那张是{_named(answers[-1], invoices)}。" if answers else ""
     opening = "您好,"
     if any(w in prompt for w in ("等了", "久等")):
         opening += "让您久等了,非常抱歉。"
@@ -92,11 +99,55 @@ def offline_draft(prompt: str) -> dict:
             opening += "非常抱歉给您添了麻烦。"
         # 结尾:退款才说到账时间;开头已经道过歉的不再说一遍「给您添麻烦了」
         closing = "到账或处理时间以实际渠道为准," if category == "refund" else ""
-        reply = opening + body + closing + ("感谢您的耐心。" if "抱歉" in opening else "给您添麻烦了。")
+        reply = opening + named + body + closing + ("感谢您的耐心。" if "抱歉" in opening else "给您添麻烦了。")
     else:
-        reply = opening + REPLIES[category] + "感谢您的耐心。"
+        reply = opening + named + REPLIES[category] + "感谢您的耐心。"
     reply = _AMOUNT.sub("", reply)
     return {"category": category, "summary": f"客户反映:{subject}"[:40], "reply": _fit(reply, 150)}
+
+
+# ---- 提问:「上次那张发票」是哪张 ----
+_INVOICE_ID = re.compile(r"INV-\d{4}-\d{4}")
+_VAGUE_INVOICE = re.compile(r"(?:上次|上回|那张)[^,，。;；!！?？\s]{0,8}?发票|(?:上次|上回|那张)")
+
+
+def _invoices(prompt: str) -> dict[str, str]:
+    """提示词里列的客户发票:{发票号: 开具日期},最近的在前。"""
+    _, header, rest = prompt.partition(f"\n{INVOICES_HEADER}\n")
+    found = {}
+    for line in rest.splitlines() if header else []:
+        if not line.startswith("- "):
+            break
+        invoice_id, issued_on = line[2:].split()[:2]
+        found[invoice_id] = issued_on
+    return found
+
+
+def _answers(prompt: str) -> list[str]:
+    """提示词里问过客服的问答,每条是客服的回答(「提问:… 回答:」后面那段)。"""
+    _, header, rest = prompt.partition(f"\n{ANSWERS_HEADER}\n")
+    return [ln.rpartition(ANSWER_MARK)[2].strip() for ln in rest.splitlines() if ln.startswith("- ")] if header else []
+
+
+def _vague_invoice(ticket: str, invoices: dict[str, str]) -> str | None:
+    """工单说的是哪张发票定不下来时,工单里那个说法(「上次那张发票」);定得下来(客户只有一张、工单写了发票号)时是 None。
+    只认「上次」「那张」和发票一起出现的:这是离线模型的关键词规则,真模型自己判断。"""
+    text = simplified(ticket)
+    if len(invoices) < 2 or "发票" not in text or any(i in text for i in invoices):
+        return None
+    match = _VAGUE_INVOICE.search(text)
+    return None if match is None else match.group() if "发票" in match.group() else f"{match.group()}发票"
+
+
+def _named(answer: str, invoices: dict[str, str]) -> str:
+    """回答里指的那张发票,写进回复的样子:「发票 INV-2026-0121(2026-09-20 开具)」;回答里没有认得出的发票号时
+    照抄回答(「客服确认的那张发票:…」)。"""
+    ids = _INVOICE_ID.findall(answer)
+    if ids and ids[0] in invoices:
+        return f"发票 {ids[0]}({invoices[ids[0]]} 开具)"
+    if ids:
+        return f"发票 {ids[0]}"
+    return f"客服确认的那张发票({_AMOUNT.sub('', answer)[:30]})"
 
 
 def _statement(note: str) -> str:

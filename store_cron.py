@@ -6,6 +6,7 @@ import re
 from datetime import date, datetime, timezone
 
 import store
+from agent_question import is_answer
 
 
 def open_tickets_created_by(last_day: str) -> tuple[list[str], list[tuple[str, str]]]:
@@ -98,7 +99,8 @@ NOTIFIED = "(通知)"  # _outcomes_by_category 里通知类待办那一行的类
 
 def _outcomes_by_category(reviews, recent_since: datetime | None) -> list[dict]:
     """review_log 按类别数:accept / edit / ignore 各几张(每张工单最后是其中一种);responded 是其中提过意见重写的张数,
-    response 是 feedback 里意见的总条数(重写了几轮);
+    response 是 feedback 里意见的总条数(重写了几轮);asked / answers 是 Agent 提过问的张数和人回答的轮数
+    (feedback 里「提问:… 回答:…」那种条目,见 agent_question.py),不算进意见;
     recent_tickets / recent_edit 是 recent_since 以来的张数和 edit 数。通知类待办(notify)没有草稿可批,
     不算进任何一类,只数总共几条(类别名 NOTIFIED)。
     在 Python 里数而不是用 SQL 的 JSON 函数:SQLite 和 PostgreSQL 的写法不一样。"""
@@ -107,7 +109,8 @@ def _outcomes_by_category(reviews, recent_since: datetime | None) -> list[dict]:
         if action == "notify":
             category = NOTIFIED
         o = out.setdefault(category, {"category": category, "tickets": 0, "accept": 0, "edit": 0, "ignore": 0,
-                                      "responded": 0, "response": 0, "recent_tickets": 0, "recent_edit": 0})
+                                      "responded": 0, "response": 0, "asked": 0, "answers": 0,
+                                      "recent_tickets": 0, "recent_edit": 0})
         o["tickets"] += 1
         if action in ("accept", "edit", "ignore"):
             o[action] += 1
@@ -115,9 +118,14 @@ def _outcomes_by_category(reviews, recent_since: datetime | None) -> list[dict]:
             o["recent_tickets"] += 1
             o["recent_edit"] += action == "edit"
         try:
-            rounds = len(json.loads(feedback or "[]"))
+            notes = json.loads(feedback or "[]")
+            rounds = len(notes)
         except (ValueError, TypeError):
-            rounds = 0  # feedback 不是合法 JSON:这一行的意见不算
+            notes, rounds = [], 0  # feedback 不是合法 JSON:这一行的意见不算
+        answers = sum(isinstance(n, str) and is_answer(n) for n in notes) if isinstance(notes, list) else 0
+        rounds -= answers
         o["response"] += rounds
         o["responded"] += rounds > 0
+        o["answers"] += answers
+        o["asked"] += answers > 0
     return sorted(out.values(), key=lambda o: o["category"] == NOTIFIED)

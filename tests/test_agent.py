@@ -11,6 +11,7 @@ from langchain_core.utils.function_calling import convert_to_openai_tool
 from conftest import checkpoint_bytes, cli, drain, free_port, proxies_that_are_not_running, rows, run
 from openai_stub import OpenAIStub
 
+import agent_question
 import llm
 import llm_offline
 import llm_pii
@@ -234,8 +235,14 @@ def test_a_long_ticket_is_cut_for_the_model_after_masking_and_still_drafted(lab,
         assert queue_and_run("T1012") == [("evt_T1012_created", "waiting_human")]
         (request,) = stub.requests
     rest = 11 - 5 + 3 * 100_000  # 截掉的:手机号(打码后)的后 6 个字和后面的日志
+    day = {i["id"]: i["issued_on"] for i in store_biz.invoices("C003")}
     prompt = ("你是云簿 CloudLedger 的客服。请给下面的工单分类,并起草一封给客户的回复。\n\n"
-              f"工单 T1012:{lead}138**……(工单太长,后面 {rest} 字没有给你)\n")
+              f"工单 T1012:{lead}138**……(工单太长,后面 {rest} 字没有给你)\n"
+              # 截的只是工单:后面客户的发票(提问用的候选)照样给
+              f"\n{agent_question.INVOICES_HEADER}\n"
+              f"- INV-2026-0106  {day['INV-2026-0106']} 开具  1980.00 元  抬头「杭州青禾贸易有限公司」  issued\n"
+              f"- INV-2026-0107  {day['INV-2026-0107']} 开具  1980.00 元  抬头「杭州青禾贸易有限公司」  issued\n"
+              f"{agent_question.ASK_RULE}\n")
     assert [m["content"] for m in request["body"]["messages"]] == [prompt]
     assert store_biz.ticket("T1012")["body"].endswith("13812345678" + "。重试" * 100_000)  # 业务库里的原文不动
 
