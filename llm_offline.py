@@ -126,7 +126,12 @@ def _invoices(prompt: str) -> dict[str, str]:
 def _answers(prompt: str) -> list[str]:
     """提示词里问过客服的问答,每条是客服的回答(「提问:… 回答:」后面那段)。"""
     _, header, rest = prompt.partition(f"\n{ANSWERS_HEADER}\n")
-    return [ln.rpartition(ANSWER_MARK)[2].strip() for ln in rest.splitlines() if ln.startswith("- ")] if header else []
+    found = []
+    for line in rest.splitlines() if header else []:
+        if not line.startswith("- "):  # 这一节到空行为止,后面可能是主管意见那一节
+            break
+        found.append(line.rpartition(ANSWER_MARK)[2].strip())
+    return found
 
 
 def _vague_invoice(ticket: str, invoices: dict[str, str]) -> str | None:
