@@ -104,7 +104,8 @@ SETTINGS: dict[str, Setting] = {
     "CHECKPOINT_DURABILITY": Setting("str", "async", choices=("async", "exit", "sync"),
                                      meaning="checkpoint 什么时候写:async 每个节点之后(和课文一样),exit 停下时写一次,"
                                              "sync 写完才走下一个节点"),
-    "MAX_REDRAFTS": Setting("int", 3, minimum=0, unit="次", meaning="每张工单最多按意见重写几次(每次都再调一次模型)"),
+    "MAX_REDRAFTS": Setting("int", 3, minimum=0, unit="次",
+                            meaning="每张工单最多按意见重写、按提问的回答再起草几次(每次都再调一次模型)"),
     "MAX_TICKET_CHARS": Setting("int", 4000, minimum=200, unit="字",
                                 meaning="工单原文最多给模型几个字,超过的不进提示词;邮件建的工单本来不到 2201 字"),
     "INBOX_USER": Setting("str", "", meaning="谁在用收件箱;不设是「登录名@主机名」,共用一个系统账号的几个人各设一个名字"),

@@ -185,7 +185,7 @@ def main(argv: list[str]) -> int:
 
     server = None
     try:
-        step("准备数据库(业务库 41 张工单、30 个客户)", "uv run python store.py", ["store.py"], env)
+        step("准备数据库(业务库 42 张工单、30 个客户、55 张发票)", "uv run python store.py", ["store.py"], env)
         print(f"\n## 终端 1:起 webhook 服务\n$ uv run uvicorn webhook:app --port {port}", flush=True)
         server = subprocess.Popen([sys.executable, "-m", "uvicorn", "webhook:app", "--port", str(port),
                                    "--log-level", "warning"], cwd=LAB, env=env, stderr=subprocess.PIPE, text=True)

@@ -6,7 +6,7 @@
 你会看到:
     已新建业务库 /…/cloudledger.db
     事件库 /…/ambient.db:events 0 行,outbox 0 行,review_log 0 行,llm_usage 0 行
-    业务库 /…/cloudledger.db:customers 30 行,tickets 41 行
+    业务库 /…/cloudledger.db:customers 30 行,tickets 42 行,invoices 55 行
 """
 import json
 import sqlite3

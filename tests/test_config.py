@@ -527,7 +527,7 @@ def test_a_user_missing_write_rights_is_told_what_to_grant_and_nothing_is_claime
             with psycopg.connect(owner_url, autocommit=True) as conn:
                 conn.execute(f"GRANT {granted} ON ALL TABLES IN SCHEMA {schema} TO {user}")
         message = (f"DATABASE_URL 的用户 {user} 对表 checkpoint_blobs、checkpoint_migrations、checkpoint_writes、checkpoints、"
-                   "customers、events、inbox_seen、llm_usage、outbox、review_log、tickets 没有读写权限(程序要 SELECT、"
+                   "customers、events、inbox_seen、invoices、llm_usage、outbox、review_log、tickets 没有读写权限(程序要 SELECT、"
                    f"INSERT、UPDATE、DELETE):请库的所有者执行 GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA "
                    f"{schema} TO {user}。什么都没做")
         refused_everywhere(pg_lab, url, [(code, message) for code in (1, 1, 2, 1, 2)])
