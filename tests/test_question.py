@@ -6,6 +6,8 @@ import pytest
 from conftest import cli, drain, rows
 from openai_stub import OpenAIStub
 
+import agent_question
+import llm_offline
 import store
 import store_biz
 from agent import build_prompt, opened_graph, thread_of
@@ -151,7 +153,8 @@ def test_an_answer_counts_as_a_redraft_round(lab, monkeypatch):
 
     monkeypatch.setenv("MAX_REDRAFTS", "0")
     state = {"ticket_id": "T1042", "ticket_text": T1042_TEXT, "invoices": store_biz.invoices("C011"), "feedback": []}
-    assert "question" not in __import__("llm_offline").offline_draft(build_prompt(state))
+    assert agent_question.ASK_RULE not in build_prompt(state)
+    assert "question" not in llm_offline.offline_draft(build_prompt(state))
 
 
 @pytest.mark.parametrize("ticket, why", [
