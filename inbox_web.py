@@ -36,6 +36,7 @@ import inbox_story
 import inbox_web_access
 import store
 from agent import open_graph, thread_of
+from agent_question import QUESTION_ACTION
 from agent_review import allowed, edited_reply
 from agent_run import check_settings
 from inbox_take import Conflict, Gone, Refused
@@ -45,6 +46,7 @@ HERE = Path(__file__).resolve().parent
 PAGE_SIZE = 50  # 列表页一页几条:一屏看得完,也只为这几条读 checkpoint
 STATUS_OF = {Conflict: 409, Gone: 404, Refused: 400}
 ACTION_LABEL = {"accept": "原样发出", "edit": "改完再发", "respond": "提意见重写", "ignore": "不回"}
+BADGES = {"notify_supervisor": "通知主管", QUESTION_ACTION: "提问"}  # 不是审核草稿的两种待办(练习 5、agent_question.py)
 SHORTCUTS = [("a", "accept 原样发出"), ("e", "edit 改完再发"), ("r", "respond 提意见"), ("i", "ignore 不回"),
              ("j / k", "下一条 / 上一条")]
 
@@ -134,15 +136,16 @@ def ticket_page(request: Request, ticket_id: str, redrafted: int = 0):
 
 
 @app.post("/tickets/{ticket_id}")
-def ticket_form(request: Request, ticket_id: str, action: str = Form(""), text: str = Form(""),
+def ticket_form(request: Request, ticket_id: str, action: str = Form(""), text: str = Form(""), choice: str = Form(""),
                 draft_fingerprint: str = Form("")):
-    """一个按钮(表单)交来的决定。做成了回到列表(respond 回到这张工单看新草稿);做不了时一页说明,状态码说明是哪种。"""
+    """一个按钮(表单)交来的决定。做成了回到列表(respond 回到这张工单看新草稿);做不了时一页说明,状态码说明是哪种。
+    回答提问时可以点一张候选(choice),也可以自己写(text,写了就用它)。"""
     try:
-        result = decide(ticket_id, action, text, request.state.reviewer, draft_fingerprint or None)
+        result = decide(ticket_id, action, text.strip() or choice, request.state.reviewer, draft_fingerprint or None)
     except Refused as e:
         return failure(request, status_of(e), str(e))
     if result.new_draft is not None:
-        return RedirectResponse(f"/tickets/{quote(ticket_id)}?redrafted=1", status_code=303)
+        return RedirectResponse(f"/tickets/{quote(ticket_id)}?redrafted={2 if result.answered else 1}", status_code=303)
     return RedirectResponse(f"/?{urlencode({'done': ticket_id, 'outcome': result.outcome})}", status_code=303)
 
 
@@ -185,7 +188,8 @@ def api_answer(request: Request, ticket_id: str, answer: HumanResponse):
         result = decide(ticket_id, command, text or "", request.state.reviewer, request.headers.get("if-match"))
     except Refused as e:
         return JSONResponse({"detail": str(e)}, status_code=status_of(e))
-    return {"ticket_id": ticket_id, "outcome": result.outcome, "new_draft": result.new_draft, "note": result.note}
+    return {"ticket_id": ticket_id, "outcome": result.outcome, "new_draft": result.new_draft, "note": result.note,
+            "answered": result.answered}
 
 
 # ---- 一条路:表单和接口都走这里,再进 inbox.resume() ----
@@ -235,7 +239,7 @@ def decision_of(ticket_id: str) -> dict | None:
 def row(graph, ev: dict) -> dict:
     """列表里的一行:工单号、类别和概括、等了多久、是不是通知;checkpoint 读不出来时说哪里不对(和 inbox.py list 一样照列)。"""
     base = {"ticket_id": ev["ticket_id"], "waited": waited(ev["waiting_since"] or ev["updated_at"]), "problem": None,
-            "description": "", "notice": False}
+            "description": "", "badge": None}
     try:
         snap = graph.get_state(thread_of(ev["ticket_id"]))
     except Exception as e:  # noqa: BLE001 —— 一条坏的不能让整页打不开
@@ -246,7 +250,7 @@ def row(graph, ev: dict) -> dict:
     if not (isinstance(item, dict) and isinstance(item.get("description"), str)
             and isinstance(item.get("action_request"), dict)):
         return {**base, "problem": "checkpoint 里没有能处理的待办(正被处理,或者格式不对)"}
-    return {**base, "description": item["description"], "notice": item["action_request"].get("action") == "notify_supervisor"}
+    return {**base, "description": item["description"], "badge": BADGES.get(item["action_request"].get("action"))}
 
 
 def current_item(graph, ticket_id: str) -> dict | None:

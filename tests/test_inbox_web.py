@@ -1,6 +1,7 @@
 """收件箱网页的 HTTP 一面:列表和工单页、四种处理走 inbox.resume()、409 / 404 / 400 / 413 / 422、Agent Inbox 的接口、
 门(本机、登录、别的网站)。真的 uvicorn、真的 HTTP(conftest.serving);浏览器里的点击见 test_inbox_web_browser.py。"""
 import base64
+import json
 import re
 import subprocess
 import sys
@@ -164,7 +165,8 @@ def test_an_edit_posted_as_agent_inbox_would_sends_the_edited_text(web):
     answer = {"type": "edit", "args": {**item["action_request"], "args": {**item["action_request"]["args"],
                                                                          "reply": EDITED}}}
     r = web.post("/api/tickets/T1012", json=answer)
-    assert (r.status_code, r.json()) == (200, {"ticket_id": "T1012", "outcome": "sent", "new_draft": None, "note": None})
+    assert (r.status_code, r.json()) == (200, {"ticket_id": "T1012", "outcome": "sent", "new_draft": None, "note": None,
+                                            "answered": False})
     assert rows("SELECT ticket_id, body FROM outbox") == [("T1012", EDITED)]
     assert rows("SELECT action, final, reviewer FROM review_log") == [("edit", EDITED, inbox_seen.viewer())]
 
@@ -298,3 +300,30 @@ def test_with_max_redrafts_used_up_the_page_has_no_respond_button_and_a_respond_
     assert (r.status_code, error_of(r)) == (400, "T1041 起草时 MAX_REDRAFTS=0,没有按意见重写这一项,不能 respond;"
                                                  "现在可以:accept / edit / ignore")
     assert everything("T1041") == before
+
+
+def test_a_question_item_shows_its_candidates_as_choices_and_a_chosen_one_is_the_answer(lab):
+    """提问类待办(agent_question.py):列表里标「提问」,工单页上每张候选一个选项;点一张、交 respond,Agent 照它起草,
+    之后是普通的审核待办,accept 发出点名这张发票的回复。accept 不能直接用在提问上(400)。"""
+    queue("T1042")
+    with serving(inbox_web.app) as url, httpx.Client(base_url=url) as client:
+        listing = client.get("/").text.split('data-ticket="T1042"')[1].split("</tr>")[0]
+        page = client.get("/tickets/T1042").text
+        refused = post(client, "T1042", "accept")
+        before = everything("T1042")
+        answered = client.post("/tickets/T1042", data={"action": "respond", "choice": "INV-2026-0121", "text": "",
+                                                      "draft_fingerprint": fingerprint("T1042")})
+        redrafted = client.get(answered.headers["location"]).text
+        sent = post(client, "T1042", "accept")
+    assert '<span class="badge">提问</span>' in listing
+    assert re.findall(r'name="choice" value="([\w-]+)"', page) == ["INV-2026-0121", "INV-2026-0120", "INV-2026-0119"]
+    assert re.findall(r'<form [^>]*data-action="(\w+)"', page) == ["respond", "ignore"]
+    assert refused.status_code == 400 and before[1:3] == ([], [])  # 发件箱、review_log 都还是空的
+    assert (answered.status_code, answered.headers["location"]) == (303, "/tickets/T1042?redrafted=2")
+    assert "已按回答起草,下面是草稿" in redrafted and "问答 1" in redrafted
+    assert sent.status_code == 303
+    (body,), = rows("SELECT body FROM outbox WHERE ticket_id = 'T1042'")
+    assert "INV-2026-0121" in body
+    assert rows("SELECT action, feedback FROM review_log") == [
+        ("accept", json.dumps([state("T1042")["feedback"][0]], ensure_ascii=False))]
+    assert state("T1042")["feedback"][0].endswith(" 回答:INV-2026-0121")

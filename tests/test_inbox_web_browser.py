@@ -1,5 +1,5 @@
 """收件箱网页在真的浏览器里(Playwright 驱动本机的 Chromium,Debian 的 chromium 包,不下载浏览器):课文走一遍
-(T1012 accept,T1041 先 respond 再 edit,T1003 ignore)、通知类待办、快捷键、命令行先做了决定时的 409、没登录的 401、
+(T1012 accept,T1041 先 respond 再 edit,T1003 ignore)、通知类待办、点一张候选回答提问(T1042)、快捷键、命令行先做了决定时的 409、没登录的 401、
 别的网站发来的 POST 是 403、工单里的 <script> 只显示成文字。每个测试都核对事件表、发件箱和 review_log,不只看页面。
 
 INBOX_WEB_SCREENSHOT=docs/inbox-web.png uv run pytest -n 0 tests/test_inbox_web_browser.py -k walk 顺手把 README 里的截图
@@ -185,3 +185,24 @@ def test_a_ticket_body_holding_a_script_shows_as_text_and_never_runs(lab, chromi
         context.close()
     assert dialogs == []
     assert rows("SELECT status FROM events") == [("waiting_human",)]
+
+
+def test_a_question_is_answered_by_picking_a_candidate_then_the_draft_is_accepted(lab, chromium):
+    queue("T1042")
+    with serving(inbox_web.app) as url:
+        context = chromium.new_context()
+        page = context.new_page()
+        page.goto(url)
+        expect(page.locator('tr[data-ticket="T1042"] .badge')).to_have_text("提问")
+        page.click('tr[data-ticket="T1042"] a')
+        expect(page.locator('input[name="choice"]')).to_have_count(3)
+        page.check('input[name="choice"][value="INV-2026-0120"]')
+        page.click('form[data-action="respond"] button')
+        expect(page.get_by_role("status")).to_have_text("已按回答起草,下面是草稿")
+        expect(page.locator("#current-draft")).to_contain_text("INV-2026-0120")
+        page.click('form[data-action="accept"] button')
+        expect(page.get_by_role("status")).to_have_text("T1042 → sent")
+        context.close()
+    (body,), = rows("SELECT body FROM outbox")
+    assert "INV-2026-0120" in body
+    assert rows("SELECT ticket_id, action, reviewer FROM review_log") == [("T1042", "accept", inbox_seen.viewer())]
