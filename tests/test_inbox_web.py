@@ -15,6 +15,7 @@ from test_inbox import everything, queue, state
 
 import inbox_seen
 import inbox_web
+import inbox_web_access
 import store
 from agent import opened_graph, thread_of
 
@@ -327,3 +328,36 @@ def test_a_question_item_shows_its_candidates_as_choices_and_a_chosen_one_is_the
     assert rows("SELECT action, feedback FROM review_log") == [
         ("accept", json.dumps([state("T1042")["feedback"][0]], ensure_ascii=False))]
     assert state("T1042")["feedback"][0].endswith(" 回答:INV-2026-0121")
+
+
+@pytest.mark.parametrize("users, message", [
+    ("alice:pw1,alice:pw2", "配置错误:INBOX_WEB_USERS 里 alice 出现了两次"),
+    (":pw1", "配置错误:INBOX_WEB_USERS 的「…:…」这一段要写成 名字:密码(逗号隔开几个人)"),
+    ("bob:", "配置错误:INBOX_WEB_USERS 的「bob:…」这一段要写成 名字:密码(逗号隔开几个人)"),
+])
+def test_a_malformed_users_setting_names_the_part_that_is_wrong(monkeypatch, users, message):
+    monkeypatch.setenv("INBOX_WEB_USERS", users)
+    with pytest.raises(SystemExit) as stop:
+        inbox_web_access.users()
+    assert str(stop.value) == message
+
+
+def test_a_client_address_that_is_not_an_ip_is_not_taken_for_loopback(lab):
+    queue("T1012")
+    inbox_web.app.state.users = {}
+    client = TestClient(inbox_web.app, client=("localhost.evil.example", 50000))  # 代理没给地址时也可能是名字
+    try:
+        r = client.get("/")
+    finally:
+        inbox_web.state.close()
+    assert r.status_code == 403
+
+
+def test_the_list_says_how_long_each_item_has_waited(lab):
+    queue("T1012", "T1041", "T1003")
+    for ticket_id, minutes in (("T1012", -50 * 60), ("T1041", -3 * 60), ("T1003", -5)):
+        rows("UPDATE events SET waiting_since = ? WHERE ticket_id = ? RETURNING 1", (store.minutes_from_now(minutes), ticket_id))
+    with serving(inbox_web.app) as url, httpx.Client(base_url=url) as client:
+        page = client.get("/").text
+    waited = [re.findall(r"<td>(.*?)</td>", row)[-1] for row in re.findall(r"<tr data-ticket=.*?</tr>", page, re.S)]
+    assert waited == ["2.1 天", "3.0 小时", "5 分钟"]
